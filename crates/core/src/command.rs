@@ -1,0 +1,86 @@
+//! Commands: the only way the state changes. Each log entry carries one [`Batch`] of them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Key, Name, SessionId};
+
+/// The commands of one log entry, applied in order, with the proposing leader's clock.
+///
+/// Batching is group commit: the server gathers the commands of concurrent requests into one
+/// entry so that they share one fsync.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    /// The leader's clock when it proposed the batch, in milliseconds of *leader time*: a
+    /// monotonic clock that each new leader continues from the largest value in the log, so it
+    /// never goes backward and wall-clock jumps do not move it. The state machine takes the
+    /// maximum of this and every earlier value, so replicas agree on time without reading a clock.
+    pub now_ms: u64,
+    /// The commands, applied in order.
+    pub commands: Vec<Command>,
+}
+
+/// One state change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Opens a session. The id is random, chosen by the proposing server.
+    CreateSession {
+        /// The new session's id.
+        id: SessionId,
+        /// Its TTL in milliseconds.
+        ttl_ms: u64,
+        /// Optional name for humans.
+        name: Option<String>,
+    },
+    /// Closes a session at its client's request: cancels its waits and releases its holds.
+    CloseSession {
+        /// The session to close.
+        id: SessionId,
+    },
+    /// Expires sessions whose deadline passed on the leader. Unknown ids are skipped.
+    ExpireSessions {
+        /// The expired sessions.
+        ids: Vec<SessionId>,
+    },
+    /// Creates a semaphore or sets the capacity of an existing one.
+    PutSemaphore {
+        /// The semaphore.
+        name: Name,
+        /// Its capacity in permits.
+        capacity: u64,
+    },
+    /// Deletes a semaphore that nobody holds or waits on.
+    DeleteSemaphore {
+        /// The semaphore.
+        name: Name,
+    },
+    /// Acquires permits of a semaphore or campaigns in an election.
+    Acquire(Acquire),
+    /// Releases a session's hold on an object, or cancels its wait there.
+    Release {
+        /// The object.
+        key: Key,
+        /// The session.
+        session: SessionId,
+    },
+    /// Releases holds whose `max_hold_ms` has run out by the batch's `now_ms`.
+    ExpireHolds,
+}
+
+/// An acquire or a campaign.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Acquire {
+    /// The object; for an election the permits are 1 and the capacity is 1.
+    pub key: Key,
+    /// The acquiring session.
+    pub session: SessionId,
+    /// Permits asked for.
+    pub permits: u64,
+    /// Queue the request when it cannot be granted at once (`false`: try-acquire).
+    pub wait: bool,
+    /// Capacity with which to create the semaphore if it does not exist.
+    pub capacity: Option<u64>,
+    /// Release the hold this long after the grant even if the session lives.
+    pub max_hold_ms: Option<u64>,
+    /// Value to publish when granted (elections only).
+    pub value: Option<String>,
+}

@@ -1,0 +1,32 @@
+//! Permit's state machine: the pure, deterministic core of the service.
+//!
+//! Everything that changes Permit's state is a [`Command`], carried in a [`Batch`] by one Raft
+//! log entry and applied by [`State::apply`]. This crate has no clock, no I/O, no randomness and
+//! no async: time arrives as [`Batch::now_ms`], session ids arrive inside
+//! [`Command::CreateSession`]. That is what lets every replica reach the same state, lets
+//! snapshots be plain bytes, and lets property tests drive the whole logic in memory.
+//!
+//! The words used here (session, semaphore, permit, hold, waiter, token, election) are defined
+//! in `docs/ARCHITECTURE.md`; the promises they make are in `docs/semantics.md`.
+#![deny(missing_docs)]
+
+mod command;
+pub mod limits;
+mod name;
+mod outcome;
+mod semaphore;
+mod session;
+mod snapshot;
+mod state;
+mod verify;
+mod wait_queue;
+
+pub use command::{Acquire, Batch, Command};
+pub use name::{InvalidName, Key, Kind, Name};
+pub use outcome::{Effect, Field, Limit, Outcome, Refusal};
+pub use semaphore::{Hold, Semaphore, Waiter};
+pub use session::{InvalidSessionId, Session, SessionId};
+pub use snapshot::{SnapshotError, SNAPSHOT_FORMAT_VERSION};
+pub use state::{validate_acquire, validate_capacity, validate_session_name, validate_ttl_ms, State};
+pub use verify::InvariantViolation;
+pub use wait_queue::WaitQueue;

@@ -1,0 +1,51 @@
+//! Every limit the state machine enforces, in one place.
+//!
+//! Limits are enforced inside [`crate::State::apply`] so that every replica refuses the same
+//! commands; the server checks the same constants before proposing so that bad input never
+//! reaches the log. Each constant names its unit last.
+
+/// Shortest session TTL, in milliseconds. Shorter leases cannot survive one fsync plus one
+/// network round trip reliably.
+pub const SESSION_TTL_MS_MIN: u64 = 200;
+/// Longest session TTL, in milliseconds (one day), as in Consul.
+pub const SESSION_TTL_MS_MAX: u64 = 86_400_000;
+/// TTL of a session created without one, in milliseconds.
+pub const SESSION_TTL_MS_DEFAULT: u64 = 10_000;
+/// Longest human-readable session name, in bytes.
+pub const SESSION_NAME_BYTES_MAX: usize = 256;
+/// Most sessions alive at once. Bounds memory: about 1 KiB per session with one hold.
+pub const SESSIONS_MAX: usize = 2_000_000;
+
+/// Longest semaphore or election name, in bytes.
+pub const NAME_BYTES_MAX: usize = 128;
+/// Largest capacity of a semaphore, in permits.
+pub const SEMAPHORE_CAPACITY_MAX: u64 = 1_000_000;
+/// Most semaphores and elections that may exist at once.
+pub const OBJECTS_MAX: usize = 1_000_000;
+/// Most waiters queued on one semaphore or election.
+pub const WAITERS_PER_OBJECT_MAX: usize = 100_000;
+/// Most holds plus waits that one session may have at once.
+pub const KEYS_PER_SESSION_MAX: usize = 10_000;
+
+/// Shortest `max_hold_ms` of a hold, in milliseconds.
+pub const MAX_HOLD_MS_MIN: u64 = 100;
+/// Longest `max_hold_ms` of a hold, in milliseconds (one week).
+pub const MAX_HOLD_MS_MAX: u64 = 604_800_000;
+
+/// Largest value a campaign may publish for its election, in bytes.
+pub const ELECTION_VALUE_BYTES_MAX: usize = 4096;
+
+/// Most sessions one `ExpireSessions` command may name, so one log entry stays small.
+pub const EXPIRE_SESSIONS_PER_COMMAND_MAX: usize = 1024;
+/// Most holds one `ExpireHolds` command releases; the expiry driver proposes again for the rest.
+pub const EXPIRE_HOLDS_PER_COMMAND_MAX: usize = 1024;
+/// Most commands in one log entry (one group commit).
+pub const COMMANDS_PER_BATCH_MAX: usize = 4096;
+
+const _: () = assert!(SESSION_TTL_MS_MIN < SESSION_TTL_MS_DEFAULT);
+const _: () = assert!(SESSION_TTL_MS_DEFAULT < SESSION_TTL_MS_MAX);
+const _: () = assert!(MAX_HOLD_MS_MIN < MAX_HOLD_MS_MAX);
+const _: () = assert!(WAITERS_PER_OBJECT_MAX <= SESSIONS_MAX);
+const _: () = assert!(EXPIRE_SESSIONS_PER_COMMAND_MAX <= COMMANDS_PER_BATCH_MAX);
+// Sums of permits must never overflow a u64, even with every object at full capacity.
+const _: () = assert!((SEMAPHORE_CAPACITY_MAX as u128) * (OBJECTS_MAX as u128) < u64::MAX as u128);

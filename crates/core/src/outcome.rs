@@ -1,0 +1,188 @@
+//! What applying a command produced: an [`Outcome`] per command, and [`Effect`]s for the shell.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Key, SessionId};
+
+/// The result of one command, returned to the client that proposed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// The session exists now.
+    SessionCreated,
+    /// The session is closed; its holds were released.
+    SessionClosed,
+    /// This many of the named sessions existed and are expired now.
+    SessionsExpired {
+        /// Sessions expired.
+        expired: u64,
+    },
+    /// A semaphore was created with the given capacity.
+    SemaphoreCreated,
+    /// An existing semaphore's capacity was set.
+    SemaphoreUpdated,
+    /// The semaphore is gone.
+    SemaphoreDeleted,
+    /// The session holds the permits (now, or already before this command).
+    Acquired {
+        /// Permits held.
+        permits: u64,
+        /// The hold's fencing token.
+        token: u64,
+    },
+    /// The session waits in the queue.
+    Waiting {
+        /// 1-based position in the queue.
+        position: u64,
+    },
+    /// The session's hold was released or its wait cancelled.
+    Released {
+        /// Permits released; 0 when the session held nothing (a cancelled wait, or nothing).
+        permits: u64,
+    },
+    /// This many holds ran past their `max_hold_ms` and were released.
+    HoldsExpired {
+        /// Holds released.
+        expired: u64,
+    },
+    /// The command changed nothing, for this reason.
+    Refused(Refusal),
+}
+
+/// Why a command changed nothing. Every variant is something a client can cause; bugs are
+/// assertions instead.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    /// The session does not exist (never did, closed, or expired).
+    #[error("session not found")]
+    SessionNotFound,
+    /// A session with this id exists already (a random-id collision).
+    #[error("session id already in use")]
+    SessionExists,
+    /// The semaphore does not exist and the acquire carried no capacity to create it.
+    #[error("semaphore not found")]
+    SemaphoreNotFound,
+    /// A try-acquire found too few free permits or a non-empty queue.
+    #[error("not enough free permits, or others are waiting")]
+    Unavailable,
+    /// More permits were asked for than the semaphore's capacity.
+    #[error("{permits} permits asked for, capacity is {capacity}")]
+    PermitsExceedCapacity {
+        /// Permits asked for.
+        permits: u64,
+        /// Capacity of the semaphore.
+        capacity: u64,
+    },
+    /// The session already holds or waits for a different number of permits here.
+    #[error("session already holds or waits for {existing} permits here, not {requested}")]
+    PermitsMismatch {
+        /// Permits of the existing hold or wait.
+        existing: u64,
+        /// Permits asked for now.
+        requested: u64,
+    },
+    /// The semaphore cannot be deleted while it has holders or waiters.
+    #[error("semaphore has holders or waiters")]
+    SemaphoreBusy,
+    /// A value is outside its documented range.
+    #[error("{field} is out of range: {reason}")]
+    InvalidArgument {
+        /// The field at fault.
+        field: Field,
+        /// What the range is.
+        reason: String,
+    },
+    /// A limit from [`crate::limits`] would be exceeded.
+    #[error("limit reached: {0}")]
+    LimitExceeded(Limit),
+}
+
+/// Request fields that can be out of range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Field {
+    /// `ttl_ms` of a session.
+    TtlMs,
+    /// `name` of a session.
+    SessionName,
+    /// `capacity` of a semaphore.
+    Capacity,
+    /// `permits` of an acquire.
+    Permits,
+    /// `max_hold_ms` of an acquire.
+    MaxHoldMs,
+    /// `value` of a campaign.
+    Value,
+}
+
+impl Field {
+    /// The field's name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Field::TtlMs => "ttl_ms",
+            Field::SessionName => "name",
+            Field::Capacity => "capacity",
+            Field::Permits => "permits",
+            Field::MaxHoldMs => "max_hold_ms",
+            Field::Value => "value",
+        }
+    }
+}
+
+impl std::fmt::Display for Field {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The limits a command can run into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Limit {
+    /// [`crate::limits::SESSIONS_MAX`].
+    #[error("too many sessions")]
+    Sessions,
+    /// [`crate::limits::OBJECTS_MAX`].
+    #[error("too many semaphores and elections")]
+    Objects,
+    /// [`crate::limits::WAITERS_PER_OBJECT_MAX`].
+    #[error("too many waiters on this object")]
+    WaitersPerObject,
+    /// [`crate::limits::KEYS_PER_SESSION_MAX`].
+    #[error("too many holds and waits in this session")]
+    KeysPerSession,
+}
+
+/// A change the shell must react to: wake a long-poll, arm an expiry timer.
+///
+/// Effects describe what `apply` did; they carry no decisions, so the shell may drop them on a
+/// follower and the state stays the same.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// A session was created.
+    SessionCreated {
+        /// The session.
+        id: SessionId,
+        /// Its TTL in milliseconds.
+        ttl_ms: u64,
+    },
+    /// A session is gone (closed or expired).
+    SessionRemoved {
+        /// The session.
+        id: SessionId,
+    },
+    /// A session's wait on an object ended: granted, cancelled, or refused.
+    WaitEnded {
+        /// The object.
+        key: Key,
+        /// The session.
+        session: SessionId,
+    },
+    /// An object changed (watchers wake).
+    ObjectChanged {
+        /// The object.
+        key: Key,
+    },
+    /// A hold with a `max_hold_ms` deadline was granted (the expiry timer may need re-arming).
+    HoldDeadlineSet {
+        /// Leader time of the deadline.
+        expires_at_ms: u64,
+    },
+}

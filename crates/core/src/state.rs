@@ -1,0 +1,549 @@
+//! The state machine: all sessions and objects, and [`State::apply`].
+
+use std::cmp::max;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::command::{Acquire, Batch, Command};
+use crate::limits::*;
+use crate::outcome::{Effect, Field, Limit, Outcome, Refusal};
+use crate::semaphore::{Hold, Semaphore, Waiter};
+use crate::session::Session;
+use crate::{Key, Kind, Name, SessionId};
+
+/// Every session and object, and the counters that order grants.
+///
+/// `State` is deterministic: the same batches applied in the same order give the same state and
+/// the same snapshot bytes on every replica. It reads no clock (time arrives in
+/// [`Batch::now_ms`]), does no I/O and draws no random numbers.
+///
+/// # Examples
+/// ```
+/// use permit_core::{Acquire, Batch, Command, Key, Name, Outcome, SessionId, State};
+///
+/// let mut state = State::default();
+/// let session = SessionId::from_bytes([1; 16]);
+/// let key = Key::semaphore(Name::new("gpu").unwrap());
+/// let batch = Batch {
+///     now_ms: 0,
+///     commands: vec![
+///         Command::CreateSession { id: session, ttl_ms: 10_000, name: None },
+///         Command::Acquire(Acquire {
+///             key, session, permits: 2, wait: false,
+///             capacity: Some(4), max_hold_ms: None, value: None,
+///         }),
+///     ],
+/// };
+/// let outcomes = state.apply(1, &batch, &mut Vec::new());
+/// assert_eq!(outcomes[1], Outcome::Acquired { permits: 2, token: 1 });
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    pub(crate) sessions: BTreeMap<SessionId, Session>,
+    pub(crate) objects: BTreeMap<Key, Semaphore>,
+    /// Derived index of holds with a `max_hold_ms` deadline: (deadline, object, session).
+    pub(crate) hold_deadlines: BTreeSet<(u64, Key, SessionId)>,
+    /// The largest fencing token issued so far; tokens are global, so they grow per object too.
+    pub(crate) last_token: u64,
+    /// The largest leader time seen in any batch.
+    pub(crate) now_ms: u64,
+    /// Log index of the last applied batch.
+    pub(crate) applied_index: u64,
+}
+
+impl State {
+    /// Applies the commands of the batch at log `index`, in order, and returns one outcome per
+    /// command. Effects for the shell (wake-ups, timers) are appended to `effects`.
+    ///
+    /// # Panics
+    /// If `index` does not grow: the log is applied in order, exactly once.
+    pub fn apply(&mut self, index: u64, batch: &Batch, effects: &mut Vec<Effect>) -> Vec<Outcome> {
+        assert!(index > self.applied_index, "log index {index} applied after {}", self.applied_index);
+        self.applied_index = index;
+        self.now_ms = max(self.now_ms, batch.now_ms);
+        let outcomes =
+            batch.commands.iter().map(|command| self.apply_command(index, command, effects)).collect();
+        if cfg!(debug_assertions) {
+            if let Err(violation) = self.verify() {
+                panic!("invariant violated after applying index {index}: {violation}");
+            }
+        }
+        outcomes
+    }
+
+    /// Records that the log entry at `index` carried no batch (a Raft blank or membership entry).
+    pub fn skip(&mut self, index: u64) {
+        assert!(index > self.applied_index, "log index {index} applied after {}", self.applied_index);
+        self.applied_index = index;
+    }
+
+    fn apply_command(&mut self, index: u64, command: &Command, effects: &mut Vec<Effect>) -> Outcome {
+        let result = match command {
+            Command::CreateSession { id, ttl_ms, name } => {
+                self.create_session(index, *id, *ttl_ms, name, effects)
+            }
+            Command::CloseSession { id } => self.close_session(index, *id, effects),
+            Command::ExpireSessions { ids } => Ok(self.expire_sessions(index, ids, effects)),
+            Command::PutSemaphore { name, capacity } => self.put_semaphore(index, name, *capacity, effects),
+            Command::DeleteSemaphore { name } => self.delete_semaphore(name, effects),
+            Command::Acquire(acquire) => self.acquire(index, acquire, effects),
+            Command::Release { key, session } => self.release(index, key, *session, effects),
+            Command::ExpireHolds => Ok(self.expire_holds(index, effects)),
+        };
+        result.unwrap_or_else(Outcome::Refused)
+    }
+
+    fn create_session(
+        &mut self,
+        index: u64,
+        id: SessionId,
+        ttl_ms: u64,
+        name: &Option<String>,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Outcome, Refusal> {
+        validate_ttl_ms(ttl_ms)?;
+        validate_session_name(name.as_deref())?;
+        if self.sessions.contains_key(&id) {
+            return Err(Refusal::SessionExists);
+        }
+        if self.sessions.len() >= SESSIONS_MAX {
+            return Err(Refusal::LimitExceeded(Limit::Sessions));
+        }
+        let session = Session {
+            name: name.clone(),
+            ttl_ms,
+            created_index: index,
+            holds: BTreeSet::new(),
+            waits: BTreeSet::new(),
+        };
+        self.sessions.insert(id, session);
+        effects.push(Effect::SessionCreated { id, ttl_ms });
+        Ok(Outcome::SessionCreated)
+    }
+
+    fn close_session(
+        &mut self,
+        index: u64,
+        id: SessionId,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Outcome, Refusal> {
+        if !self.sessions.contains_key(&id) {
+            return Err(Refusal::SessionNotFound);
+        }
+        self.remove_session(index, id, effects);
+        Ok(Outcome::SessionClosed)
+    }
+
+    fn expire_sessions(&mut self, index: u64, ids: &[SessionId], effects: &mut Vec<Effect>) -> Outcome {
+        let mut expired = 0;
+        for id in ids {
+            if self.sessions.contains_key(id) {
+                self.remove_session(index, *id, effects);
+                expired += 1;
+            }
+        }
+        Outcome::SessionsExpired { expired }
+    }
+
+    /// Cancels the session's waits, then releases its holds, granting to waiters behind them.
+    fn remove_session(&mut self, index: u64, id: SessionId, effects: &mut Vec<Effect>) {
+        let session = self.sessions.remove(&id).expect("caller checked the session exists");
+        for key in &session.waits {
+            let object = self.objects.get_mut(key).expect("a wait's object exists");
+            object.queue.remove(id).expect("a session's wait is queued");
+            effects.push(Effect::WaitEnded { key: key.clone(), session: id });
+            self.touch(index, key, effects);
+            self.pump(index, key, effects);
+        }
+        for key in &session.holds {
+            self.remove_hold(key, id);
+            self.touch(index, key, effects);
+            self.pump(index, key, effects);
+        }
+        for key in session.waits.iter().chain(&session.holds) {
+            self.drop_idle_election(key, effects);
+        }
+        effects.push(Effect::SessionRemoved { id });
+    }
+
+    fn put_semaphore(
+        &mut self,
+        index: u64,
+        name: &Name,
+        capacity: u64,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Outcome, Refusal> {
+        validate_capacity(capacity)?;
+        let key = Key::semaphore(name.clone());
+        let last_token = self.last_token;
+        let Some(object) = self.objects.get_mut(&key) else {
+            if self.objects.len() >= OBJECTS_MAX {
+                return Err(Refusal::LimitExceeded(Limit::Objects));
+            }
+            self.objects.insert(key.clone(), Semaphore::new(capacity, index, last_token));
+            effects.push(Effect::ObjectChanged { key });
+            return Ok(Outcome::SemaphoreCreated);
+        };
+        object.capacity = capacity;
+        object.capacity_set_token = last_token;
+        // Waiters that can never fit would block the queue forever: their waits end, refused.
+        let dropped = object.queue.remove_where(|waiter| waiter.permits > capacity);
+        for waiter in dropped {
+            let session = self.sessions.get_mut(&waiter.session).expect("a waiter's session exists");
+            session.waits.remove(&key);
+            effects.push(Effect::WaitEnded { key: key.clone(), session: waiter.session });
+        }
+        self.touch(index, &key, effects);
+        self.pump(index, &key, effects);
+        Ok(Outcome::SemaphoreUpdated)
+    }
+
+    fn delete_semaphore(&mut self, name: &Name, effects: &mut Vec<Effect>) -> Result<Outcome, Refusal> {
+        let key = Key::semaphore(name.clone());
+        let object = self.objects.get(&key).ok_or(Refusal::SemaphoreNotFound)?;
+        if !object.is_idle() {
+            return Err(Refusal::SemaphoreBusy);
+        }
+        self.objects.remove(&key);
+        effects.push(Effect::ObjectChanged { key });
+        Ok(Outcome::SemaphoreDeleted)
+    }
+
+    fn acquire(
+        &mut self,
+        index: u64,
+        acquire: &Acquire,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Outcome, Refusal> {
+        validate_acquire(acquire)?;
+        let session = self.sessions.get(&acquire.session).ok_or(Refusal::SessionNotFound)?;
+        let key = &acquire.key;
+        let capacity = match (self.objects.get(key), key.kind) {
+            (Some(object), _) => object.capacity,
+            (None, Kind::Election) => 1,
+            (None, Kind::Semaphore) => acquire.capacity.ok_or(Refusal::SemaphoreNotFound)?,
+        };
+        if let Some(object) = self.objects.get(key) {
+            if let Some(hold) = object.holders.get(&acquire.session) {
+                return same_permits(hold.permits, acquire.permits)
+                    .map(|()| Outcome::Acquired { permits: hold.permits, token: hold.token });
+            }
+            if let Some(waiter) = object.queue.get(acquire.session) {
+                same_permits(waiter.permits, acquire.permits)?;
+                let position = object.queue.position(acquire.session).expect("the waiter is queued");
+                return Ok(Outcome::Waiting { position });
+            }
+        }
+        if acquire.permits > capacity {
+            return Err(Refusal::PermitsExceedCapacity { permits: acquire.permits, capacity });
+        }
+        if session.key_count() >= KEYS_PER_SESSION_MAX {
+            return Err(Refusal::LimitExceeded(Limit::KeysPerSession));
+        }
+        if !self.objects.contains_key(key) {
+            if self.objects.len() >= OBJECTS_MAX {
+                return Err(Refusal::LimitExceeded(Limit::Objects));
+            }
+            self.objects.insert(key.clone(), Semaphore::new(capacity, index, self.last_token));
+        }
+        let object = self.objects.get_mut(key).expect("created above");
+        if object.queue.is_empty() && object.fits(acquire.permits) {
+            let waiter = waiter_of(index, acquire);
+            let token = self.grant(index, key, waiter, effects);
+            return Ok(Outcome::Acquired { permits: acquire.permits, token });
+        }
+        if !acquire.wait {
+            return Err(Refusal::Unavailable);
+        }
+        if object.queue.len() >= WAITERS_PER_OBJECT_MAX {
+            return Err(Refusal::LimitExceeded(Limit::WaitersPerObject));
+        }
+        object.queue.push(waiter_of(index, acquire));
+        let position = object.queue.position(acquire.session).expect("just queued");
+        let session = self.sessions.get_mut(&acquire.session).expect("checked above");
+        session.waits.insert(key.clone());
+        self.touch(index, key, effects);
+        Ok(Outcome::Waiting { position })
+    }
+
+    fn release(
+        &mut self,
+        index: u64,
+        key: &Key,
+        session_id: SessionId,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Outcome, Refusal> {
+        if !self.sessions.contains_key(&session_id) {
+            return Err(Refusal::SessionNotFound);
+        }
+        let Some(object) = self.objects.get_mut(key) else {
+            return Ok(Outcome::Released { permits: 0 });
+        };
+        let permits = if object.holders.contains_key(&session_id) {
+            let hold = self.remove_hold(key, session_id);
+            let session = self.sessions.get_mut(&session_id).expect("checked above");
+            session.holds.remove(key);
+            hold.permits
+        } else if object.queue.remove(session_id).is_some() {
+            let session = self.sessions.get_mut(&session_id).expect("checked above");
+            session.waits.remove(key);
+            effects.push(Effect::WaitEnded { key: key.clone(), session: session_id });
+            0
+        } else {
+            return Ok(Outcome::Released { permits: 0 });
+        };
+        self.touch(index, key, effects);
+        self.pump(index, key, effects);
+        self.drop_idle_election(key, effects);
+        Ok(Outcome::Released { permits })
+    }
+
+    fn expire_holds(&mut self, index: u64, effects: &mut Vec<Effect>) -> Outcome {
+        let due: Vec<(u64, Key, SessionId)> = self
+            .hold_deadlines
+            .iter()
+            .take_while(|(deadline, _, _)| *deadline <= self.now_ms)
+            .take(EXPIRE_HOLDS_PER_COMMAND_MAX)
+            .cloned()
+            .collect();
+        for (_, key, session_id) in &due {
+            self.remove_hold(key, *session_id);
+            let session = self.sessions.get_mut(session_id).expect("a holder's session exists");
+            session.holds.remove(key);
+            self.touch(index, key, effects);
+            self.pump(index, key, effects);
+            self.drop_idle_election(key, effects);
+        }
+        Outcome::HoldsExpired { expired: due.len() as u64 }
+    }
+
+    /// Grants waiters from the head of the queue while the head fits. A head that does not fit
+    /// blocks everyone behind it: strict FIFO, so large requests are never starved.
+    fn pump(&mut self, index: u64, key: &Key, effects: &mut Vec<Effect>) {
+        loop {
+            let object = self.objects.get_mut(key).expect("pumped object exists");
+            match object.queue.head() {
+                Some(head) if object.fits(head.permits) => {}
+                _ => return,
+            }
+            let waiter = object.queue.pop_head().expect("head exists");
+            let session = self.sessions.get_mut(&waiter.session).expect("a waiter's session exists");
+            session.waits.remove(key);
+            effects.push(Effect::WaitEnded { key: key.clone(), session: waiter.session });
+            self.grant(index, key, waiter, effects);
+        }
+    }
+
+    /// Gives `waiter` its permits with a new token. The caller checked that they fit.
+    fn grant(&mut self, index: u64, key: &Key, waiter: Waiter, effects: &mut Vec<Effect>) -> u64 {
+        self.last_token += 1;
+        let token = self.last_token;
+        let expires_at_ms = waiter.max_hold_ms.map(|ms| self.now_ms.saturating_add(ms));
+        let hold = Hold {
+            permits: waiter.permits,
+            token,
+            granted_index: index,
+            granted_at_ms: self.now_ms,
+            expires_at_ms,
+            value: waiter.value,
+        };
+        let object = self.objects.get_mut(key).expect("granted object exists");
+        assert!(object.fits(hold.permits), "grant over capacity");
+        object.held += hold.permits;
+        object.holders.insert(waiter.session, hold);
+        let session = self.sessions.get_mut(&waiter.session).expect("a grantee's session exists");
+        session.holds.insert(key.clone());
+        if let Some(expires_at_ms) = expires_at_ms {
+            self.hold_deadlines.insert((expires_at_ms, key.clone(), waiter.session));
+            effects.push(Effect::HoldDeadlineSet { expires_at_ms });
+        }
+        self.touch(index, key, effects);
+        token
+    }
+
+    /// Removes a hold from its object and the deadline index; the caller updates the session.
+    fn remove_hold(&mut self, key: &Key, session: SessionId) -> Hold {
+        let object = self.objects.get_mut(key).expect("held object exists");
+        let hold = object.holders.remove(&session).expect("hold exists");
+        object.held -= hold.permits;
+        if let Some(expires_at_ms) = hold.expires_at_ms {
+            self.hold_deadlines.remove(&(expires_at_ms, key.clone(), session));
+        }
+        hold
+    }
+
+    /// Elections exist only while someone holds or waits; an idle one is removed.
+    fn drop_idle_election(&mut self, key: &Key, effects: &mut Vec<Effect>) {
+        if key.kind == Kind::Election && self.objects.get(key).is_some_and(Semaphore::is_idle) {
+            self.objects.remove(key);
+            effects.push(Effect::ObjectChanged { key: key.clone() });
+        }
+    }
+
+    fn touch(&mut self, index: u64, key: &Key, effects: &mut Vec<Effect>) {
+        if let Some(object) = self.objects.get_mut(key) {
+            object.modified_index = index;
+        }
+        effects.push(Effect::ObjectChanged { key: key.clone() });
+    }
+}
+
+/// Read access for the shell.
+impl State {
+    /// The session with this id.
+    pub fn session(&self, id: SessionId) -> Option<&Session> {
+        self.sessions.get(&id)
+    }
+
+    /// All sessions, ordered by id.
+    pub fn sessions(&self) -> impl Iterator<Item = (&SessionId, &Session)> {
+        self.sessions.iter()
+    }
+
+    /// Number of live sessions.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// The object with this key.
+    pub fn object(&self, key: &Key) -> Option<&Semaphore> {
+        self.objects.get(key)
+    }
+
+    /// Objects of `kind` whose name comes after `after`, in name order.
+    pub fn objects_after<'a>(
+        &'a self,
+        kind: Kind,
+        after: Option<&'a Name>,
+    ) -> impl Iterator<Item = (&'a Key, &'a Semaphore)> + 'a {
+        use std::ops::Bound;
+        let start = match after {
+            Some(name) => Bound::Excluded(Key { kind, name: name.clone() }),
+            None => Bound::Included(Key { kind, name: Name::below_all() }),
+        };
+        self.objects.range((start, Bound::Unbounded)).take_while(move |(key, _)| key.kind == kind)
+    }
+
+    /// Number of semaphores and elections.
+    pub fn object_count(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// The largest fencing token issued so far.
+    pub fn last_token(&self) -> u64 {
+        self.last_token
+    }
+
+    /// The largest leader time applied so far.
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// Log index of the last applied entry.
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    /// The earliest `max_hold_ms` deadline of any hold, in leader time.
+    pub fn next_hold_deadline_ms(&self) -> Option<u64> {
+        self.hold_deadlines.first().map(|(deadline, _, _)| *deadline)
+    }
+}
+
+fn waiter_of(index: u64, acquire: &Acquire) -> Waiter {
+    Waiter {
+        session: acquire.session,
+        permits: acquire.permits,
+        max_hold_ms: acquire.max_hold_ms,
+        value: acquire.value.clone(),
+        enqueued_index: index,
+    }
+}
+
+fn same_permits(existing: u64, requested: u64) -> Result<(), Refusal> {
+    if existing == requested {
+        Ok(())
+    } else {
+        Err(Refusal::PermitsMismatch { existing, requested })
+    }
+}
+
+fn out_of_range(field: Field, reason: String) -> Refusal {
+    Refusal::InvalidArgument { field, reason }
+}
+
+/// Checks a session TTL against [`SESSION_TTL_MS_MIN`] and [`SESSION_TTL_MS_MAX`].
+///
+/// # Errors
+/// [`Refusal::InvalidArgument`] naming `ttl_ms`.
+pub fn validate_ttl_ms(ttl_ms: u64) -> Result<(), Refusal> {
+    if !(SESSION_TTL_MS_MIN..=SESSION_TTL_MS_MAX).contains(&ttl_ms) {
+        return Err(out_of_range(
+            Field::TtlMs,
+            format!("{ttl_ms} is not in {SESSION_TTL_MS_MIN}..={SESSION_TTL_MS_MAX}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a session name against [`SESSION_NAME_BYTES_MAX`].
+///
+/// # Errors
+/// [`Refusal::InvalidArgument`] naming `name`.
+pub fn validate_session_name(name: Option<&str>) -> Result<(), Refusal> {
+    match name {
+        Some(name) if name.len() > SESSION_NAME_BYTES_MAX => Err(out_of_range(
+            Field::SessionName,
+            format!("{} bytes, at most {SESSION_NAME_BYTES_MAX}", name.len()),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Checks a capacity against 1..=[`SEMAPHORE_CAPACITY_MAX`].
+///
+/// # Errors
+/// [`Refusal::InvalidArgument`] naming `capacity`.
+pub fn validate_capacity(capacity: u64) -> Result<(), Refusal> {
+    if !(1..=SEMAPHORE_CAPACITY_MAX).contains(&capacity) {
+        return Err(out_of_range(
+            Field::Capacity,
+            format!("{capacity} is not in 1..={SEMAPHORE_CAPACITY_MAX}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the ranges of an acquire's fields (not against the state).
+///
+/// # Errors
+/// [`Refusal::InvalidArgument`] naming the first field out of range.
+pub fn validate_acquire(acquire: &Acquire) -> Result<(), Refusal> {
+    if !(1..=SEMAPHORE_CAPACITY_MAX).contains(&acquire.permits) {
+        return Err(out_of_range(
+            Field::Permits,
+            format!("{} is not in 1..={SEMAPHORE_CAPACITY_MAX}", acquire.permits),
+        ));
+    }
+    if let Some(capacity) = acquire.capacity {
+        validate_capacity(capacity)?;
+    }
+    if let Some(ms) = acquire.max_hold_ms {
+        if !(MAX_HOLD_MS_MIN..=MAX_HOLD_MS_MAX).contains(&ms) {
+            return Err(out_of_range(
+                Field::MaxHoldMs,
+                format!("{ms} is not in {MAX_HOLD_MS_MIN}..={MAX_HOLD_MS_MAX}"),
+            ));
+        }
+    }
+    match (acquire.key.kind, &acquire.value) {
+        (Kind::Semaphore, Some(_)) => Err(out_of_range(Field::Value, "only elections carry a value".into())),
+        (Kind::Election, Some(value)) if value.len() > ELECTION_VALUE_BYTES_MAX => Err(out_of_range(
+            Field::Value,
+            format!("{} bytes, at most {ELECTION_VALUE_BYTES_MAX}", value.len()),
+        )),
+        (Kind::Election, _) if acquire.permits != 1 || acquire.capacity.is_some_and(|c| c != 1) => {
+            Err(out_of_range(Field::Permits, "an election grants exactly 1 permit".into()))
+        }
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,87 @@
+//! The state's invariants, checked after every apply in debug builds and after every snapshot
+//! decode in all builds.
+
+use std::collections::BTreeSet;
+
+use crate::{Kind, State};
+
+/// An invariant that does not hold: always a bug (or a corrupted snapshot), never bad input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvariantViolation(pub String);
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(InvariantViolation(format!($($fmt)+)));
+        }
+    };
+}
+
+impl State {
+    /// Checks every invariant of the state.
+    ///
+    /// # Errors
+    /// The first [`InvariantViolation`] found.
+    pub fn verify(&self) -> Result<(), InvariantViolation> {
+        let mut deadlines = BTreeSet::new();
+        for (key, object) in &self.objects {
+            let held: u64 = object.holders.values().map(|hold| hold.permits).sum();
+            ensure!(held == object.held, "{key}: held {} but holds sum to {held}", object.held);
+            // Over capacity only after a shrink, and then no hold was granted since the shrink.
+            ensure!(
+                object.held <= object.capacity
+                    || object.holders.values().all(|hold| hold.token <= object.capacity_set_token),
+                "{key}: {} held over capacity {} with a grant after the capacity was set",
+                object.held,
+                object.capacity
+            );
+            ensure!(object.capacity >= 1, "{key}: capacity 0");
+            ensure!(object.modified_index <= self.applied_index, "{key}: modified in the future");
+            if key.kind == Kind::Election {
+                ensure!(object.capacity == 1, "{key}: election capacity {}", object.capacity);
+                ensure!(!object.is_idle(), "{key}: idle election kept");
+            }
+            let mut tokens = BTreeSet::new();
+            for (session_id, hold) in &object.holders {
+                ensure!(hold.permits >= 1, "{key}: empty hold");
+                ensure!(hold.token <= self.last_token, "{key}: token {} from the future", hold.token);
+                ensure!(tokens.insert(hold.token), "{key}: token {} held twice", hold.token);
+                let session = self.sessions.get(session_id);
+                ensure!(
+                    session.is_some_and(|s| s.holds.contains(key)),
+                    "{key}: holder {session_id} not live"
+                );
+                ensure!(object.queue.get(*session_id).is_none(), "{key}: {session_id} holds and waits");
+                if let Some(deadline) = hold.expires_at_ms {
+                    deadlines.insert((deadline, key.clone(), *session_id));
+                }
+            }
+            object.queue.check();
+            for waiter in object.queue.iter() {
+                let session = self.sessions.get(&waiter.session);
+                ensure!(
+                    session.is_some_and(|s| s.waits.contains(key)),
+                    "{key}: waiter {} not live",
+                    waiter.session
+                );
+                ensure!(waiter.permits <= object.capacity, "{key}: waiter can never fit");
+            }
+            if let Some(head) = object.queue.head() {
+                ensure!(!object.fits(head.permits), "{key}: head waiter fits but was not granted");
+            }
+        }
+        ensure!(deadlines == self.hold_deadlines, "hold deadline index out of date");
+        for (id, session) in &self.sessions {
+            for key in &session.holds {
+                let holds = self.objects.get(key).is_some_and(|o| o.holders.contains_key(id));
+                ensure!(holds, "session {id} lists a hold on {key} that does not exist");
+            }
+            for key in &session.waits {
+                let waits = self.objects.get(key).is_some_and(|o| o.queue.get(*id).is_some());
+                ensure!(waits, "session {id} lists a wait on {key} that does not exist");
+            }
+        }
+        Ok(())
+    }
+}
