@@ -57,8 +57,7 @@ impl State {
     /// # Panics
     /// If `index` does not grow: the log is applied in order, exactly once.
     pub fn apply(&mut self, index: u64, batch: &Batch, effects: &mut Vec<Effect>) -> Vec<Outcome> {
-        assert!(index > self.applied_index, "log index {index} applied after {}", self.applied_index);
-        self.applied_index = index;
+        self.advance_index(index);
         self.now_ms = max(self.now_ms, batch.now_ms);
         let outcomes =
             batch.commands.iter().map(|command| self.apply_command(index, command, effects)).collect();
@@ -72,7 +71,17 @@ impl State {
 
     /// Records that the log entry at `index` carried no batch (a Raft blank or membership entry).
     pub fn skip(&mut self, index: u64) {
-        assert!(index > self.applied_index, "log index {index} applied after {}", self.applied_index);
+        self.advance_index(index);
+    }
+
+    /// Raft logs start at index 0 (the initial membership), so 0 may be applied once, first.
+    fn advance_index(&mut self, index: u64) {
+        let fresh = index == 0 && self.applied_index == 0;
+        assert!(
+            index > self.applied_index || fresh,
+            "log index {index} applied after {}",
+            self.applied_index
+        );
         self.applied_index = index;
     }
 

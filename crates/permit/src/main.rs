@@ -1,0 +1,80 @@
+//! `permit`: the server (`permit serve`) and the client commands in one binary.
+//!
+//! This crate is glue: `serve` goes to `permit-server`, every other command to `permit-cli`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// A distributed semaphore service: named counting semaphores, locks and leader elections with
+/// sessions, FIFO queues and fencing tokens.
+#[derive(Parser)]
+#[command(name = "permit", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: TopCommand,
+}
+
+#[derive(Subcommand)]
+enum TopCommand {
+    /// Run a server (single node by default; `--peers` for a cluster).
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Address to listen on for the HTTP API and peer RPC.
+    #[arg(long, default_value = permit_server::config::DEFAULT_LISTEN)]
+    listen: SocketAddr,
+    /// Directory of the Raft log and snapshots.
+    #[arg(long, default_value = "permit-data")]
+    data_dir: PathBuf,
+    /// This node's id in a cluster.
+    #[arg(long, default_value_t = 1)]
+    id: u64,
+    /// Every voter of a cluster as ID=HOST:PORT, comma-separated (including this node).
+    #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
+    peers: Vec<(u64, String)>,
+    /// Take a snapshot and compact the log every this many entries.
+    #[arg(long, default_value_t = 10_000)]
+    snapshot_logs: u64,
+}
+
+fn parse_peer(text: &str) -> Result<(u64, String), String> {
+    let (id, addr) = text.split_once('=').ok_or("expected ID=HOST:PORT")?;
+    let id = id.parse().map_err(|_| format!("bad node id {id:?}"))?;
+    Ok((id, addr.to_owned()))
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // A panic is a bug (a broken invariant); a half-dead server must not keep answering.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        std::process::abort();
+    }));
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    match cli.command {
+        TopCommand::Serve(args) => {
+            let config = permit_server::Config {
+                node_id: args.id,
+                listen: args.listen,
+                data_dir: args.data_dir,
+                peers: args.peers.into_iter().collect::<BTreeMap<_, _>>(),
+                snapshot_logs: args.snapshot_logs,
+                ..permit_server::Config::default()
+            };
+            runtime.block_on(permit_server::serve(config, permit_server::shutdown_signal()))
+        }
+    }
+}

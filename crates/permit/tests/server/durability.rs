@@ -1,0 +1,131 @@
+//! Acknowledged grants and releases survive `kill -9`; tokens keep increasing across restarts.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::Server;
+use crate::Api;
+
+const WORKERS: usize = 6;
+const SEMAPHORES: usize = 3;
+
+/// What a worker last had acknowledged for (semaphore, session), and whether an op is in flight.
+#[derive(Default)]
+struct Ledger {
+    /// (semaphore, session) -> Some(token) if the last acknowledged op was a grant, None if a release.
+    acked: BTreeMap<(String, String), Option<u64>>,
+    in_flight: BTreeMap<(String, String), ()>,
+    max_token: u64,
+    ops: usize,
+}
+
+async fn worker(api: Api, session: String, ledger: Arc<Mutex<Ledger>>, seed: usize) {
+    for step in 0.. {
+        let name = format!("d{}", (seed + step) % SEMAPHORES);
+        let key = (name.clone(), session.clone());
+        ledger.lock().unwrap().in_flight.insert(key.clone(), ());
+        let acquire = step % 2 == 0;
+        let path = format!("/v1/semaphores/{name}/{}", if acquire { "acquire" } else { "release" });
+        let result =
+            api.http.post(format!("{}{path}", api.url)).json(&json!({ "session": session })).send().await;
+        let Ok(response) = result else { return }; // The server died: this op's outcome is unknown.
+        let status = response.status().as_u16();
+        let Ok(body) = response.json::<serde_json::Value>().await else { return };
+        let mut ledger = ledger.lock().unwrap();
+        ledger.in_flight.remove(&key);
+        ledger.ops += 1;
+        match (acquire, status) {
+            (true, 200) => {
+                let token = body["token"].as_u64().unwrap();
+                ledger.max_token = ledger.max_token.max(token);
+                ledger.acked.insert(key, Some(token));
+            }
+            (true, 409) => {} // unavailable: nothing changed
+            (false, 200) => {
+                ledger.acked.insert(key, None);
+            }
+            other => panic!("unexpected answer {other:?}: {body}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn acknowledged_grants_and_releases_survive_kill_9_and_tokens_keep_growing() {
+    let mut server = Server::start_in(
+        &tempfile::tempdir().unwrap().keep().join("d"),
+        "127.0.0.1:0",
+        &["--snapshot-logs", "40"],
+    );
+    let api = Api::new(&server);
+    for i in 0..SEMAPHORES {
+        api.semaphore(&format!("d{i}"), 2).await;
+    }
+    let mut sessions = Vec::new();
+    for _ in 0..WORKERS {
+        sessions.push(api.session(120_000).await);
+    }
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let tasks: Vec<_> = sessions
+        .iter()
+        .enumerate()
+        .map(|(i, s)| tokio::spawn(worker(api.clone(), s.clone(), ledger.clone(), i)))
+        .collect();
+    let enough =
+        crate::common::eventually(Duration::from_secs(20), async || ledger.lock().unwrap().ops >= 300).await;
+    assert!(enough, "the workload made progress");
+    server.kill9();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(20), task).await.expect("workers stop").unwrap();
+    }
+    assert!(server.data_dir.join("snapshots/snapshot.bin").exists(), "a snapshot was taken during the run");
+
+    server.restart();
+    let api = Api::new(&server);
+    let ledger = std::mem::take(&mut *ledger.lock().unwrap());
+    let mut checked = 0;
+    for ((name, session), token) in &ledger.acked {
+        if ledger.in_flight.contains_key(&(name.clone(), session.clone())) {
+            continue; // Unknown outcome.
+        }
+        let view = api.get(&format!("/v1/semaphores/{name}")).await;
+        let held = view.body["holders"].as_array().unwrap().iter().find(|h| h["session"] == session.as_str());
+        assert_eq!(held.map(|h| h["token"].as_u64().unwrap()), *token, "{name} {session}");
+        checked += 1;
+    }
+    assert!(checked >= WORKERS, "checked {checked} pairs");
+    // Sessions survived too, and a new grant gets a larger token than any acknowledged before.
+    for session in &sessions {
+        assert_eq!(api.post(&format!("/v1/sessions/{session}/keepalive"), json!(null)).await.status, 200);
+    }
+    let fresh = api.session(10_000).await;
+    let answer = api.acquire("after-restart", json!({ "session": fresh, "capacity": 1 })).await;
+    assert!(answer.body["token"].as_u64().unwrap() > ledger.max_token);
+    let _ = std::fs::remove_dir_all(server.data_dir.parent().unwrap());
+}
+
+#[tokio::test]
+async fn a_restart_recovers_from_the_snapshot_plus_the_log_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start_in(&dir.path().join("d"), "127.0.0.1:0", &["--snapshot-logs", "20"]);
+    let api = Api::new(&server);
+    let session = api.session(120_000).await;
+    for i in 0..45 {
+        let answer = api.acquire(&format!("s{i}"), json!({ "session": session, "capacity": 1 })).await;
+        assert_eq!(answer.status, 200);
+    }
+    let before: Vec<_> = (0..45).map(|i| format!("s{i}")).collect();
+    let snapshot = server.data_dir.join("snapshots/snapshot.bin");
+    assert!(crate::common::eventually(Duration::from_secs(5), async || snapshot.exists()).await);
+    server.kill9();
+    server.restart();
+    let api = Api::new(&server);
+    let view = api.get(&format!("/v1/sessions/{session}")).await;
+    let holds: Vec<&str> =
+        view.body["holds"].as_array().unwrap().iter().map(|h| h["name"].as_str().unwrap()).collect();
+    let mut expected: Vec<&str> = before.iter().map(String::as_str).collect();
+    expected.sort();
+    assert_eq!(holds, expected);
+}

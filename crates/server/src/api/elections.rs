@@ -1,0 +1,100 @@
+//! `/v1/elections`: leader election on a capacity-1 semaphore whose hold carries a value.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderName, StatusCode};
+use axum::response::{IntoResponse, Response};
+use permit_core::{validate_acquire, Acquire, Key, Name};
+use permit_wire::{
+    CampaignRequest, CampaignResponse, ElectionView, ErrorBody, LeaderView, ReleaseRequest, ReleaseResponse,
+    INDEX_HEADER,
+};
+
+use super::error::ApiError;
+use super::extract::{parse_name, parse_session, Json, Query};
+use super::grant::{self, capped_wait, Grant};
+use super::semaphores::release_key;
+use super::watch::{blocking_read, ReadParams};
+use crate::node::Node;
+
+/// Campaign to lead: the session becomes leader when nobody leads and no earlier candidate waits.
+/// Repeating the call is idempotent.
+#[utoipa::path(post, path = "/v1/elections/{name}/campaign", tag = "elections", request_body = CampaignRequest,
+    params(("name" = String, Path, description = "Election name: 1-128 bytes of [A-Za-z0-9._:-]")),
+    responses((status = 200, body = CampaignResponse, description = "Leader"),
+              (status = 202, body = CampaignResponse, description = "Still waiting"),
+              (status = "4XX", body = ErrorBody)))]
+pub async fn campaign(
+    State(node): State<Arc<Node>>,
+    Path(name): Path<String>,
+    Json(request): Json<CampaignRequest>,
+) -> Result<Response, ApiError> {
+    let name = parse_name(&name)?;
+    let session = parse_session(&request.session)?;
+    let wait_ms = capped_wait(request.wait_ms);
+    let acquire = Acquire {
+        key: Key::election(name),
+        session,
+        permits: 1,
+        wait: wait_ms > 0,
+        capacity: None,
+        max_hold_ms: None,
+        value: Some(request.value),
+    };
+    validate_acquire(&acquire)?;
+    Ok(match grant::acquire(&node, acquire, wait_ms).await? {
+        Grant::Acquired { token, .. } => {
+            (StatusCode::OK, axum::Json(CampaignResponse::Leader { token })).into_response()
+        }
+        Grant::Waiting { position } => {
+            (StatusCode::ACCEPTED, axum::Json(CampaignResponse::Waiting { position })).into_response()
+        }
+    })
+}
+
+fn read_view(node: &Node, name: &Name) -> (ElectionView, u64) {
+    let replica = node.replica.lock();
+    let view = match replica.state.object(&Key::election(name.clone())) {
+        None => ElectionView { name: name.to_string(), leader: None, candidates: 0, index: 0 },
+        Some(object) => ElectionView {
+            name: name.to_string(),
+            leader: object.holders.iter().next().map(|(session, hold)| LeaderView {
+                session: session.to_string(),
+                value: hold.value.clone().unwrap_or_default(),
+                token: hold.token,
+            }),
+            candidates: object.queue.len() as u64,
+            index: object.modified_index,
+        },
+    };
+    let index = view.index;
+    (view, index)
+}
+
+/// The current leader, or `null`. With `index`, blocks until the election changes.
+#[utoipa::path(get, path = "/v1/elections/{name}", tag = "elections",
+    params(("name" = String, Path, description = "Election name"), ReadParams),
+    responses((status = 200, body = ElectionView, headers(("permit-index" = u64))), (status = "4XX", body = ErrorBody)))]
+pub async fn get(
+    State(node): State<Arc<Node>>,
+    Path(name): Path<String>,
+    Query(params): Query<ReadParams>,
+) -> Result<Response, ApiError> {
+    let name = parse_name(&name)?;
+    let (view, index) = blocking_read(&node, &params, |node| Ok(read_view(node, &name))).await?;
+    Ok(([(HeaderName::from_static(INDEX_HEADER), index.to_string())], axum::Json(view)).into_response())
+}
+
+/// Resign leadership, or withdraw a waiting candidacy.
+#[utoipa::path(post, path = "/v1/elections/{name}/resign", tag = "elections", request_body = ReleaseRequest,
+    params(("name" = String, Path, description = "Election name")),
+    responses((status = 200, body = ReleaseResponse), (status = "4XX", body = ErrorBody)))]
+pub async fn resign(
+    State(node): State<Arc<Node>>,
+    Path(name): Path<String>,
+    Json(request): Json<ReleaseRequest>,
+) -> Result<axum::Json<ReleaseResponse>, ApiError> {
+    let key = Key::election(parse_name(&name)?);
+    release_key(&node, key, &request.session).await
+}

@@ -1,0 +1,104 @@
+//! `ApiError`: every error answer of the HTTP API, with its status and stable code.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use permit_core::{Limit, Refusal};
+use permit_wire::{ErrorBody, ErrorCode, ErrorDetail};
+
+use crate::proposer::ProposeError;
+
+/// An error answer: `{"error": {"code", "message"}}` with the code's HTTP status.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// Stable code.
+    pub code: ErrorCode,
+    /// Message for humans.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with this code and message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        ApiError { code, message: message.into() }
+    }
+
+    /// `session_not_found`.
+    pub fn session_not_found() -> ApiError {
+        ApiError::new(ErrorCode::SessionNotFound, "session not found (never created, closed, or expired)")
+    }
+
+    /// `internal`, for outcomes that cannot happen.
+    pub fn internal(what: impl std::fmt::Debug) -> ApiError {
+        tracing::error!(?what, "internal error");
+        ApiError::new(ErrorCode::Internal, format!("internal error: {what:?}"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = ErrorBody { error: ErrorDetail { code: self.code, message: self.message } };
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> ApiError {
+        let message = refusal.to_string();
+        let code = match refusal {
+            Refusal::SessionNotFound => return ApiError::session_not_found(),
+            Refusal::SessionExists => ErrorCode::Internal,
+            Refusal::SemaphoreNotFound => ErrorCode::SemaphoreNotFound,
+            Refusal::Unavailable => ErrorCode::Unavailable,
+            Refusal::PermitsExceedCapacity { .. } => ErrorCode::PermitsExceedCapacity,
+            Refusal::PermitsMismatch { .. } => ErrorCode::PermitsMismatch,
+            Refusal::SemaphoreBusy => ErrorCode::SemaphoreBusy,
+            Refusal::InvalidArgument { .. } => ErrorCode::InvalidArgument,
+            Refusal::LimitExceeded(
+                Limit::Sessions | Limit::Objects | Limit::WaitersPerObject | Limit::KeysPerSession,
+            ) => ErrorCode::LimitExceeded,
+        };
+        ApiError::new(code, message)
+    }
+}
+
+impl From<ProposeError> for ApiError {
+    fn from(error: ProposeError) -> ApiError {
+        match error {
+            ProposeError::NotLeader { leader } => ApiError::new(
+                ErrorCode::NoLeader,
+                match leader {
+                    Some((id, addr)) => format!("this node is not the leader; node {id} at {addr} is"),
+                    None => "no leader is known; the outcome of a write is unknown, retry it".to_owned(),
+                },
+            ),
+            ProposeError::ShuttingDown => {
+                ApiError::new(ErrorCode::ShuttingDown, "the server is shutting down")
+            }
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> ApiError {
+        let message = rejection.body_text();
+        let code = match rejection {
+            JsonRejection::JsonSyntaxError(_) => ErrorCode::MalformedJson,
+            JsonRejection::JsonDataError(_) => ErrorCode::InvalidBody,
+            JsonRejection::MissingJsonContentType(_) => ErrorCode::UnsupportedMediaType,
+            JsonRejection::BytesRejection(ref bytes) if bytes.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                ErrorCode::BodyTooLarge
+            }
+            _ => ErrorCode::InvalidBody,
+        };
+        ApiError::new(code, message)
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> ApiError {
+        ApiError::new(ErrorCode::InvalidArgument, rejection.body_text())
+    }
+}

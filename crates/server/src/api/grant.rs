@@ -1,0 +1,92 @@
+//! Acquire and campaign share one path: propose the acquire, then long-poll for the grant.
+//!
+//! The queue is replicated state; the long-poll only waits for a wake-up that the state machine
+//! sends when this session's wait ends, then reads the outcome from the applied state.
+
+use std::time::Duration;
+
+use permit_core::{Acquire, Command, Key, Outcome, SessionId};
+use permit_wire::{ErrorCode, WAIT_MS_MAX};
+use tokio::time::Instant;
+
+use super::error::ApiError;
+use crate::node::Node;
+
+/// The result of an acquire or campaign as the client sees it.
+pub enum Grant {
+    /// Held, with this token.
+    Acquired {
+        /// Permits held.
+        permits: u64,
+        /// Fencing token.
+        token: u64,
+    },
+    /// Still queued at this position when the wait ended.
+    Waiting {
+        /// 1-based queue position.
+        position: u64,
+    },
+}
+
+/// The server-side cap on a long-poll.
+pub fn capped_wait(wait_ms: Option<u64>) -> u64 {
+    wait_ms.unwrap_or(0).min(WAIT_MS_MAX)
+}
+
+/// Proposes `acquire` and, if it is queued and `wait_ms > 0`, waits up to `wait_ms` for the grant.
+pub async fn acquire(node: &Node, acquire: Acquire, wait_ms: u64) -> Result<Grant, ApiError> {
+    let (key, session) = (acquire.key.clone(), acquire.session);
+    // Subscribe before proposing, so that a grant applied right after the proposal is not missed.
+    let subscription = (wait_ms > 0).then(|| node.notifier.subscribe(key.clone(), session));
+    let position = match node.propose(Command::Acquire(acquire)).await? {
+        Outcome::Acquired { permits, token } => return Ok(Grant::Acquired { permits, token }),
+        Outcome::Waiting { position } => position,
+        Outcome::Refused(refusal) => return Err(refusal.into()),
+        other => return Err(ApiError::internal(other)),
+    };
+    let Some(subscription) = subscription else { return Ok(Grant::Waiting { position }) };
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    let mut shutdown = node.shutdown.clone();
+    loop {
+        let notified = subscription.notify().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let position = match status(node, &key, session) {
+            Status::Held { permits, token } => return Ok(Grant::Acquired { permits, token }),
+            Status::Waiting { position } => position,
+            Status::Ended(error) => return Err(error),
+        };
+        tokio::select! {
+            () = &mut notified => {}
+            () = tokio::time::sleep_until(deadline) => return Ok(Grant::Waiting { position }),
+            _ = shutdown.wait_for(|stopping| *stopping) => return Ok(Grant::Waiting { position }),
+        }
+    }
+}
+
+enum Status {
+    Held { permits: u64, token: u64 },
+    Waiting { position: u64 },
+    Ended(ApiError),
+}
+
+/// Where `session` stands on `key` in the applied state.
+fn status(node: &Node, key: &Key, session: SessionId) -> Status {
+    let replica = node.replica.lock();
+    if replica.state.session(session).is_none() {
+        return Status::Ended(ApiError::session_not_found());
+    }
+    let Some(object) = replica.state.object(key) else {
+        return Status::Ended(ApiError::new(ErrorCode::WaitCancelled, format!("{key} was deleted")));
+    };
+    if let Some(hold) = object.holders.get(&session) {
+        return Status::Held { permits: hold.permits, token: hold.token };
+    }
+    match object.queue.position(session) {
+        Some(position) => Status::Waiting { position },
+        None => Status::Ended(ApiError::new(
+            ErrorCode::WaitCancelled,
+            "the wait ended without a grant: it was released, or the capacity shrank below it",
+        )),
+    }
+}

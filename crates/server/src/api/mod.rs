@@ -1,0 +1,84 @@
+//! The HTTP API: routes, error mapping, limits and request metrics. One file per resource.
+
+mod elections;
+mod error;
+mod extract;
+mod grant;
+pub mod openapi;
+mod raft;
+mod semaphores;
+mod sessions;
+mod system;
+mod watch;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use permit_wire::{ErrorCode, BODY_BYTES_MAX};
+
+pub use error::ApiError;
+
+use crate::node::Node;
+
+/// Largest peer RPC body (an append batch or a snapshot chunk).
+const RAFT_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// The client API and the peer RPC routes of `node`.
+pub fn router(node: Arc<Node>) -> Router {
+    let client = Router::new()
+        .route("/v1/sessions", post(sessions::create))
+        .route("/v1/sessions/{id}", get(sessions::get).delete(sessions::close))
+        .route("/v1/sessions/{id}/keepalive", post(sessions::keepalive))
+        .route("/v1/semaphores", get(semaphores::list))
+        .route("/v1/semaphores/{name}", get(semaphores::get).put(semaphores::put).delete(semaphores::delete))
+        .route("/v1/semaphores/{name}/acquire", post(semaphores::acquire))
+        .route("/v1/semaphores/{name}/release", post(semaphores::release))
+        .route("/v1/semaphores/{name}/validate", post(semaphores::validate))
+        .route("/v1/elections/{name}", get(elections::get))
+        .route("/v1/elections/{name}/campaign", post(elections::campaign))
+        .route("/v1/elections/{name}/resign", post(elections::resign))
+        .route("/v1/health", get(system::health))
+        .route("/v1/openapi.json", get(system::openapi))
+        .route("/metrics", get(system::metrics))
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX));
+    let peer = Router::new()
+        .route("/raft/append", post(raft::append))
+        .route("/raft/vote", post(raft::vote))
+        .route("/raft/snapshot", post(raft::snapshot))
+        .layer(DefaultBodyLimit::max(RAFT_BODY_BYTES_MAX));
+    client
+        .merge(peer)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(node.clone(), observe))
+        .with_state(node)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(ErrorCode::NotFound, "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(ErrorCode::MethodNotAllowed, "this route does not take this method")
+}
+
+/// Counts every request by route template, method and status.
+async fn observe(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let method = request.method().as_str().to_owned();
+    let response = next.run(request).await;
+    if !route.starts_with("/raft/") {
+        let seconds = started.elapsed().as_secs_f64();
+        node.metrics.observe_request(&route, &method, response.status().as_u16(), seconds);
+    }
+    response
+}

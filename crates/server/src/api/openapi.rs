@@ -1,0 +1,41 @@
+//! The OpenAPI 3 spec, generated from the handlers and wire types. `docs/openapi.json` holds a
+//! copy that a test keeps equal to this.
+
+use utoipa::OpenApi;
+
+use super::{elections, semaphores, sessions, system};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Permit",
+        description = "A distributed semaphore service: sessions, counting semaphores, leader elections, fencing tokens. \
+Every error answers `{\"error\": {\"code\", \"message\"}}` with a stable snake_case code (see the ErrorCode schema). \
+Limits: names 1-128 bytes of [A-Za-z0-9._:-]; ttl_ms 200..=86400000 (default 10000); capacity 1..=1000000; \
+max_hold_ms 100..=604800000; election value at most 4096 bytes; wait_ms capped at 60000; bodies at most 64 KiB; \
+at most 100000 waiters per semaphore and 10000 holds plus waits per session.",
+        license(name = "Apache-2.0"),
+    ),
+    paths(
+        sessions::create, sessions::keepalive, sessions::get, sessions::close,
+        semaphores::list, semaphores::put, semaphores::get, semaphores::delete,
+        semaphores::acquire, semaphores::release, semaphores::validate,
+        elections::campaign, elections::get, elections::resign,
+        system::health, system::metrics,
+    ),
+    components(schemas(permit_wire::ErrorCode)),
+    tags(
+        (name = "sessions", description = "Client liveness: a session's holds and waits end when it expires or closes."),
+        (name = "semaphores", description = "Named counting semaphores with strict FIFO weighted queues and fencing tokens."),
+        (name = "elections", description = "Leader election on a capacity-1 semaphore whose hold carries a value."),
+        (name = "system", description = "Health and metrics."),
+    )
+)]
+struct ApiDoc;
+
+/// The spec as pretty JSON.
+pub fn spec_json() -> String {
+    let mut spec = ApiDoc::openapi().to_pretty_json().expect("spec serialises");
+    spec.push('\n');
+    spec
+}

@@ -1,0 +1,261 @@
+//! `/v1/semaphores`: create, inspect, acquire, release, validate, delete.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderName, StatusCode};
+use axum::response::{IntoResponse, Response};
+use permit_core::{
+    validate_acquire, validate_capacity, Acquire, Command, Key, Kind, Name, Outcome, Semaphore,
+    State as CoreState,
+};
+use permit_wire::{
+    AcquireRequest, AcquireResponse, ErrorBody, ErrorCode, HolderView, PutSemaphoreRequest, ReleaseRequest,
+    ReleaseResponse, SemaphoreList, SemaphoreSummary, SemaphoreView, ValidateRequest, ValidateResponse,
+    WaiterView, INDEX_HEADER,
+};
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::extract::{parse_name, parse_session, Json, Query};
+use super::grant::{self, capped_wait, Grant};
+use super::watch::{blocking_read, ReadParams};
+use crate::node::Node;
+
+/// Default and largest page of `GET /v1/semaphores`.
+const LIST_LIMIT_DEFAULT: usize = 100;
+const LIST_LIMIT_MAX: usize = 1000;
+
+fn index_header(index: u64) -> [(HeaderName, String); 1] {
+    [(HeaderName::from_static(INDEX_HEADER), index.to_string())]
+}
+
+/// Builds the view of a semaphore from the applied state.
+pub fn view(state: &CoreState, name: &Name, object: &Semaphore) -> SemaphoreView {
+    let session_name = |id| state.session(id).and_then(|s| s.name.clone());
+    SemaphoreView {
+        name: name.to_string(),
+        capacity: object.capacity,
+        held: object.held,
+        available: object.available(),
+        index: object.modified_index,
+        holders: object
+            .holders
+            .iter()
+            .map(|(session, hold)| HolderView {
+                session: session.to_string(),
+                session_name: session_name(*session),
+                permits: hold.permits,
+                token: hold.token,
+                granted_index: hold.granted_index,
+                expires_in_ms: hold.expires_at_ms.map(|at| at.saturating_sub(state.now_ms())),
+            })
+            .collect(),
+        waiters: object
+            .queue
+            .iter()
+            .enumerate()
+            .map(|(i, waiter)| WaiterView {
+                session: waiter.session.to_string(),
+                session_name: session_name(waiter.session),
+                permits: waiter.permits,
+                position: i as u64 + 1,
+            })
+            .collect(),
+    }
+}
+
+fn read_view(node: &Node, name: &Name) -> Result<(SemaphoreView, u64), ApiError> {
+    let replica = node.replica.lock();
+    let object = replica
+        .state
+        .object(&Key::semaphore(name.clone()))
+        .ok_or_else(|| ApiError::new(ErrorCode::SemaphoreNotFound, format!("semaphore {name} not found")))?;
+    let view = view(&replica.state, name, object);
+    let index = view.index;
+    Ok((view, index))
+}
+
+/// Create a semaphore, or set its capacity. Shrinking below what is held keeps the holders;
+/// nothing is granted until holdings fit again.
+#[utoipa::path(put, path = "/v1/semaphores/{name}", tag = "semaphores", request_body = PutSemaphoreRequest,
+    params(("name" = String, Path, description = "Semaphore name: 1-128 bytes of [A-Za-z0-9._:-]")),
+    responses((status = 201, body = SemaphoreView, description = "Created"),
+              (status = 200, body = SemaphoreView, description = "Capacity set"),
+              (status = "4XX", body = ErrorBody)))]
+pub async fn put(
+    State(node): State<Arc<Node>>,
+    Path(name): Path<String>,
+    Json(request): Json<PutSemaphoreRequest>,
+) -> Result<Response, ApiError> {
+    let name = parse_name(&name)?;
+    validate_capacity(request.capacity)?;
+    let status =
+        match node.propose(Command::PutSemaphore { name: name.clone(), capacity: request.capacity }).await? {
+            Outcome::SemaphoreCreated => StatusCode::CREATED,
+            Outcome::SemaphoreUpdated => StatusCode::OK,
+            Outcome::Refused(refusal) => return Err(refusal.into()),
+            other => return Err(ApiError::internal(other)),
+        };
+    let (view, index) = read_view(&node, &name)?;
+    Ok((status, index_header(index), axum::Json(view)).into_response())
+}
+
+/// A semaphore's capacity, holders and waiters. With `index`, blocks until it changes.
+#[utoipa::path(get, path = "/v1/semaphores/{name}", tag = "semaphores",
+    params(("name" = String, Path, description = "Semaphore name"), ReadParams),
+    responses((status = 200, body = SemaphoreView, headers(("permit-index" = u64))), (status = 404, body = ErrorBody)))]
+pub async fn get(
+    State(node): State<Arc<Node>>,
+    Path(name): Path<String>,
+    Query(params): Query<ReadParams>,
+) -> Result<Response, ApiError> {
+    let name = parse_name(&name)?;
+    let (view, index) = blocking_read(&node, &params, |node| read_view(node, &name)).await?;
+    Ok((index_header(index), axum::Json(view)).into_response())
+}
+
+/// Query parameters of the list.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    /// Start after this name.
+    pub after: Option<String>,
+    /// Page size, default 100, at most 1000.
+    pub limit: Option<usize>,
+    /// Serve from this node's applied state (may be stale).
+    #[serde(default)]
+    pub stale: bool,
+}
+
+/// Semaphores in name order, one page at a time.
+#[utoipa::path(get, path = "/v1/semaphores", tag = "semaphores", params(ListParams),
+    responses((status = 200, body = SemaphoreList), (status = "4XX", body = ErrorBody)))]
+pub async fn list(
+    State(node): State<Arc<Node>>,
+    Query(params): Query<ListParams>,
+) -> Result<axum::Json<SemaphoreList>, ApiError> {
+    let after = params.after.as_deref().map(parse_name).transpose()?;
+    let limit = params.limit.unwrap_or(LIST_LIMIT_DEFAULT);
+    if !(1..=LIST_LIMIT_MAX).contains(&limit) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!("limit must be in 1..={LIST_LIMIT_MAX}"),
+        ));
+    }
+    if !params.stale {
+        node.ensure_linearizable().await?;
+    }
+    let replica = node.replica.lock();
+    let mut page = replica.state.objects_after(Kind::Semaphore, after.as_ref());
+    let semaphores: Vec<SemaphoreSummary> = page
+        .by_ref()
+        .take(limit)
+        .map(|(key, object)| SemaphoreSummary {
+            name: key.name.to_string(),
+            capacity: object.capacity,
+            held: object.held,
+            available: object.available(),
+            holders: object.holders.len() as u64,
+            waiters: object.queue.len() as u64,
+        })
+        .collect();
+    let next_after = match page.next() {
+        Some(_) => semaphores.last().map(|s| s.name.clone()),
+        None => None,
+    };
+    Ok(axum::Json(SemaphoreList { semaphores, next_after }))
+}
+
+/// Delete a semaphore that nobody holds or waits on.
+#[utoipa::path(delete, path = "/v1/semaphores/{name}", tag = "semaphores",
+    params(("name" = String, Path, description = "Semaphore name")),
+    responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn delete(State(node): State<Arc<Node>>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    let name = parse_name(&name)?;
+    match node.propose(Command::DeleteSemaphore { name }).await? {
+        Outcome::SemaphoreDeleted => Ok(StatusCode::NO_CONTENT),
+        Outcome::Refused(refusal) => Err(refusal.into()),
+        other => Err(ApiError::internal(other)),
+    }
+}
+
+/// Acquire permits. `wait_ms = 0` tries once (409 `unavailable`, nothing queued); `wait_ms > 0`
+/// queues in strict FIFO order and long-polls; 202 means still queued, place kept. Repeating the
+/// call is idempotent: same grant and token, or same place in the queue.
+#[utoipa::path(post, path = "/v1/semaphores/{name}/acquire", tag = "semaphores", request_body = AcquireRequest,
+    params(("name" = String, Path, description = "Semaphore name")),
+    responses((status = 200, body = AcquireResponse, description = "Acquired"),
+              (status = 202, body = AcquireResponse, description = "Still waiting"),
+              (status = "4XX", body = ErrorBody)))]
+pub async fn acquire(
+    State(node): State<Arc<Node>>,
+    Path(name): Path<String>,
+    Json(request): Json<AcquireRequest>,
+) -> Result<Response, ApiError> {
+    let name = parse_name(&name)?;
+    let session = parse_session(&request.session)?;
+    let wait_ms = capped_wait(request.wait_ms);
+    let acquire = Acquire {
+        key: Key::semaphore(name),
+        session,
+        permits: request.permits.unwrap_or(1),
+        wait: wait_ms > 0,
+        capacity: request.capacity,
+        max_hold_ms: request.max_hold_ms,
+        value: None,
+    };
+    validate_acquire(&acquire)?;
+    Ok(match grant::acquire(&node, acquire, wait_ms).await? {
+        Grant::Acquired { permits, token } => {
+            (StatusCode::OK, axum::Json(AcquireResponse::Acquired { permits, token })).into_response()
+        }
+        Grant::Waiting { position } => {
+            (StatusCode::ACCEPTED, axum::Json(AcquireResponse::Waiting { position })).into_response()
+        }
+    })
+}
+
+/// Release the session's hold, or cancel its wait. Releasing nothing is not an error.
+#[utoipa::path(post, path = "/v1/semaphores/{name}/release", tag = "semaphores", request_body = ReleaseRequest,
+    params(("name" = String, Path, description = "Semaphore name")),
+    responses((status = 200, body = ReleaseResponse), (status = "4XX", body = ErrorBody)))]
+pub async fn release(
+    State(node): State<Arc<Node>>,
+    Path(name): Path<String>,
+    Json(request): Json<ReleaseRequest>,
+) -> Result<axum::Json<ReleaseResponse>, ApiError> {
+    let key = Key::semaphore(parse_name(&name)?);
+    release_key(&node, key, &request.session).await
+}
+
+/// Releases `session`'s hold or wait on `key` (shared with elections' resign).
+pub async fn release_key(
+    node: &Node,
+    key: Key,
+    session: &str,
+) -> Result<axum::Json<ReleaseResponse>, ApiError> {
+    let session = parse_session(session)?;
+    match node.propose(Command::Release { key, session }).await? {
+        Outcome::Released { permits } => Ok(axum::Json(ReleaseResponse { released: permits })),
+        Outcome::Refused(refusal) => Err(refusal.into()),
+        other => Err(ApiError::internal(other)),
+    }
+}
+
+/// Whether a current holder of the semaphore carries this token (a linearizable read, like
+/// Chubby's CheckSequencer): a resource that cannot store tokens can still reject stale holders.
+#[utoipa::path(post, path = "/v1/semaphores/{name}/validate", tag = "semaphores", request_body = ValidateRequest,
+    params(("name" = String, Path, description = "Semaphore name")),
+    responses((status = 200, body = ValidateResponse), (status = "4XX", body = ErrorBody)))]
+pub async fn validate(
+    State(node): State<Arc<Node>>,
+    Path(name): Path<String>,
+    Json(request): Json<ValidateRequest>,
+) -> Result<axum::Json<ValidateResponse>, ApiError> {
+    let key = Key::semaphore(parse_name(&name)?);
+    node.ensure_linearizable().await?;
+    let replica = node.replica.lock();
+    let holder = replica.state.object(&key).and_then(|object| object.holder_of_token(request.token));
+    Ok(axum::Json(ValidateResponse { valid: holder.is_some(), session: holder.map(|s| s.to_string()) }))
+}

@@ -1,0 +1,89 @@
+//! `/v1/health`, `/metrics` and the OpenAPI spec.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use openraft::ServerState;
+use permit_core::Kind;
+use permit_wire::Health;
+
+use crate::metrics::{semaphore_labels, PER_SEMAPHORE_SERIES_MAX};
+use crate::node::Node;
+
+/// This node's view of the cluster: 200 when it knows a leader, 503 otherwise.
+#[utoipa::path(get, path = "/v1/health", tag = "system",
+    responses((status = 200, body = Health), (status = 503, body = Health)))]
+pub async fn health(State(node): State<Arc<Node>>) -> impl IntoResponse {
+    let metrics = node.raft.metrics().borrow().clone();
+    let role = match metrics.state {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
+    };
+    let health = Health {
+        status: if metrics.current_leader.is_some() { "ok" } else { "degraded" }.to_owned(),
+        node_id: node.id,
+        raft_leader: metrics.current_leader,
+        raft_role: role.to_owned(),
+        raft_term: metrics.current_term,
+        applied_index: metrics.last_applied.map_or(0, |id| id.index),
+    };
+    let status =
+        if metrics.current_leader.is_some() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(health))
+}
+
+/// Prometheus metrics (text format).
+#[utoipa::path(get, path = "/metrics", tag = "system", responses((status = 200, body = String, content_type = "text/plain")))]
+pub async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
+    refresh_gauges(&node);
+    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    ([(header::CONTENT_TYPE, content_type)], node.metrics.render())
+}
+
+fn refresh_gauges(node: &Node) {
+    let raft = node.raft.metrics().borrow().clone();
+    let g = &node.metrics.gauges;
+    g.raft_term.set(raft.current_term as i64);
+    g.raft_is_leader.set(i64::from(raft.state == ServerState::Leader));
+    g.raft_last_log_index.set(raft.last_log_index.unwrap_or(0) as i64);
+    g.raft_applied_index.set(raft.last_applied.map_or(0, |id| id.index) as i64);
+    let replica = node.replica.lock();
+    let state = &replica.state;
+    g.sessions.set(state.session_count() as i64);
+    g.last_token.set(state.last_token() as i64);
+    let (mut semaphores, mut holds, mut waiters) = (0, 0, 0);
+    g.semaphore_capacity.clear();
+    g.semaphore_held.clear();
+    g.semaphore_waiters.clear();
+    for (key, object) in state.objects_after(Kind::Semaphore, None) {
+        if semaphores < PER_SEMAPHORE_SERIES_MAX {
+            let labels = semaphore_labels(key.name.as_str());
+            g.semaphore_capacity.get_or_create(&labels).set(object.capacity as i64);
+            g.semaphore_held.get_or_create(&labels).set(object.held as i64);
+            g.semaphore_waiters.get_or_create(&labels).set(object.queue.len() as i64);
+        }
+        semaphores += 1;
+        holds += object.holders.len();
+        waiters += object.queue.len();
+    }
+    let mut elections = 0;
+    for (_, object) in state.objects_after(Kind::Election, None) {
+        elections += 1;
+        holds += object.holders.len();
+        waiters += object.queue.len();
+    }
+    g.semaphores.set(semaphores as i64);
+    g.elections.set(elections as i64);
+    g.holds.set(holds as i64);
+    g.waiters.set(waiters as i64);
+}
+
+/// The OpenAPI 3 spec of this API.
+pub async fn openapi() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], super::openapi::spec_json())
+}

@@ -1,0 +1,105 @@
+//! The expiry driver: on the leader, proposes `ExpireSessions` when a session's deadline passes
+//! and `ExpireHolds` when a hold's `max_hold_ms` runs out.
+//!
+//! The timer is armed at the earliest deadline (not a coarse poll), so expiry fires within a few
+//! milliseconds of it, plus one commit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use permit_core::limits::EXPIRE_SESSIONS_PER_COMMAND_MAX;
+use permit_core::{Command, Outcome};
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use crate::clock::LeaderClock;
+use crate::metrics::Metrics;
+use crate::proposer::Proposer;
+use crate::replica::Replica;
+
+/// Pause after a failed proposal, so that a node losing leadership does not spin.
+const RETRY_DELAY: Duration = Duration::from_millis(20);
+
+/// What the driver needs.
+pub struct ExpiryDriver {
+    /// The node's replica.
+    pub replica: Arc<Replica>,
+    /// The leader-time clock.
+    pub clock: Arc<LeaderClock>,
+    /// The proposer.
+    pub proposer: Proposer,
+    /// Poked when a deadline may have moved earlier.
+    pub wake: Arc<Notify>,
+    /// The term this node leads in, if any.
+    pub leading: watch::Receiver<Option<u64>>,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+}
+
+impl ExpiryDriver {
+    /// Runs until the node shuts down.
+    pub async fn run(mut self) {
+        loop {
+            if self.leading.borrow_and_update().is_none() {
+                if self.leading.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            let next = self.next_deadline();
+            let sleep = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = sleep => self.expire_due().await,
+                () = self.wake.notified() => {}
+                changed = self.leading.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let replica = self.replica.lock();
+        let session = replica.lessor.next_deadline();
+        let hold = replica.state.next_hold_deadline_ms().map(|ms| self.clock.instant_of(ms));
+        session.into_iter().chain(hold).min()
+    }
+
+    async fn expire_due(&mut self) {
+        let (sessions, holds_due) = {
+            let mut replica = self.replica.lock();
+            if replica.lessor.promoted_term().is_none() {
+                return;
+            }
+            let sessions = replica.lessor.take_expired(Instant::now(), EXPIRE_SESSIONS_PER_COMMAND_MAX);
+            let now_ms = self.clock.now_ms(replica.state.now_ms());
+            let holds_due = replica.state.next_hold_deadline_ms().is_some_and(|at| at <= now_ms);
+            (sessions, holds_due)
+        };
+        if !sessions.is_empty() {
+            tracing::debug!(count = sessions.len(), "expiring sessions");
+            match self.proposer.propose(Command::ExpireSessions { ids: sessions.clone() }).await {
+                Ok(Outcome::SessionsExpired { expired }) => self.metrics.sessions_expired(expired),
+                Ok(other) => tracing::error!(?other, "unexpected outcome of ExpireSessions"),
+                Err(error) => {
+                    tracing::warn!(%error, "could not propose session expiry");
+                    self.replica.lock().lessor.unmark(&sessions);
+                    tokio::time::sleep(RETRY_DELAY).await;
+                }
+            }
+        }
+        if holds_due {
+            match self.proposer.propose(Command::ExpireHolds).await {
+                Ok(Outcome::HoldsExpired { expired }) => self.metrics.holds_expired(expired),
+                Ok(other) => tracing::error!(?other, "unexpected outcome of ExpireHolds"),
+                Err(error) => {
+                    tracing::warn!(%error, "could not propose hold expiry");
+                    tokio::time::sleep(RETRY_DELAY).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! Permit's server: the imperative shell around `permit-core`.
+//!
+//! A request enters through [`api`] (axum), becomes a `permit_core::Command`, goes through the
+//! group-commit [`proposer`] into the Raft log ([`raft`]: openraft with a redb log store), is
+//! applied by the state machine adapter to the [`replica`], and is answered from the outcome.
+//! Session deadlines live in memory in the [`lessor`]; the [`expiry`] driver proposes expiries
+//! on the leader. See `docs/ARCHITECTURE.md` for the map.
+
+pub mod api;
+pub mod clock;
+pub mod config;
+pub mod expiry;
+pub mod leadership;
+pub mod lessor;
+pub mod metrics;
+pub mod node;
+pub mod notify;
+pub mod proposer;
+pub mod raft;
+pub mod replica;
+
+use std::future::Future;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use config::Config;
+pub use node::Node;
+
+/// How long in-flight requests get to finish after a shutdown signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs a node until `stop` resolves: binds the listener, starts Raft, prints
+/// `permit listening on http://ADDR` on stdout, and serves the API.
+///
+/// # Errors
+/// When the address cannot be bound, the data dir cannot be opened, or Raft fails to start.
+pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let node = Node::start(config, addr).await?;
+    let router = api::router(node.clone());
+    {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "permit listening on http://{addr} (node {})", node.id)?;
+        stdout.flush()?;
+    }
+    tracing::info!(%addr, data_dir = %node.config.data_dir.display(), "serving");
+    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+    let stopper = node.clone();
+    tokio::spawn(async move {
+        stop.await;
+        tracing::info!("shutting down");
+        stopper.shutdown().await;
+        let _ = stopping_tx.send(());
+    });
+    let server = axum::serve(listener, router).with_graceful_shutdown(async {
+        let _ = stopping_rx.await;
+    });
+    let mut shutdown = node.shutdown.clone();
+    tokio::select! {
+        result = server => result?,
+        () = async {
+            let _ = shutdown.wait_for(|stopping| *stopping).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => tracing::warn!("requests still open after the grace period; exiting anyway"),
+    }
+    drop(node);
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+}
+
+/// A node handle kept alive for tests that embed the server.
+pub type NodeHandle = Arc<Node>;

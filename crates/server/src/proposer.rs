@@ -1,0 +1,113 @@
+//! Group commit: gathers the commands of concurrent requests into one log entry.
+//!
+//! openraft 0.9 makes one fsync per leader append, so one command per entry would cap writes at
+//! one fsync each. The proposer takes every command waiting in its queue (up to
+//! `COMMANDS_PER_BATCH_MAX`) into one [`Batch`], writes it, and answers each request with its own
+//! outcome. While one batch is being written the next one fills up.
+
+use std::sync::Arc;
+
+use openraft::error::{ClientWriteError, RaftError};
+use permit_core::limits::COMMANDS_PER_BATCH_MAX;
+use permit_core::{Batch, Command, Outcome};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::clock::LeaderClock;
+use crate::metrics::Metrics;
+use crate::raft::{NodeId, Raft};
+use crate::replica::Replica;
+
+/// Most commands queued for the proposer before requests wait to enqueue (back-pressure).
+const QUEUE_CAPACITY: usize = 16 * 1024;
+
+/// Why a proposal did not produce an outcome.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProposeError {
+    /// This node is not the leader.
+    #[error("not the leader")]
+    NotLeader {
+        /// The leader, if this node knows it.
+        leader: Option<(NodeId, String)>,
+    },
+    /// The node is shutting down.
+    #[error("shutting down")]
+    ShuttingDown,
+}
+
+struct Proposal {
+    command: Command,
+    reply: oneshot::Sender<Result<Outcome, ProposeError>>,
+}
+
+/// Handle to the proposer task.
+#[derive(Clone)]
+pub struct Proposer {
+    queue: mpsc::Sender<Proposal>,
+}
+
+impl Proposer {
+    /// Starts the proposer task for `raft`.
+    pub fn start(
+        raft: Raft,
+        clock: Arc<LeaderClock>,
+        replica: Arc<Replica>,
+        metrics: Arc<Metrics>,
+    ) -> Proposer {
+        let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
+        tokio::spawn(run(raft, clock, replica, metrics, receiver));
+        Proposer { queue }
+    }
+
+    /// Proposes one command and waits until it is committed and applied.
+    ///
+    /// # Errors
+    /// [`ProposeError`] when this node cannot commit it.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the command: it may still be applied.
+    pub async fn propose(&self, command: Command) -> Result<Outcome, ProposeError> {
+        let (reply, outcome) = oneshot::channel();
+        self.queue.send(Proposal { command, reply }).await.map_err(|_| ProposeError::ShuttingDown)?;
+        outcome.await.map_err(|_| ProposeError::ShuttingDown)?
+    }
+}
+
+async fn run(
+    raft: Raft,
+    clock: Arc<LeaderClock>,
+    replica: Arc<Replica>,
+    metrics: Arc<Metrics>,
+    mut receiver: mpsc::Receiver<Proposal>,
+) {
+    let mut proposals = Vec::with_capacity(64);
+    while receiver.recv_many(&mut proposals, COMMANDS_PER_BATCH_MAX).await > 0 {
+        let (commands, replies): (Vec<Command>, Vec<_>) =
+            proposals.drain(..).map(|proposal| (proposal.command, proposal.reply)).unzip();
+        metrics.observe_batch(commands.len());
+        let batch = Batch { now_ms: clock.now_ms(replica.now_ms()), commands };
+        match raft.client_write(batch).await {
+            Ok(response) => {
+                debug_assert_eq!(response.data.len(), replies.len(), "one outcome per command");
+                for (reply, outcome) in replies.into_iter().zip(response.data) {
+                    let _ = reply.send(Ok(outcome));
+                }
+            }
+            Err(error) => {
+                let error = match error {
+                    RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
+                        ProposeError::NotLeader {
+                            leader: forward.leader_id.zip(forward.leader_node.map(|node| node.addr)),
+                        }
+                    }
+                    RaftError::APIError(ClientWriteError::ChangeMembershipError(_)) => {
+                        unreachable!("the proposer never changes membership")
+                    }
+                    RaftError::Fatal(_) => ProposeError::ShuttingDown,
+                };
+                for reply in replies {
+                    let _ = reply.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! The Raft log, vote and commit index in a redb database.
+//!
+//! redb gives crash-safe, checksummed B-tree commits with one fdatasync each
+//! (`Durability::Immediate`, set explicitly), concurrent readers, and no C dependency. Each
+//! `append` is one redb transaction, and openraft is told the entries are durable only after that
+//! transaction committed: an acknowledged write is always on disk.
+
+// openraft's StorageError is large; it is the error type openraft's traits require.
+#![allow(clippy::result_large_err)]
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{AnyError, Entry, ErrorSubject, ErrorVerb, OptionalSend, StorageIOError, Vote};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{LogId, NodeId, StorageError, TypeConfig};
+
+/// First byte of every stored log entry and metadata value. Bump when the layout changes.
+pub const LOG_FORMAT_VERSION: u8 = 1;
+
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+const VOTE: &str = "vote";
+const COMMITTED: &str = "committed";
+const LAST_PURGED: &str = "last_purged";
+
+/// The log store. Cloning shares the database (clones serve as log readers).
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<Database>,
+}
+
+fn storage_error(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: impl std::error::Error) -> StorageError {
+    StorageError::IO { source: StorageIOError::new(subject, verb, AnyError::error(e.to_string())) }
+}
+
+fn read_logs_error(e: impl std::error::Error) -> StorageError {
+    storage_error(ErrorSubject::Logs, ErrorVerb::Read, e)
+}
+
+fn write_logs_error(e: impl std::error::Error) -> StorageError {
+    storage_error(ErrorSubject::Logs, ErrorVerb::Write, e)
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut bytes = vec![LOG_FORMAT_VERSION];
+    postcard::to_io(value, &mut bytes).expect("encoding to memory cannot fail");
+    bytes
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, std::io::Error> {
+    match bytes.split_first() {
+        Some((&LOG_FORMAT_VERSION, body)) => postcard::from_bytes(body).map_err(super::io_error),
+        Some((version, _)) => Err(std::io::Error::other(format!("log format version {version} unsupported"))),
+        None => Err(std::io::Error::other("empty log record")),
+    }
+}
+
+impl LogStore {
+    /// Opens (or creates) the log database at `path`.
+    ///
+    /// # Errors
+    /// When the file cannot be opened or is not a redb database.
+    pub fn open(path: &Path) -> Result<LogStore, redb::Error> {
+        let db = Database::create(path)?;
+        let mut txn = db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        txn.open_table(LOG)?;
+        txn.open_table(META)?;
+        txn.commit()?;
+        Ok(LogStore { db: Arc::new(db) })
+    }
+
+    fn read_meta<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StorageError> {
+        let txn = self.db.begin_read().map_err(read_logs_error)?;
+        let table = txn.open_table(META).map_err(read_logs_error)?;
+        let Some(value) = table.get(key).map_err(read_logs_error)? else { return Ok(None) };
+        decode(value.value()).map(Some).map_err(read_logs_error)
+    }
+
+    fn write_meta<T: Serialize>(&self, key: &str, value: &T) -> Result<(), redb::Error> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        txn.open_table(META)?.insert(key, encode(value).as_slice())?;
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Runs a blocking redb write without stalling the other tasks of this worker thread.
+    fn blocking<R>(f: impl FnOnce() -> R) -> R {
+        tokio::task::block_in_place(f)
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+        let txn = self.db.begin_read().map_err(read_logs_error)?;
+        let table = txn.open_table(LOG).map_err(read_logs_error)?;
+        let start = range.start_bound().cloned();
+        let end = range.end_bound().cloned();
+        let mut entries = Vec::new();
+        for row in table.range::<u64>((start, end)).map_err(read_logs_error)? {
+            let (_, value) = row.map_err(read_logs_error)?;
+            entries.push(decode(value.value()).map_err(read_logs_error)?);
+        }
+        Ok(entries)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let last_purged_log_id = self.read_meta::<Option<LogId>>(LAST_PURGED)?.flatten();
+        let txn = self.db.begin_read().map_err(read_logs_error)?;
+        let table = txn.open_table(LOG).map_err(read_logs_error)?;
+        let last = match table.last().map_err(read_logs_error)? {
+            Some((_, value)) => {
+                let entry: Entry<TypeConfig> = decode(value.value()).map_err(read_logs_error)?;
+                Some(entry.log_id)
+            }
+            None => last_purged_log_id,
+        };
+        Ok(LogState { last_purged_log_id, last_log_id: last })
+    }
+
+    async fn get_log_reader(&mut self) -> LogStore {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
+        Self::blocking(|| self.write_meta(VOTE, vote))
+            .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
+        self.read_meta(VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        Self::blocking(|| self.write_meta(COMMITTED, &committed)).map_err(write_logs_error)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        Ok(self.read_meta::<Option<LogId>>(COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let result = Self::blocking(|| -> Result<(), redb::Error> {
+            let mut txn = self.db.begin_write()?;
+            txn.set_durability(Durability::Immediate)?;
+            {
+                let mut table = txn.open_table(LOG)?;
+                for entry in entries {
+                    table.insert(entry.log_id.index, encode(&entry).as_slice())?;
+                }
+            }
+            // Durability::Immediate: commit returns after fdatasync.
+            txn.commit()?;
+            Ok(())
+        });
+        match result {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(super::io_error(&e)));
+                Err(write_logs_error(e))
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        Self::blocking(|| -> Result<(), redb::Error> {
+            let mut txn = self.db.begin_write()?;
+            txn.set_durability(Durability::Immediate)?;
+            txn.open_table(LOG)?.retain_in::<u64, _>(log_id.index.., |_, _| false)?;
+            txn.commit()?;
+            Ok(())
+        })
+        .map_err(write_logs_error)
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        Self::blocking(|| -> Result<(), redb::Error> {
+            let mut txn = self.db.begin_write()?;
+            txn.set_durability(Durability::Immediate)?;
+            txn.open_table(META)?.insert(LAST_PURGED, encode(&Some(log_id)).as_slice())?;
+            txn.open_table(LOG)?
+                .retain_in::<u64, _>((Bound::Unbounded, Bound::Included(log_id.index)), |_, _| false)?;
+            txn.commit()?;
+            Ok(())
+        })
+        .map_err(write_logs_error)
+    }
+}

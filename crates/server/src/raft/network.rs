@@ -1,0 +1,129 @@
+//! Raft RPCs between nodes: HTTP POSTs of postcard bodies to `/raft/{append,vote,snapshot}` on
+//! the peer's address (the same address as its client API).
+//!
+//! A peer that cannot be reached is reported as `Unreachable`, so that openraft backs off instead
+//! of retrying in a tight loop. Every RPC has openraft's deadline as its HTTP timeout.
+
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{NodeId, TypeConfig};
+
+/// Path prefix of the peer RPC routes.
+pub const RAFT_PATH_PREFIX: &str = "/raft";
+
+/// Longest a peer may take to accept a TCP connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Creates connections to peers; one HTTP client (with its connection pool) for all of them.
+#[derive(Clone)]
+pub struct Network {
+    http: reqwest::Client,
+}
+
+impl Network {
+    /// A network with its own connection pool.
+    pub fn new() -> Network {
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .pool_max_idle_per_host(4)
+            .no_proxy()
+            .build()
+            .expect("HTTP client builds");
+        Network { http }
+    }
+}
+
+impl Default for Network {
+    fn default() -> Network {
+        Network::new()
+    }
+}
+
+/// A connection to one peer.
+pub struct PeerConnection {
+    http: reqwest::Client,
+    target: NodeId,
+    addr: String,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerConnection;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerConnection {
+        PeerConnection { http: self.http.clone(), target, addr: node.addr.clone() }
+    }
+}
+
+impl PeerConnection {
+    async fn call<Req, Resp, E>(
+        &self,
+        route: &str,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let body = postcard::to_allocvec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let url = format!("http://{}{RAFT_PATH_PREFIX}/{route}", self.addr);
+        let response = self
+            .http
+            .post(url)
+            .timeout(option.hard_ttl())
+            .header("content-type", "application/octet-stream")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let error = std::io::Error::other(format!("peer answered HTTP {status}"));
+            return Err(RPCError::Unreachable(Unreachable::new(&error)));
+        }
+        let bytes = response.bytes().await.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+        let result: Result<Resp, E> =
+            postcard::from_bytes(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerConnection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call("append", &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        self.call("snapshot", &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call("vote", &rpc, &option).await
+    }
+}

@@ -1,0 +1,90 @@
+//! Snapshot files: the latest snapshot of the state machine, written atomically.
+//!
+//! Layout: magic `PERMITSN`, format version (1 byte), CRC-32 of the rest (4 bytes LE), meta length
+//! (4 bytes LE), the snapshot meta (postcard), then the state bytes (`State::encode_snapshot`).
+//! A snapshot is written to a temporary file, fsynced, renamed over the old one, and the directory
+//! is fsynced, so a crash leaves either the old snapshot or the new one.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use openraft::SnapshotMeta;
+
+use super::NodeId;
+
+const MAGIC: &[u8; 8] = b"PERMITSN";
+const FILE_FORMAT_VERSION: u8 = 1;
+const FILE_NAME: &str = "snapshot.bin";
+
+/// Meta of a snapshot, as openraft defines it.
+pub type Meta = SnapshotMeta<NodeId, openraft::BasicNode>;
+
+/// The directory holding the current snapshot.
+#[derive(Debug, Clone)]
+pub struct SnapshotStore {
+    dir: PathBuf,
+}
+
+impl SnapshotStore {
+    /// Uses `dir`, creating it if needed.
+    ///
+    /// # Errors
+    /// When the directory cannot be created.
+    pub fn open(dir: &Path) -> std::io::Result<SnapshotStore> {
+        fs::create_dir_all(dir)?;
+        Ok(SnapshotStore { dir: dir.to_owned() })
+    }
+
+    /// Writes `meta` and `state` as the current snapshot, durably.
+    ///
+    /// # Errors
+    /// On any I/O failure; the previous snapshot is then still in place.
+    pub fn save(&self, meta: &Meta, state: &[u8]) -> std::io::Result<()> {
+        let meta_bytes = postcard::to_allocvec(meta).map_err(super::io_error)?;
+        let meta_len = u32::try_from(meta_bytes.len()).map_err(super::io_error)?;
+        let mut body = Vec::with_capacity(4 + meta_bytes.len() + state.len());
+        body.extend_from_slice(&meta_len.to_le_bytes());
+        body.extend_from_slice(&meta_bytes);
+        body.extend_from_slice(state);
+        let temp = self.dir.join(format!("{FILE_NAME}.tmp"));
+        let mut file = File::create(&temp)?;
+        file.write_all(MAGIC)?;
+        file.write_all(&[FILE_FORMAT_VERSION])?;
+        file.write_all(&crc32fast::hash(&body).to_le_bytes())?;
+        file.write_all(&body)?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&temp, self.dir.join(FILE_NAME))?;
+        File::open(&self.dir)?.sync_all()
+    }
+
+    /// Reads the current snapshot, if there is one.
+    ///
+    /// # Errors
+    /// On I/O failure, or when the file is corrupt (bad magic, version or checksum).
+    pub fn load(&self) -> std::io::Result<Option<(Meta, Vec<u8>)>> {
+        let bytes = match fs::read(self.dir.join(FILE_NAME)) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let corrupt = |what: &str| std::io::Error::other(format!("snapshot file corrupt: {what}"));
+        if bytes.len() < 17 || &bytes[..8] != MAGIC {
+            return Err(corrupt("bad magic"));
+        }
+        if bytes[8] != FILE_FORMAT_VERSION {
+            return Err(corrupt("unsupported version"));
+        }
+        let crc = u32::from_le_bytes(bytes[9..13].try_into().expect("4 bytes"));
+        let body = &bytes[13..];
+        if crc32fast::hash(body) != crc {
+            return Err(corrupt("checksum mismatch"));
+        }
+        let meta_len = u32::from_le_bytes(body[..4].try_into().expect("4 bytes")) as usize;
+        let meta_end =
+            4usize.checked_add(meta_len).filter(|end| *end <= body.len()).ok_or_else(|| corrupt("meta"))?;
+        let meta: Meta = postcard::from_bytes(&body[4..meta_end]).map_err(super::io_error)?;
+        Ok(Some((meta, body[meta_end..].to_vec())))
+    }
+}

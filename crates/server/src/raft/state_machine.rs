@@ -1,0 +1,191 @@
+//! The openraft state machine: an adapter that applies log entries to [`permit_core::State`]
+//! inside the [`Replica`], feeds the lessor, wakes long-polls, and builds and installs snapshots.
+
+use std::io::Cursor;
+use std::sync::Arc;
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    AnyError, BasicNode, Entry, EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, StorageIOError,
+    StoredMembership,
+};
+use permit_core::{Effect, State};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::snapshot_store::{Meta, SnapshotStore};
+use super::{LogId, NodeId, StorageError, TypeConfig};
+use crate::notify::Notifier;
+use crate::replica::Replica;
+
+/// The state machine handed to openraft. Cloning shares everything (clones build snapshots).
+#[derive(Clone)]
+pub struct StateMachine {
+    replica: Arc<Replica>,
+    notifier: Arc<Notifier>,
+    snapshots: SnapshotStore,
+    /// Poked when the expiry driver may need to re-arm its timer.
+    expiry_wake: Arc<Notify>,
+}
+
+fn snapshot_error(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
+    StorageError::IO { source: StorageIOError::new(ErrorSubject::Snapshot(None), verb, AnyError::error(e)) }
+}
+
+impl StateMachine {
+    /// An adapter over `replica`.
+    pub fn new(
+        replica: Arc<Replica>,
+        notifier: Arc<Notifier>,
+        snapshots: SnapshotStore,
+        expiry_wake: Arc<Notify>,
+    ) -> StateMachine {
+        StateMachine { replica, notifier, snapshots, expiry_wake }
+    }
+
+    /// Replaces the state with a snapshot's, re-tracking every session from now.
+    fn restore(&self, meta: &Meta, state: State) {
+        let applied_index = meta.last_log_id.map_or(0, |id| id.index);
+        {
+            let mut replica = self.replica.lock();
+            replica.lessor.clear();
+            let now = Instant::now();
+            for (id, session) in state.sessions() {
+                replica.lessor.on_created(*id, session.ttl_ms, now);
+            }
+            replica.state = state;
+            replica.last_applied = meta.last_log_id;
+            replica.membership = meta.last_membership.clone();
+        }
+        self.notifier.wake_all(applied_index);
+        self.expiry_wake.notify_one();
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let (bytes, last_applied, membership) = {
+            let replica = self.replica.lock();
+            (replica.state.encode_snapshot(), replica.last_applied, replica.membership.clone())
+        };
+        let snapshot_id = match last_applied {
+            Some(id) => format!("{}-{}", id.leader_id.term, id.index),
+            None => "0-0".to_owned(),
+        };
+        let meta = Meta { last_log_id: last_applied, last_membership: membership, snapshot_id };
+        tokio::task::block_in_place(|| self.snapshots.save(&meta, &bytes))
+            .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = StateMachine;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId>, StoredMembership<NodeId, BasicNode>), StorageError> {
+        let replica = self.replica.lock();
+        Ok((replica.last_applied, replica.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<permit_core::Outcome>>, StorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + openraft::OptionalSend,
+        I::IntoIter: openraft::OptionalSend,
+    {
+        let mut effects = Vec::new();
+        let mut replies = Vec::new();
+        let applied_index;
+        {
+            let mut replica = self.replica.lock();
+            for entry in entries {
+                let index = entry.log_id.index;
+                replica.last_applied = Some(entry.log_id);
+                match entry.payload {
+                    EntryPayload::Normal(batch) => {
+                        replies.push(replica.state.apply(index, &batch, &mut effects));
+                    }
+                    EntryPayload::Blank => {
+                        replica.state.skip(index);
+                        replies.push(Vec::new());
+                    }
+                    EntryPayload::Membership(membership) => {
+                        replica.state.skip(index);
+                        replica.membership = StoredMembership::new(Some(entry.log_id), membership);
+                        replies.push(Vec::new());
+                    }
+                }
+            }
+            let now = Instant::now();
+            for effect in &effects {
+                match effect {
+                    Effect::SessionCreated { id, ttl_ms } => replica.lessor.on_created(*id, *ttl_ms, now),
+                    Effect::SessionRemoved { id } => replica.lessor.on_removed(*id),
+                    _ => {}
+                }
+            }
+            applied_index = replica.last_applied.map_or(0, |id| id.index);
+        }
+        self.notifier.dispatch(&effects, applied_index);
+        let rearm = effects
+            .iter()
+            .any(|e| matches!(e, Effect::SessionCreated { .. } | Effect::HoldDeadlineSet { .. }));
+        if rearm {
+            self.expiry_wake.notify_one();
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> StateMachine {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &Meta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let bytes = snapshot.into_inner();
+        let state = State::decode_snapshot(&bytes).map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
+        tokio::task::block_in_place(|| self.snapshots.save(meta, &bytes))
+            .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
+        self.restore(meta, state);
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let loaded = tokio::task::block_in_place(|| self.snapshots.load())
+            .map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
+        Ok(loaded.map(|(meta, bytes)| Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) }))
+    }
+}
+
+/// Loads the latest snapshot from disk as the starting state of a node.
+///
+/// # Errors
+/// When the snapshot exists but cannot be read or decoded.
+pub fn load_replica(snapshots: &SnapshotStore) -> anyhow::Result<crate::replica::ReplicaState> {
+    let mut replica = crate::replica::ReplicaState::default();
+    if let Some((meta, bytes)) = snapshots.load()? {
+        let state = State::decode_snapshot(&bytes)?;
+        let index = meta.last_log_id.map_or(0, |id| id.index);
+        anyhow::ensure!(
+            state.applied_index() == index,
+            "snapshot state at {} but meta at {index}",
+            state.applied_index()
+        );
+        let now = Instant::now();
+        for (id, session) in state.sessions() {
+            replica.lessor.on_created(*id, session.ttl_ms, now);
+        }
+        replica.state = state;
+        replica.last_applied = meta.last_log_id;
+        replica.membership = meta.last_membership;
+    }
+    Ok(replica)
+}

@@ -1,0 +1,353 @@
+//! Permit's wire format: the JSON bodies of the HTTP API and its error codes.
+//!
+//! This crate is shared by `permit-server` and `permit-client` and holds no logic, so that a wire
+//! shape never freezes an internal type. Requests reject unknown fields. The HTTP routes, status
+//! codes and limits are documented in the OpenAPI spec served at [`OPENAPI_PATH`].
+#![deny(missing_docs)]
+
+mod error;
+
+pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+
+use serde::{Deserialize, Serialize};
+
+#[cfg(feature = "openapi")]
+use utoipa::ToSchema;
+
+/// Response header carrying the index (Raft log index) of the object's last change; pass it back
+/// as `?index=` to block until the object changes again.
+pub const INDEX_HEADER: &str = "permit-index";
+/// Path of the OpenAPI spec.
+pub const OPENAPI_PATH: &str = "/v1/openapi.json";
+/// Default port of `permit serve`.
+pub const DEFAULT_PORT: u16 = 7376;
+/// Longest long-poll the server holds a request for, in milliseconds; longer `wait_ms` is cut.
+pub const WAIT_MS_MAX: u64 = 60_000;
+/// Largest request body, in bytes.
+pub const BODY_BYTES_MAX: usize = 64 * 1024;
+
+/// `POST /v1/sessions`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateSessionRequest {
+    /// Time to live after the last keepalive, in ms: 200..=86400000, default 10000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// A name for humans (at most 256 bytes), shown by `GET` routes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// `201` answer to `POST /v1/sessions`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SessionCreated {
+    /// The session id: 32 lowercase hex digits, 128 random bits.
+    pub id: String,
+    /// The session's TTL in ms.
+    pub ttl_ms: u64,
+}
+
+/// `200` answer to `POST /v1/sessions/{id}/keepalive`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct KeepaliveResponse {
+    /// The session's TTL in ms: it lives at least this long after the keepalive was sent.
+    pub ttl_ms: u64,
+}
+
+/// Whether an object is a semaphore or an election.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ObjectKind {
+    /// A semaphore.
+    Semaphore,
+    /// An election.
+    Election,
+}
+
+/// One hold of a session, in `GET /v1/sessions/{id}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SessionHold {
+    /// Semaphore or election.
+    pub kind: ObjectKind,
+    /// Its name.
+    pub name: String,
+    /// Permits held.
+    pub permits: u64,
+    /// Fencing token of the grant.
+    pub token: u64,
+}
+
+/// One wait of a session, in `GET /v1/sessions/{id}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SessionWait {
+    /// Semaphore or election.
+    pub kind: ObjectKind,
+    /// Its name.
+    pub name: String,
+    /// Permits asked for.
+    pub permits: u64,
+    /// 1-based position in the queue.
+    pub position: u64,
+}
+
+/// `GET /v1/sessions/{id}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SessionView {
+    /// The session id.
+    pub id: String,
+    /// Its name, if it was given one.
+    pub name: Option<String>,
+    /// Its TTL in ms.
+    pub ttl_ms: u64,
+    /// Its holds.
+    pub holds: Vec<SessionHold>,
+    /// Its waits.
+    pub waits: Vec<SessionWait>,
+}
+
+/// `PUT /v1/semaphores/{name}`: create a semaphore or set its capacity.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PutSemaphoreRequest {
+    /// Capacity in permits: 1..=1000000.
+    pub capacity: u64,
+}
+
+/// A holder in `GET /v1/semaphores/{name}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct HolderView {
+    /// The holding session.
+    pub session: String,
+    /// The session's name, if any.
+    pub session_name: Option<String>,
+    /// Permits held.
+    pub permits: u64,
+    /// Fencing token of the grant.
+    pub token: u64,
+    /// Raft log index of the grant.
+    pub granted_index: u64,
+    /// Milliseconds left before `max_hold_ms` releases the hold, if the hold has one.
+    pub expires_in_ms: Option<u64>,
+}
+
+/// A waiter in `GET /v1/semaphores/{name}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct WaiterView {
+    /// The waiting session.
+    pub session: String,
+    /// The session's name, if any.
+    pub session_name: Option<String>,
+    /// Permits asked for.
+    pub permits: u64,
+    /// 1-based position in the queue.
+    pub position: u64,
+}
+
+/// `GET /v1/semaphores/{name}` (and the answer to `PUT`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SemaphoreView {
+    /// The semaphore's name.
+    pub name: String,
+    /// Its capacity in permits.
+    pub capacity: u64,
+    /// Permits held now (may exceed `capacity` right after a shrink).
+    pub held: u64,
+    /// Permits free now: `capacity - held`, or 0.
+    pub available: u64,
+    /// Raft log index of the last change (also in the `Permit-Index` header).
+    pub index: u64,
+    /// Holders, by session id.
+    pub holders: Vec<HolderView>,
+    /// Waiters in queue order.
+    pub waiters: Vec<WaiterView>,
+}
+
+/// One semaphore in `GET /v1/semaphores`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SemaphoreSummary {
+    /// The semaphore's name.
+    pub name: String,
+    /// Its capacity.
+    pub capacity: u64,
+    /// Permits held.
+    pub held: u64,
+    /// Permits free.
+    pub available: u64,
+    /// Number of holders.
+    pub holders: u64,
+    /// Number of waiters.
+    pub waiters: u64,
+}
+
+/// `GET /v1/semaphores?after=&limit=`: one page of semaphores in name order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SemaphoreList {
+    /// The page.
+    pub semaphores: Vec<SemaphoreSummary>,
+    /// Pass as `after` to get the next page; absent on the last page.
+    pub next_after: Option<String>,
+}
+
+/// `POST /v1/semaphores/{name}/acquire`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AcquireRequest {
+    /// The acquiring session.
+    pub session: String,
+    /// Permits to acquire: 1..=capacity, default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u64>,
+    /// How long to wait in the queue, in ms; 0 (default) is try-acquire. Capped at 60000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+    /// Create the semaphore with this capacity if it does not exist (ignored if it does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u64>,
+    /// Release the hold this many ms after the grant even if the session lives: 100..=604800000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_hold_ms: Option<u64>,
+}
+
+/// Answer to an acquire: `200` acquired or `202` waiting.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum AcquireResponse {
+    /// `200`: the session holds the permits.
+    Acquired {
+        /// Permits held.
+        permits: u64,
+        /// Fencing token: larger than every token granted before on any semaphore.
+        token: u64,
+    },
+    /// `202`: still queued when the wait ended; the place is kept. Repeat the call to wait more.
+    Waiting {
+        /// 1-based position in the queue.
+        position: u64,
+    },
+}
+
+/// `POST /v1/semaphores/{name}/release` and `POST /v1/elections/{name}/resign`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// The session whose hold to release or whose wait to cancel.
+    pub session: String,
+}
+
+/// `200` answer to a release.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ReleaseResponse {
+    /// Permits released; 0 if the session held none (a cancelled wait, or nothing).
+    pub released: u64,
+}
+
+/// `POST /v1/semaphores/{name}/validate`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ValidateRequest {
+    /// The fencing token to check.
+    pub token: u64,
+}
+
+/// `200` answer to validate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ValidateResponse {
+    /// Whether a current hold of the semaphore carries the token.
+    pub valid: bool,
+    /// The holding session, when valid.
+    pub session: Option<String>,
+}
+
+/// `POST /v1/elections/{name}/campaign`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CampaignRequest {
+    /// The campaigning session.
+    pub session: String,
+    /// The value to publish while leader (at most 4096 bytes), e.g. the leader's address.
+    pub value: String,
+    /// How long to wait to become leader, in ms; 0 (default) returns at once. Capped at 60000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+}
+
+/// Answer to a campaign: `200` leader or `202` waiting.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum CampaignResponse {
+    /// `200`: the session leads.
+    Leader {
+        /// Fencing token of the leadership.
+        token: u64,
+    },
+    /// `202`: queued behind the leader and earlier candidates; the place is kept.
+    Waiting {
+        /// 1-based position among the candidates.
+        position: u64,
+    },
+}
+
+/// The current leader of an election.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct LeaderView {
+    /// The leading session.
+    pub session: String,
+    /// The value it published.
+    pub value: String,
+    /// Fencing token of its leadership.
+    pub token: u64,
+}
+
+/// `GET /v1/elections/{name}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ElectionView {
+    /// The election's name.
+    pub name: String,
+    /// The leader, or `null` when nobody leads.
+    pub leader: Option<LeaderView>,
+    /// Number of candidates waiting behind the leader.
+    pub candidates: u64,
+    /// Raft log index of the last change (also in the `Permit-Index` header); 0 if none exists.
+    pub index: u64,
+}
+
+/// `GET /v1/health`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Health {
+    /// `ok` when this node knows a leader, `degraded` otherwise.
+    pub status: String,
+    /// This node's id.
+    pub node_id: u64,
+    /// The Raft leader's node id, if known.
+    pub raft_leader: Option<u64>,
+    /// This node's Raft role: `leader`, `follower`, `candidate` or `learner`.
+    pub raft_role: String,
+    /// The current Raft term.
+    pub raft_term: u64,
+    /// Raft log index of the last entry applied here.
+    pub applied_index: u64,
+}
