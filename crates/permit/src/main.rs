@@ -40,6 +40,9 @@ struct ServeArgs {
     /// Take a snapshot and compact the log every this many entries.
     #[arg(long, default_value_t = 10_000)]
     snapshot_logs: u64,
+    /// Do not form a cluster: wait to be added (`permit cluster add ID ADDR`) or initialised.
+    #[arg(long, conflicts_with = "peers")]
+    join: bool,
 }
 
 fn parse_peer(text: &str) -> Result<(u64, String), String> {
@@ -72,6 +75,7 @@ fn main() -> anyhow::Result<()> {
                 data_dir: args.data_dir,
                 peers: args.peers.into_iter().collect::<BTreeMap<_, _>>(),
                 snapshot_logs: args.snapshot_logs,
+                join: args.join,
                 ..permit_server::Config::default()
             };
             runtime.block_on(permit_server::serve(config, permit_server::shutdown_signal()))

@@ -24,6 +24,9 @@ pub struct Config {
     pub election_timeout_ms: (u64, u64),
     /// Take a snapshot (and compact the log) after this many entries.
     pub snapshot_logs: u64,
+    /// Start without forming a cluster: wait to be added to one (`permit cluster add`) or
+    /// initialised (`POST /v1/cluster/init`).
+    pub join: bool,
 }
 
 /// `permit serve`'s default address.
@@ -39,6 +42,7 @@ impl Default for Config {
             heartbeat_ms: 100,
             election_timeout_ms: (500, 1000),
             snapshot_logs: 10_000,
+            join: false,
         }
     }
 }
@@ -54,6 +58,8 @@ impl Config {
         anyhow::ensure!(min > 2 * self.heartbeat_ms, "election timeout must exceed two heartbeats");
         anyhow::ensure!(max > min, "election timeout range is empty");
         anyhow::ensure!(self.snapshot_logs >= 10, "snapshot interval must be at least 10 entries");
+        anyhow::ensure!(!self.join || self.peers.is_empty(), "--join and --peers exclude each other");
+        anyhow::ensure!(self.node_id > 0, "node ids start at 1");
         if !self.peers.is_empty() {
             anyhow::ensure!(
                 self.peers.contains_key(&self.node_id),

@@ -54,6 +54,10 @@ pub struct StateGauges {
     pub raft_last_log_index: Gauge,
     /// Last applied log index on this node.
     pub raft_applied_index: Gauge,
+    /// Last log index in this node's latest snapshot.
+    pub raft_snapshot_index: Gauge,
+    /// Last log index purged from this node's log (compaction).
+    pub raft_purged_index: Gauge,
     /// Per-semaphore capacity.
     pub semaphore_capacity: Family<Labels, Gauge>,
     /// Per-semaphore permits held.
@@ -102,6 +106,16 @@ impl Metrics {
             g.raft_last_log_index.clone(),
         );
         registry.register("raft_applied_index", "Last applied Raft log index", g.raft_applied_index.clone());
+        registry.register(
+            "raft_snapshot_index",
+            "Last log index in the latest snapshot",
+            g.raft_snapshot_index.clone(),
+        );
+        registry.register(
+            "raft_purged_index",
+            "Last log index removed by compaction",
+            g.raft_purged_index.clone(),
+        );
         registry.register("semaphore_capacity", "Capacity per semaphore", g.semaphore_capacity.clone());
         registry.register("semaphore_held", "Permits held per semaphore", g.semaphore_held.clone());
         registry.register("semaphore_waiters", "Waiters per semaphore", g.semaphore_waiters.clone());

@@ -24,6 +24,9 @@ use crate::raft::state_machine::{load_replica, StateMachine};
 use crate::raft::{NodeId, Raft};
 use crate::replica::Replica;
 
+/// Longest wait for a quorum to confirm leadership before a linearizable read.
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// A running node.
 pub struct Node {
     /// This node's id.
@@ -42,6 +45,8 @@ pub struct Node {
     pub metrics: Arc<Metrics>,
     /// The configuration it started with.
     pub config: Config,
+    /// HTTP client for forwarding requests to the leader and probing members.
+    pub http: reqwest::Client,
     /// Becomes true when the node starts shutting down; long-polls return early.
     pub shutdown: watch::Receiver<bool>,
     shutdown_tx: watch::Sender<bool>,
@@ -78,7 +83,7 @@ impl Node {
             election_timeout_max: config.election_timeout_ms.1,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_logs),
             max_in_snapshot_log_to_keep: config.snapshot_logs.min(1000),
-            purge_batch_size: 256,
+            purge_batch_size: config.snapshot_logs.min(256),
             install_snapshot_timeout: 10_000,
             ..Default::default()
         }
@@ -86,13 +91,15 @@ impl Node {
         let raft = Raft::new(config.node_id, Arc::new(raft_config), Network::new(), log_store, state_machine)
             .await?;
 
-        if !raft.is_initialized().await? {
+        if !config.join && !raft.is_initialized().await? {
             let members: BTreeMap<NodeId, BasicNode> = if config.peers.is_empty() {
                 BTreeMap::from([(config.node_id, BasicNode::new(addr.to_string()))])
             } else {
                 config.peers.iter().map(|(id, addr)| (*id, BasicNode::new(addr))).collect()
             };
-            // Every node of a fresh cluster proposes the same membership; Raft picks one leader.
+            // Every node of a fresh cluster writes the same first entry (the membership at log
+            // index 0), so their logs agree; the first election picks one leader. On a restart
+            // the node is initialised already and `--peers` is not used.
             raft.initialize(members).await?;
         }
 
@@ -118,6 +125,7 @@ impl Node {
             proposer,
             metrics,
             config,
+            http: reqwest::Client::builder().no_proxy().pool_max_idle_per_host(32).build()?,
             shutdown,
             shutdown_tx,
         }))
@@ -137,7 +145,9 @@ impl Node {
     /// # Errors
     /// [`ProposeError::NotLeader`] when it does not lead or cannot reach a quorum.
     pub async fn ensure_linearizable(&self) -> Result<(), ProposeError> {
-        match self.raft.ensure_linearizable().await {
+        let confirmed = tokio::time::timeout(READ_TIMEOUT, self.raft.ensure_linearizable()).await;
+        let Ok(confirmed) = confirmed else { return Err(ProposeError::Timeout) };
+        match confirmed {
             Ok(_) => Ok(()),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
                 Err(ProposeError::NotLeader {
@@ -148,6 +158,28 @@ impl Node {
                 Err(ProposeError::NotLeader { leader: None })
             }
             Err(RaftError::Fatal(_)) => Err(ProposeError::ShuttingDown),
+        }
+    }
+
+    /// The leader's id and address, waiting up to `patience` for one to be known.
+    pub async fn leader(&self, patience: Duration) -> Option<(NodeId, String)> {
+        let mut metrics = self.raft.metrics();
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            {
+                let m = metrics.borrow_and_update();
+                if let Some(leader) = m.current_leader {
+                    let addr =
+                        m.membership_config.membership().get_node(&leader).map(|node| node.addr.clone());
+                    if let Some(addr) = addr {
+                        return Some((leader, addr));
+                    }
+                }
+            }
+            match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return None,
+            }
         }
     }
 

@@ -6,8 +6,9 @@
 //! outcome. While one batch is being written the next one fills up.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::ClientWriteError;
 use permit_core::limits::COMMANDS_PER_BATCH_MAX;
 use permit_core::{Batch, Command, Outcome};
 use tokio::sync::{mpsc, oneshot};
@@ -19,6 +20,8 @@ use crate::replica::Replica;
 
 /// Most commands queued for the proposer before requests wait to enqueue (back-pressure).
 const QUEUE_CAPACITY: usize = 16 * 1024;
+/// Longest wait for one batch to commit before its requests are answered `Timeout`.
+pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a proposal did not produce an outcome.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -32,6 +35,9 @@ pub enum ProposeError {
     /// The node is shutting down.
     #[error("shutting down")]
     ShuttingDown,
+    /// Not committed within the commit timeout: the outcome is unknown.
+    #[error("not committed in time")]
+    Timeout,
 }
 
 struct Proposal {
@@ -85,7 +91,21 @@ async fn run(
             proposals.drain(..).map(|proposal| (proposal.command, proposal.reply)).unzip();
         metrics.observe_batch(commands.len());
         let batch = Batch { now_ms: clock.now_ms(replica.now_ms()), commands };
-        match raft.client_write(batch).await {
+        // One batch in flight at a time: while it is written, the next one fills up. A batch
+        // that cannot commit (a leader cut off from its quorum) is answered `Timeout` and no
+        // longer holds up the ones behind it.
+        let result = match raft.client_write_ff(batch).await {
+            Ok(pending) => match tokio::time::timeout(COMMIT_TIMEOUT, pending).await {
+                Ok(Ok(result)) => result.map_err(not_leader),
+                Ok(Err(_)) | Err(_) if raft.metrics().borrow().running_state.is_err() => {
+                    Err(ProposeError::ShuttingDown)
+                }
+                Ok(Err(_)) => Err(ProposeError::NotLeader { leader: None }),
+                Err(_) => Err(ProposeError::Timeout),
+            },
+            Err(_) => Err(ProposeError::ShuttingDown),
+        };
+        match result {
             Ok(response) => {
                 debug_assert_eq!(response.data.len(), replies.len(), "one outcome per command");
                 for (reply, outcome) in replies.into_iter().zip(response.data) {
@@ -93,21 +113,19 @@ async fn run(
                 }
             }
             Err(error) => {
-                let error = match error {
-                    RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
-                        ProposeError::NotLeader {
-                            leader: forward.leader_id.zip(forward.leader_node.map(|node| node.addr)),
-                        }
-                    }
-                    RaftError::APIError(ClientWriteError::ChangeMembershipError(_)) => {
-                        unreachable!("the proposer never changes membership")
-                    }
-                    RaftError::Fatal(_) => ProposeError::ShuttingDown,
-                };
                 for reply in replies {
                     let _ = reply.send(Err(error.clone()));
                 }
             }
         }
+    }
+}
+
+fn not_leader(error: ClientWriteError<NodeId, openraft::BasicNode>) -> ProposeError {
+    match error {
+        ClientWriteError::ForwardToLeader(forward) => ProposeError::NotLeader {
+            leader: forward.leader_id.zip(forward.leader_node.map(|node| node.addr)),
+        },
+        ClientWriteError::ChangeMembershipError(_) => unreachable!("the proposer never changes membership"),
     }
 }

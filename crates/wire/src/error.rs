@@ -107,6 +107,12 @@ error_codes! {
     ShuttingDown = "shutting_down", 503;
     /// A bug or an I/O failure on the server.
     Internal = "internal", 500;
+    /// The write was not committed in time (no quorum?). Its outcome is unknown: retry it.
+    Timeout = "timeout", 503;
+    /// `POST /v1/cluster/init` on a node that already belongs to a cluster.
+    AlreadyInitialized = "already_initialized", 409;
+    /// Another membership change is still in progress; retry when it is done.
+    MembershipChangeInProgress = "membership_change_in_progress", 409;
 }
 
 #[cfg(feature = "openapi")]
@@ -150,7 +156,8 @@ mod tests {
     const PUBLISHED: &str = "malformed_json invalid_body unsupported_media_type body_too_large \
         invalid_name invalid_argument not_found method_not_allowed session_not_found \
         semaphore_not_found unavailable permits_exceed_capacity permits_mismatch semaphore_busy \
-        wait_cancelled limit_exceeded no_leader shutting_down internal";
+        wait_cancelled limit_exceeded no_leader shutting_down internal timeout already_initialized \
+        membership_change_in_progress";
 
     #[test]
     fn error_codes_match_the_published_list() {

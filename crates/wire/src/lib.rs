@@ -17,6 +17,13 @@ use utoipa::ToSchema;
 /// Response header carrying the index (Raft log index) of the object's last change; pass it back
 /// as `?index=` to block until the object changes again.
 pub const INDEX_HEADER: &str = "permit-index";
+/// Request header marking a request a follower forwarded to the leader; a node that receives a
+/// forwarded request and is not the leader answers `no_leader` instead of forwarding again.
+pub const FORWARDED_HEADER: &str = "permit-forwarded-by";
+/// Response header naming the node that answered (after forwarding, the leader).
+pub const NODE_HEADER: &str = "permit-node";
+/// Response header with the Raft term of the node that answered.
+pub const TERM_HEADER: &str = "permit-raft-term";
 /// Path of the OpenAPI spec.
 pub const OPENAPI_PATH: &str = "/v1/openapi.json";
 /// Default port of `permit serve`.
@@ -350,4 +357,85 @@ pub struct Health {
     pub raft_term: u64,
     /// Raft log index of the last entry applied here.
     pub applied_index: u64,
+}
+
+/// `POST /v1/cluster/init`: make a pristine node (started with `--join`) the first member of a
+/// cluster with these voters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct InitClusterRequest {
+    /// Every voter: node id and `HOST:PORT` address.
+    pub members: Vec<MemberAddress>,
+}
+
+/// A node id with its address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct MemberAddress {
+    /// Node id (a positive integer chosen by the operator).
+    pub id: u64,
+    /// `HOST:PORT` of its API and peer RPC.
+    pub addr: String,
+}
+
+/// A member's role in the Raft group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum MemberRole {
+    /// Votes and counts towards the quorum.
+    Voter,
+    /// Receives the log but does not vote (catching up before promotion).
+    Learner,
+}
+
+/// One member in `GET /v1/cluster`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct MemberView {
+    /// Node id.
+    pub id: u64,
+    /// Address.
+    pub addr: String,
+    /// Voter or learner.
+    pub role: MemberRole,
+    /// Whether it is the Raft leader.
+    pub leader: bool,
+    /// Last log index the leader knows this member has (the leader's replication view).
+    pub matched_index: Option<u64>,
+    /// Last log index this member applied, as it reported it (absent if unreachable).
+    pub applied_index: Option<u64>,
+    /// Whether the member answered its health check just now.
+    pub reachable: bool,
+}
+
+/// `GET /v1/cluster`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ClusterView {
+    /// The Raft leader's node id, or `null`.
+    pub leader: Option<u64>,
+    /// The current Raft term.
+    pub term: u64,
+    /// Last committed log index known to the answering node.
+    pub commit_index: Option<u64>,
+    /// Members, voters and learners.
+    pub members: Vec<MemberView>,
+}
+
+/// `POST /v1/cluster/members`: add a node (started with `--join`) as a learner, wait until it
+/// caught up, then make it a voter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AddMemberRequest {
+    /// The new node's id.
+    pub id: u64,
+    /// Its `HOST:PORT`.
+    pub addr: String,
+    /// Keep it a learner (non-voting) instead of promoting it.
+    #[serde(default)]
+    pub learner: bool,
 }

@@ -1,6 +1,8 @@
 //! Test harness: real `permit serve` processes on ephemeral loopback ports, in temp dirs.
 #![allow(dead_code)] // Each test file uses a different part of the harness.
 
+pub mod api;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,7 +16,9 @@ pub struct Server {
     pub url: String,
     pub addr: String,
     pub data_dir: PathBuf,
+    extra: Vec<String>,
     child: Child,
+    stopped: bool,
     _temp: Option<tempfile::TempDir>,
 }
 
@@ -42,7 +46,7 @@ impl Server {
             .arg("--data-dir")
             .arg(data_dir)
             .args(extra)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,openraft=off".into()))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -68,7 +72,15 @@ impl Server {
                 panic!("permit serve did not print its address within {START_TIMEOUT:?}");
             }
         };
-        Server { url: format!("http://{addr}"), addr, data_dir: data_dir.to_owned(), child, _temp: None }
+        Server {
+            url: format!("http://{addr}"),
+            addr,
+            data_dir: data_dir.to_owned(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            child,
+            stopped: false,
+            _temp: None,
+        }
     }
 
     /// The process id.
@@ -82,18 +94,40 @@ impl Server {
         let _ = self.child.wait();
     }
 
-    /// Restarts the process on the same address and data dir (after `kill9`).
+    /// Restarts the process on the same address, data dir and arguments (after `kill9`).
     pub fn restart(&mut self) {
         self.kill9();
         let temp = self._temp.take();
-        let mut next = Server::start_in(&self.data_dir, &self.addr, &[]);
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        let mut next = Server::start_in(&self.data_dir, &self.addr, &extra);
         next._temp = temp;
         std::mem::swap(self, &mut next);
+    }
+
+    /// Pauses the process (SIGSTOP): it keeps its sockets but answers nothing.
+    pub fn pause(&mut self) {
+        self.signal(libc::SIGSTOP);
+        self.stopped = true;
+    }
+
+    /// Resumes a paused process (SIGCONT).
+    pub fn resume(&mut self) {
+        self.signal(libc::SIGCONT);
+        self.stopped = false;
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        // SAFETY: sending a signal to our own child by its PID.
+        let result = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        assert_eq!(result, 0, "kill({}, {signal})", self.child.id());
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
+        if self.stopped {
+            self.signal(libc::SIGCONT);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -109,4 +143,83 @@ pub async fn eventually(timeout: Duration, mut check: impl AsyncFnMut() -> bool)
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     false
+}
+
+/// A cluster of real `permit serve` processes on ephemeral loopback ports, formed with
+/// `--join` and `POST /v1/cluster/init` so that no port has to be chosen in advance.
+pub struct Cluster {
+    pub nodes: Vec<Server>,
+    _temp: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts `size` nodes (ids 1..=size) and forms a cluster of all of them.
+    pub async fn start(size: u64, extra: &[&str]) -> Cluster {
+        let temp = tempfile::tempdir().expect("temp dir");
+        let mut args = vec!["--join"];
+        args.extend_from_slice(extra);
+        let nodes: Vec<Server> = (1..=size)
+            .map(|id| {
+                let id_arg = id.to_string();
+                let mut node_args = vec!["--id", id_arg.as_str()];
+                node_args.extend_from_slice(&args);
+                Server::start_in(&temp.path().join(format!("n{id}")), "127.0.0.1:0", &node_args)
+            })
+            .collect();
+        let members: Vec<serde_json::Value> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| serde_json::json!({ "id": i as u64 + 1, "addr": n.addr }))
+            .collect();
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let answer = http
+            .post(format!("{}/v1/cluster/init", nodes[0].url))
+            .json(&serde_json::json!({ "members": members }))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .expect("init");
+        assert!(answer.status().is_success(), "init: {}", answer.text().await.unwrap_or_default());
+        let cluster = Cluster { nodes, _temp: temp };
+        cluster.leader(Duration::from_secs(10)).await.expect("a leader is elected");
+        cluster
+    }
+
+    /// Starts one more node with `--join` (not yet a member), returning its index in `nodes`.
+    pub fn start_joiner(&mut self, id: u64) -> usize {
+        let id_arg = id.to_string();
+        let dir = self._temp.path().join(format!("n{id}"));
+        self.nodes.push(Server::start_in(&dir, "127.0.0.1:0", &["--id", &id_arg, "--join"]));
+        self.nodes.len() - 1
+    }
+
+    /// Index in `nodes` of the leader as the reachable nodes report it, once they agree.
+    pub async fn leader(&self, timeout: Duration) -> Option<usize> {
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            for node in self.nodes.iter().filter(|n| !n.stopped) {
+                let Ok(answer) = http
+                    .get(format!("{}/v1/health", node.url))
+                    .timeout(Duration::from_millis(500))
+                    .send()
+                    .await
+                else {
+                    continue;
+                };
+                let Ok(health) = answer.json::<serde_json::Value>().await else { continue };
+                if health["raft_role"] == "leader" {
+                    let id = health["node_id"].as_u64().unwrap();
+                    return self.nodes.iter().position(|n| n.addr == node.addr).filter(|_| id > 0);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
+    /// URLs of every node, for clients that fail over between endpoints.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.url.clone()).collect()
+    }
 }

@@ -77,6 +77,10 @@ impl From<ProposeError> for ApiError {
             ProposeError::ShuttingDown => {
                 ApiError::new(ErrorCode::ShuttingDown, "the server is shutting down")
             }
+            ProposeError::Timeout => ApiError::new(
+                ErrorCode::Timeout,
+                "not committed in time (is a quorum reachable?); the outcome is unknown, retry it",
+            ),
         }
     }
 }

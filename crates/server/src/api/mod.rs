@@ -1,8 +1,10 @@
 //! The HTTP API: routes, error mapping, limits and request metrics. One file per resource.
 
+mod cluster;
 mod elections;
 mod error;
 mod extract;
+mod forward;
 mod grant;
 pub mod openapi;
 mod raft;
@@ -42,6 +44,10 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/elections/{name}", get(elections::get))
         .route("/v1/elections/{name}/campaign", post(elections::campaign))
         .route("/v1/elections/{name}/resign", post(elections::resign))
+        .route("/v1/cluster", get(cluster::status))
+        .route("/v1/cluster/init", post(cluster::init))
+        .route("/v1/cluster/members", post(cluster::add))
+        .route("/v1/cluster/members/{id}", axum::routing::delete(cluster::remove))
         .route("/v1/health", get(system::health))
         .route("/v1/openapi.json", get(system::openapi))
         .route("/metrics", get(system::metrics))
@@ -55,6 +61,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .merge(peer)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(node.clone(), forward::forward))
         .layer(middleware::from_fn_with_state(node.clone(), observe))
         .with_state(node)
 }

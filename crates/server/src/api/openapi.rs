@@ -3,7 +3,7 @@
 
 use utoipa::OpenApi;
 
-use super::{elections, semaphores, sessions, system};
+use super::{cluster, elections, semaphores, sessions, system};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -21,6 +21,7 @@ at most 100000 waiters per semaphore and 10000 holds plus waits per session.",
         semaphores::list, semaphores::put, semaphores::get, semaphores::delete,
         semaphores::acquire, semaphores::release, semaphores::validate,
         elections::campaign, elections::get, elections::resign,
+        cluster::status, cluster::init, cluster::add, cluster::remove,
         system::health, system::metrics,
     ),
     components(schemas(permit_wire::ErrorCode)),
@@ -28,6 +29,8 @@ at most 100000 waiters per semaphore and 10000 holds plus waits per session.",
         (name = "sessions", description = "Client liveness: a session's holds and waits end when it expires or closes."),
         (name = "semaphores", description = "Named counting semaphores with strict FIFO weighted queues and fencing tokens."),
         (name = "elections", description = "Leader election on a capacity-1 semaphore whose hold carries a value."),
+        (name = "cluster", description = "Raft membership: status, init, add and remove nodes. Any node answers; \
+followers forward writes and linearizable reads to the leader."),
         (name = "system", description = "Health and metrics."),
     )
 )]

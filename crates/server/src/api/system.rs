@@ -52,6 +52,8 @@ fn refresh_gauges(node: &Node) {
     g.raft_is_leader.set(i64::from(raft.state == ServerState::Leader));
     g.raft_last_log_index.set(raft.last_log_index.unwrap_or(0) as i64);
     g.raft_applied_index.set(raft.last_applied.map_or(0, |id| id.index) as i64);
+    g.raft_snapshot_index.set(raft.snapshot.map_or(0, |id| id.index) as i64);
+    g.raft_purged_index.set(raft.purged.map_or(0, |id| id.index) as i64);
     let replica = node.replica.lock();
     let state = &replica.state;
     g.sessions.set(state.session_count() as i64);

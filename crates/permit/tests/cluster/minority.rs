@@ -1,0 +1,48 @@
+//! A node cut off from the majority acknowledges nothing.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::Cluster;
+use crate::{Api, Failover};
+
+#[tokio::test]
+async fn a_leader_without_its_quorum_acknowledges_no_grant_release_read_or_keepalive() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader(Duration::from_secs(5)).await.unwrap();
+    let mut client = Failover::new(&cluster.urls(), leader);
+    let (a, b) = (client.session(60_000).await, client.session(60_000).await);
+    let token = client.post("/v1/semaphores/p/acquire", json!({ "session": a, "capacity": 2 })).await.body
+        ["token"]
+        .as_u64()
+        .unwrap();
+    // Cut the leader off: pause both followers (they keep their sockets but answer nothing).
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    for f in &followers {
+        cluster.nodes[*f].pause();
+    }
+    let api = Api::new(&cluster.nodes[leader]);
+    let attempts = [
+        ("acquire", api.post("/v1/semaphores/p/acquire", json!({ "session": b })).await),
+        ("release", api.post("/v1/semaphores/p/release", json!({ "session": a })).await),
+        ("validate", api.post("/v1/semaphores/p/validate", json!({ "token": token })).await),
+        ("read", api.get("/v1/semaphores/p").await),
+        ("keepalive", api.post(&format!("/v1/sessions/{a}/keepalive"), json!(null)).await),
+        ("session", api.post("/v1/sessions", json!({})).await),
+    ];
+    for (what, answer) in &attempts {
+        assert_eq!(answer.status, 503, "{what} answered without a quorum: {answer:?}");
+        assert!(["timeout", "no_leader"].contains(&answer.code()), "{what}: {answer:?}");
+    }
+    // A stale read is still served locally, and says so by asking for it.
+    assert_eq!(api.get("/v1/semaphores/p?stale=true").await.status, 200);
+    for f in &followers {
+        cluster.nodes[*f].resume();
+    }
+    // After healing, the cluster serves again and a's hold is intact or released, never doubled.
+    let mut client = Failover::new(&cluster.urls(), 0);
+    let view = client.get("/v1/semaphores/p").await;
+    assert_eq!(view.status, 200);
+    assert!(view.body["held"].as_u64().unwrap() <= 2);
+}

@@ -1,0 +1,91 @@
+//! Whole-cluster restarts and a follower catching up by snapshot.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::Cluster;
+use crate::{Api, Failover};
+
+#[tokio::test]
+async fn a_full_cluster_restart_keeps_sessions_holds_queues_and_tokens() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let mut client = Failover::new(&cluster.urls(), 0);
+    let (a, b) = (client.session(60_000).await, client.session(60_000).await);
+    let granted = client.post("/v1/semaphores/r/acquire", json!({ "session": a, "capacity": 1 })).await;
+    let token = granted.body["token"].as_u64().unwrap();
+    assert_eq!(
+        client.post("/v1/semaphores/r/acquire", json!({ "session": b, "wait_ms": 1 })).await.status,
+        202
+    );
+    for node in &mut cluster.nodes {
+        node.kill9();
+    }
+    for node in &mut cluster.nodes {
+        node.restart();
+    }
+    cluster.leader(Duration::from_secs(15)).await.expect("the restarted cluster elects a leader");
+    let mut client = Failover::new(&cluster.urls(), 1);
+    let view = client.get("/v1/semaphores/r").await;
+    assert_eq!(view.body["holders"][0]["session"], a.as_str());
+    assert_eq!(view.body["holders"][0]["token"].as_u64(), Some(token));
+    assert_eq!(view.body["waiters"][0]["session"], b.as_str());
+    assert_eq!(client.post(&format!("/v1/sessions/{a}/keepalive"), json!(null)).await.status, 200);
+    client.post("/v1/semaphores/r/release", json!({ "session": a })).await;
+    let next = client.get("/v1/semaphores/r").await;
+    assert!(next.body["holders"][0]["token"].as_u64().unwrap() > token);
+}
+
+fn gauge(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find(|line| line.starts_with(name) && line[name.len()..].starts_with(' '))
+        .and_then(|line| line.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_follower_down_past_log_compaction_catches_up_by_snapshot() {
+    let mut cluster = Cluster::start(3, &["--snapshot-logs", "20"]).await;
+    let leader = cluster.leader(Duration::from_secs(5)).await.unwrap();
+    let follower = (leader + 1) % 3;
+    let mut client = Failover::new(&cluster.urls(), leader);
+    let session = client.session(120_000).await;
+    let follower_api = Api::new(&cluster.nodes[follower]);
+    let applied_before = follower_api.get("/v1/health").await.body["applied_index"].as_u64().unwrap();
+    cluster.nodes[follower].kill9();
+    let leader_api = Api::new(&cluster.nodes[leader]);
+    // Write until the leader has compacted its log past what the follower has (bounded).
+    let mut purged = 0;
+    let mut written = 0;
+    while purged <= applied_before + 20 && written < 400 {
+        for _ in 0..20 {
+            let path = format!("/v1/semaphores/s{written}/acquire");
+            let answer = client.post(&path, json!({ "session": session, "capacity": 1 })).await;
+            assert_eq!(answer.status, 200);
+            written += 1;
+        }
+        let metrics = leader_api.get("/metrics").await.body.as_str().unwrap_or_default().to_owned();
+        purged = gauge(&metrics, "permit_raft_purged_index");
+    }
+    assert!(
+        purged > applied_before,
+        "the leader purged its log past the follower ({purged} <= {applied_before})"
+    );
+    let last = format!("s{}", written - 1);
+
+    cluster.nodes[follower].restart();
+    let target = leader_api.get("/v1/health").await.body["applied_index"].as_u64().unwrap();
+    let follower_api = Api::new(&cluster.nodes[follower]);
+    let caught_up = crate::common::eventually(Duration::from_secs(20), async || {
+        follower_api.get("/v1/health").await.body["applied_index"].as_u64() >= Some(target)
+    })
+    .await;
+    assert!(caught_up, "the follower caught up");
+    let follower_metrics = follower_api.get("/metrics").await.body.as_str().unwrap_or_default().to_owned();
+    assert!(gauge(&follower_metrics, "permit_raft_snapshot_index") >= purged, "it installed a snapshot");
+    // Its local (stale) state now has every hold.
+    let view = follower_api.get(&format!("/v1/sessions/{session}?stale=true")).await;
+    let stale = follower_api.get(&format!("/v1/semaphores/{last}?stale=true")).await;
+    assert_eq!(stale.body["holders"][0]["session"], session.as_str(), "{view:?}");
+}

@@ -1,0 +1,169 @@
+//! `/v1/cluster`: membership. Status, initialise a cluster of `--join` nodes, add a node (as a
+//! learner that catches up, then a voter), remove a node.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use openraft::error::{ChangeMembershipError, ClientWriteError, InitializeError, RaftError};
+use openraft::{BasicNode, ChangeMembers, ServerState};
+use permit_wire::{
+    AddMemberRequest, ClusterView, ErrorBody, ErrorCode, Health, InitClusterRequest, MemberRole, MemberView,
+};
+
+use super::error::ApiError;
+use super::extract::Json;
+use crate::node::Node;
+use crate::raft::NodeId;
+
+/// Longest wait for a member's health answer in a status.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
+/// Longest wait for a new learner to catch up before it is promoted.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn membership_error(error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ApiError {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => ApiError::new(
+            ErrorCode::NoLeader,
+            "leadership moved during the change; check the status and retry",
+        ),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(ChangeMembershipError::InProgress(
+            e,
+        ))) => ApiError::new(ErrorCode::MembershipChangeInProgress, e.to_string()),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            ApiError::new(ErrorCode::InvalidArgument, e.to_string())
+        }
+        RaftError::Fatal(e) => ApiError::new(ErrorCode::ShuttingDown, e.to_string()),
+    }
+}
+
+/// The members, their roles and how far each has got.
+#[utoipa::path(get, path = "/v1/cluster", tag = "cluster",
+    responses((status = 200, body = ClusterView), (status = "5XX", body = ErrorBody)))]
+pub async fn status(State(node): State<Arc<Node>>) -> Result<axum::Json<ClusterView>, ApiError> {
+    Ok(axum::Json(view(&node).await))
+}
+
+/// Builds the cluster view from this node's Raft metrics, probing each member's health.
+pub async fn view(node: &Node) -> ClusterView {
+    let metrics = node.raft.metrics().borrow().clone();
+    let membership = metrics.membership_config.membership().clone();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let matched: BTreeMap<NodeId, Option<u64>> = metrics
+        .replication
+        .as_ref()
+        .map(|r| r.iter().map(|(id, log)| (*id, log.map(|l| l.index))).collect())
+        .unwrap_or_default();
+    let probes = membership.nodes().map(|(id, member)| {
+        let (http, addr, id) = (node.http.clone(), member.addr.clone(), *id);
+        async move {
+            let url = format!("http://{addr}/v1/health");
+            let health =
+                async { http.get(url).timeout(PROBE_TIMEOUT).send().await.ok()?.json::<Health>().await.ok() };
+            (id, addr, health.await)
+        }
+    });
+    let members = futures::future::join_all(probes)
+        .await
+        .into_iter()
+        .map(|(id, addr, health)| MemberView {
+            id,
+            addr,
+            role: if voters.contains(&id) { MemberRole::Voter } else { MemberRole::Learner },
+            leader: metrics.current_leader == Some(id),
+            matched_index: matched.get(&id).copied().flatten(),
+            applied_index: health.as_ref().map(|h| h.applied_index),
+            reachable: health.is_some(),
+        })
+        .collect();
+    ClusterView {
+        leader: metrics.current_leader,
+        term: metrics.current_term,
+        commit_index: metrics.last_applied.map(|id| id.index),
+        members,
+    }
+}
+
+/// Initialise a cluster on a pristine node started with `--join`: it becomes a member with
+/// the given voters, which must be started with `--join` too.
+#[utoipa::path(post, path = "/v1/cluster/init", tag = "cluster", request_body = InitClusterRequest,
+    responses((status = 200, body = ClusterView), (status = 409, body = ErrorBody)))]
+pub async fn init(
+    State(node): State<Arc<Node>>,
+    Json(request): Json<InitClusterRequest>,
+) -> Result<axum::Json<ClusterView>, ApiError> {
+    if request.members.is_empty() || request.members.iter().any(|m| m.id == 0 || m.addr.is_empty()) {
+        return Err(ApiError::new(ErrorCode::InvalidArgument, "members need ids > 0 and addresses"));
+    }
+    let members: BTreeMap<NodeId, BasicNode> =
+        request.members.iter().map(|m| (m.id, BasicNode::new(m.addr.clone()))).collect();
+    match node.raft.initialize(members).await {
+        Ok(()) => Ok(axum::Json(view(&node).await)),
+        Err(RaftError::APIError(InitializeError::NotAllowed(e))) => {
+            Err(ApiError::new(ErrorCode::AlreadyInitialized, e.to_string()))
+        }
+        Err(RaftError::APIError(InitializeError::NotInMembers(e))) => {
+            Err(ApiError::new(ErrorCode::InvalidArgument, e.to_string()))
+        }
+        Err(RaftError::Fatal(e)) => Err(ApiError::new(ErrorCode::ShuttingDown, e.to_string())),
+    }
+}
+
+/// Add a node started with `--join`: it joins as a learner, catches up (by snapshot if it is far
+/// behind), then becomes a voter (unless `learner` is set).
+#[utoipa::path(post, path = "/v1/cluster/members", tag = "cluster", request_body = AddMemberRequest,
+    responses((status = 200, body = ClusterView), (status = "4XX", body = ErrorBody)))]
+pub async fn add(
+    State(node): State<Arc<Node>>,
+    Json(request): Json<AddMemberRequest>,
+) -> Result<axum::Json<ClusterView>, ApiError> {
+    if request.id == 0 || request.addr.is_empty() {
+        return Err(ApiError::new(ErrorCode::InvalidArgument, "a member needs an id > 0 and an address"));
+    }
+    let learner = node.raft.add_learner(request.id, BasicNode::new(request.addr.clone()), false);
+    learner.await.map_err(membership_error)?;
+    let caught_up = node
+        .raft
+        .wait(Some(CATCH_UP_TIMEOUT))
+        .metrics(
+            |m| {
+                let last = m.last_log_index;
+                let matched = m.replication.as_ref().and_then(|r| r.get(&request.id).copied().flatten());
+                m.state != ServerState::Leader || matched.map(|l| l.index) >= last
+            },
+            "new member caught up",
+        )
+        .await;
+    if caught_up.is_err() {
+        return Err(ApiError::new(
+            ErrorCode::Timeout,
+            "the new member did not catch up in time; it stays a learner",
+        ));
+    }
+    if !request.learner {
+        let change = ChangeMembers::AddVoterIds(BTreeSet::from([request.id]));
+        node.raft.change_membership(change, false).await.map_err(membership_error)?;
+    }
+    Ok(axum::Json(view(&node).await))
+}
+
+/// Remove a node from the cluster (voter or learner). Removing the leader makes another lead.
+#[utoipa::path(delete, path = "/v1/cluster/members/{id}", tag = "cluster",
+    params(("id" = u64, Path, description = "Node id")),
+    responses((status = 204), (status = "4XX", body = ErrorBody)))]
+pub async fn remove(State(node): State<Arc<Node>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    let id: NodeId =
+        id.parse().map_err(|_| ApiError::new(ErrorCode::InvalidArgument, "node ids are integers"))?;
+    let membership = node.raft.metrics().borrow().membership_config.membership().clone();
+    let change = if membership.voter_ids().any(|voter| voter == id) {
+        ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+    } else if membership.get_node(&id).is_some() {
+        ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+    } else {
+        return Err(ApiError::new(ErrorCode::InvalidArgument, format!("node {id} is not a member")));
+    };
+    node.raft.change_membership(change, false).await.map_err(membership_error)?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,113 @@
+//! Request forwarding: any node serves the whole API. A node that is not the leader forwards
+//! writes and linearizable reads to the leader over HTTP and relays the answer unchanged.
+//!
+//! A forwarded request carries `permit-forwarded-by`; a node that receives one and is not the
+//! leader answers `no_leader` rather than forwarding again, so requests never loop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use permit_wire::{ErrorCode, BODY_BYTES_MAX, FORWARDED_HEADER, NODE_HEADER, TERM_HEADER, WAIT_MS_MAX};
+
+use super::error::ApiError;
+use crate::node::Node;
+
+/// How long a request waits for a leader to be elected before it is answered `no_leader`.
+const LEADER_PATIENCE: Duration = Duration::from_secs(3);
+/// Longest a forwarded request may take: the longest long-poll plus a margin.
+const FORWARD_TIMEOUT: Duration = Duration::from_millis(WAIT_MS_MAX + 10_000);
+
+/// Routes that every node answers itself.
+fn served_locally(request: &Request) -> bool {
+    let path = request.uri().path();
+    let stale_read = request.method() == Method::GET
+        && request.uri().query().is_some_and(|q| q.split('&').any(|pair| pair == "stale=true"));
+    stale_read
+        || !path.starts_with("/v1/")
+        || matches!(path, "/v1/health" | "/v1/openapi.json" | "/v1/cluster/init")
+}
+
+/// Middleware: run the request here if this node leads (or the route is local), else forward it.
+pub async fn forward(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
+    let mut response = if served_locally(&request) {
+        next.run(request).await
+    } else {
+        match node.leader(LEADER_PATIENCE).await {
+            Some((leader, _)) if leader == node.id => next.run(request).await,
+            Some(_) if request.headers().contains_key(FORWARDED_HEADER) => {
+                ApiError::new(ErrorCode::NoLeader, "forwarded to a node that is not the leader; retry")
+                    .into_response()
+            }
+            Some((leader, addr)) => proxy(&node, leader, &addr, request).await,
+            None => {
+                ApiError::new(ErrorCode::NoLeader, "no leader elected; the cluster may lack a quorum; retry")
+                    .into_response()
+            }
+        }
+    };
+    stamp(&node, response.headers_mut());
+    response
+}
+
+/// Adds which node answered, and its term, unless a forwarded answer carries the leader's.
+fn stamp(node: &Node, headers: &mut HeaderMap) {
+    if headers.contains_key(NODE_HEADER) {
+        return;
+    }
+    let term = node.raft.metrics().borrow().current_term;
+    headers.insert(HeaderName::from_static(NODE_HEADER), HeaderValue::from(node.id));
+    headers.insert(HeaderName::from_static(TERM_HEADER), HeaderValue::from(term));
+}
+
+async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, BODY_BYTES_MAX).await else {
+        return ApiError::new(ErrorCode::BodyTooLarge, format!("bodies are at most {BODY_BYTES_MAX} bytes"))
+            .into_response();
+    };
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut outgoing = node
+        .http
+        .request(parts.method.clone(), format!("http://{addr}{path}"))
+        .timeout(FORWARD_TIMEOUT)
+        .header(FORWARDED_HEADER, node.id.to_string())
+        .body(body);
+    if let Some(content_type) = parts.headers.get(axum::http::header::CONTENT_TYPE) {
+        outgoing = outgoing.header(axum::http::header::CONTENT_TYPE, content_type.clone());
+    }
+    let answer = match outgoing.send().await {
+        Ok(answer) => answer,
+        Err(e) => {
+            tracing::warn!(leader, %addr, error = %e, "forwarding to the leader failed");
+            return ApiError::new(
+                ErrorCode::NoLeader,
+                format!("the leader (node {leader}) did not answer; the outcome is unknown, retry"),
+            )
+            .into_response();
+        }
+    };
+    let status = answer.status();
+    let headers = answer.headers().clone();
+    match answer.bytes().await {
+        Ok(bytes) => {
+            let mut response = Response::new(Body::from(bytes));
+            *response.status_mut() = status;
+            for name in ["content-type", permit_wire::INDEX_HEADER, NODE_HEADER, TERM_HEADER] {
+                if let Some(value) = headers.get(name) {
+                    response.headers_mut().insert(HeaderName::from_static(name), value.clone());
+                }
+            }
+            response
+        }
+        Err(_) => ApiError::new(
+            ErrorCode::NoLeader,
+            "the leader's answer was cut off; the outcome is unknown, retry",
+        )
+        .into_response(),
+    }
+}
