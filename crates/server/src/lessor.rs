@@ -80,11 +80,17 @@ impl Lessor {
 
     /// The earliest deadline among sessions not already expiring.
     pub fn next_deadline(&self) -> Option<Instant> {
+        if crate::bugs::is(crate::bugs::Bug::IgnoreTtl) {
+            return None;
+        }
         self.by_deadline.iter().find(|(_, id)| !self.expiring.contains_key(id)).map(|(deadline, _)| *deadline)
     }
 
     /// Sessions whose deadline passed by `now` (at most `max`), marked as expiring.
     pub fn take_expired(&mut self, now: Instant, max: usize) -> Vec<SessionId> {
+        if crate::bugs::is(crate::bugs::Bug::IgnoreTtl) {
+            return Vec::new();
+        }
         let due: Vec<SessionId> = self
             .by_deadline
             .iter()
@@ -112,6 +118,11 @@ impl Lessor {
     }
 
     fn set_deadline(&mut self, id: SessionId, deadline: Instant, ttl_ms: u64) {
+        let deadline = if crate::bugs::is(crate::bugs::Bug::EarlyExpiry) {
+            deadline - Duration::from_millis(ttl_ms / 2)
+        } else {
+            deadline
+        };
         if let Some((old, _)) = self.deadlines.insert(id, (deadline, ttl_ms)) {
             self.by_deadline.remove(&(old, id));
         }

@@ -7,6 +7,7 @@
 //! on the leader. See `docs/ARCHITECTURE.md` for the map.
 
 pub mod api;
+pub mod bugs;
 pub mod clock;
 pub mod config;
 pub mod expiry;

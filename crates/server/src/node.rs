@@ -21,7 +21,8 @@ use crate::raft::log_store::LogStore;
 use crate::raft::network::Network;
 use crate::raft::snapshot_store::SnapshotStore;
 use crate::raft::state_machine::{load_replica, StateMachine};
-use crate::raft::{NodeId, Raft};
+use crate::raft::{NodeId, Raft, TypeConfig};
+use openraft::network::RaftNetworkFactory;
 use crate::replica::Replica;
 
 /// Longest wait for a quorum to confirm leadership before a linearizable read.
@@ -59,6 +60,19 @@ impl Node {
     /// # Errors
     /// When the data dir cannot be opened (or another server has it open) or Raft cannot start.
     pub async fn start(config: Config, addr: SocketAddr) -> anyhow::Result<Arc<Node>> {
+        let network = Network::new(Some(addr.ip()));
+        Node::start_with(config, addr, network).await
+    }
+
+    /// Like [`Node::start`], with another peer network (an in-memory one in simulations).
+    ///
+    /// # Errors
+    /// As [`Node::start`].
+    pub async fn start_with<N: RaftNetworkFactory<TypeConfig>>(
+        config: Config,
+        addr: SocketAddr,
+        network: N,
+    ) -> anyhow::Result<Arc<Node>> {
         config.validate()?;
         std::fs::create_dir_all(&config.data_dir)?;
         let log_path = config.data_dir.join("raft-log.redb");
@@ -88,7 +102,7 @@ impl Node {
             ..Default::default()
         }
         .validate()?;
-        let raft = Raft::new(config.node_id, Arc::new(raft_config), Network::new(), log_store, state_machine)
+        let raft = Raft::new(config.node_id, Arc::new(raft_config), network, log_store, state_machine)
             .await?;
 
         if !config.join && !raft.is_initialized().await? {
@@ -125,7 +139,11 @@ impl Node {
             proposer,
             metrics,
             config,
-            http: reqwest::Client::builder().no_proxy().pool_max_idle_per_host(32).build()?,
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .local_address(Some(addr.ip()).filter(|ip| !ip.is_unspecified()))
+                .pool_max_idle_per_host(32)
+                .build()?,
             shutdown,
             shutdown_tx,
         }))
@@ -145,6 +163,9 @@ impl Node {
     /// # Errors
     /// [`ProposeError::NotLeader`] when it does not lead or cannot reach a quorum.
     pub async fn ensure_linearizable(&self) -> Result<(), ProposeError> {
+        if crate::bugs::is(crate::bugs::Bug::StaleReads) {
+            return Ok(());
+        }
         let confirmed = tokio::time::timeout(READ_TIMEOUT, self.raft.ensure_linearizable()).await;
         let Ok(confirmed) = confirmed else { return Err(ProposeError::Timeout) };
         match confirmed {

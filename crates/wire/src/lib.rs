@@ -439,3 +439,15 @@ pub struct AddMemberRequest {
     #[serde(default)]
     pub learner: bool,
 }
+
+/// `GET /v1/debug/digest`: this node's applied state, hashed, to compare replicas.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct StateDigest {
+    /// The answering node.
+    pub node_id: u64,
+    /// Raft log index of the last entry applied.
+    pub applied_index: u64,
+    /// FNV-1a hash of the state's snapshot bytes at that index.
+    pub digest: u64,
+}

@@ -27,9 +27,12 @@ fn served_locally(request: &Request) -> bool {
     let path = request.uri().path();
     let stale_read = request.method() == Method::GET
         && request.uri().query().is_some_and(|q| q.split('&').any(|pair| pair == "stale=true"));
+    let injected_stale = crate::bugs::is(crate::bugs::Bug::StaleReads)
+        && (request.method() == Method::GET || path.ends_with("/validate"));
     stale_read
+        || injected_stale
         || !path.starts_with("/v1/")
-        || matches!(path, "/v1/health" | "/v1/openapi.json" | "/v1/cluster/init")
+        || matches!(path, "/v1/health" | "/v1/openapi.json" | "/v1/cluster/init" | "/v1/debug/digest")
 }
 
 /// Middleware: run the request here if this node leads (or the route is local), else forward it.

@@ -35,6 +35,21 @@ pub fn capped_wait(wait_ms: Option<u64>) -> u64 {
 
 /// Proposes `acquire` and, if it is queued and `wait_ms > 0`, waits up to `wait_ms` for the grant.
 pub async fn acquire(node: &Node, acquire: Acquire, wait_ms: u64) -> Result<Grant, ApiError> {
+    let grant = acquire_correctly(node, acquire, wait_ms).await;
+    match (grant, crate::bugs::active()) {
+        (Ok(Grant::Acquired { permits, token }), Some(crate::bugs::Bug::NonMonotonicToken)) => {
+            Ok(Grant::Acquired { permits, token: token % 5 + 1 })
+        }
+        (grant, _) => grant,
+    }
+}
+
+async fn acquire_correctly(node: &Node, acquire: Acquire, wait_ms: u64) -> Result<Grant, ApiError> {
+    if crate::bugs::is(crate::bugs::Bug::AckBeforeCommit) {
+        if let Some(grant) = predict(node, &acquire) {
+            return Ok(grant);
+        }
+    }
     let (key, session) = (acquire.key.clone(), acquire.session);
     // Subscribe before proposing, so that a grant applied right after the proposal is not missed.
     let subscription = (wait_ms > 0).then(|| node.notifier.subscribe(key.clone(), session));
@@ -89,4 +104,18 @@ fn status(node: &Node, key: &Key, session: SessionId) -> Status {
             "the wait ended without a grant: it was released, or the capacity shrank below it",
         )),
     }
+}
+
+/// `ack_before_commit`: answers what applying the acquire to the current state would give, and
+/// proposes it without waiting for the commit.
+fn predict(node: &Node, acquire: &Acquire) -> Option<Grant> {
+    let mut state = node.replica.lock().state.clone();
+    let next_index = state.applied_index() + 1;
+    let batch = permit_core::Batch { now_ms: state.now_ms(), commands: vec![Command::Acquire(acquire.clone())] };
+    let outcome = state.apply(next_index, &batch, &mut Vec::new()).pop()?;
+    let Outcome::Acquired { permits, token } = outcome else { return None };
+    let proposer = node.proposer.clone();
+    let command = Command::Acquire(acquire.clone());
+    tokio::spawn(async move { proposer.propose(command).await });
+    Some(Grant::Acquired { permits, token })
 }

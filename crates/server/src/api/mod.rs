@@ -49,6 +49,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/cluster/members", post(cluster::add))
         .route("/v1/cluster/members/{id}", axum::routing::delete(cluster::remove))
         .route("/v1/health", get(system::health))
+        .route("/v1/debug/digest", get(system::digest))
         .route("/v1/openapi.json", get(system::openapi))
         .route("/metrics", get(system::metrics))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX));

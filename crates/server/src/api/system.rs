@@ -7,7 +7,7 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use openraft::ServerState;
 use permit_core::Kind;
-use permit_wire::Health;
+use permit_wire::{Health, StateDigest};
 
 use crate::metrics::{semaphore_labels, PER_SEMAPHORE_SERIES_MAX};
 use crate::node::Node;
@@ -88,4 +88,12 @@ fn refresh_gauges(node: &Node) {
 /// The OpenAPI 3 spec of this API.
 pub async fn openapi() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], super::openapi::spec_json())
+}
+
+/// This node's applied state as a hash, to check that replicas converge (always local).
+#[utoipa::path(get, path = "/v1/debug/digest", tag = "system", responses((status = 200, body = StateDigest)))]
+pub async fn digest(State(node): State<Arc<Node>>) -> axum::Json<StateDigest> {
+    let replica = node.replica.lock();
+    let applied_index = replica.last_applied.map_or(0, |id| id.index);
+    axum::Json(StateDigest { node_id: node.id, applied_index, digest: replica.state.digest() })
 }

@@ -94,7 +94,7 @@ impl LogStore {
 
     /// Runs a blocking redb write without stalling the other tasks of this worker thread.
     fn blocking<R>(f: impl FnOnce() -> R) -> R {
-        tokio::task::block_in_place(f)
+        super::blocking(f)
     }
 }
 

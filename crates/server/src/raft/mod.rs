@@ -36,3 +36,13 @@ pub type StorageError = openraft::StorageError<NodeId>;
 pub(crate) fn io_error(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
+
+/// Runs blocking disk work (an fsync) from async code: on a multi-thread runtime the worker hands
+/// its other tasks to another thread first; on a current-thread runtime (simulations with paused
+/// time) it simply runs.
+pub(crate) fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}

@@ -31,21 +31,17 @@ pub struct Network {
 }
 
 impl Network {
-    /// A network with its own connection pool.
-    pub fn new() -> Network {
+    /// A network with its own connection pool, dialling from `local` when it is a specific
+    /// address (so peers and fault-injecting proxies see which node connects).
+    pub fn new(local: Option<std::net::IpAddr>) -> Network {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_max_idle_per_host(4)
+            .local_address(local.filter(|ip| !ip.is_unspecified()))
             .no_proxy()
             .build()
             .expect("HTTP client builds");
         Network { http }
-    }
-}
-
-impl Default for Network {
-    fn default() -> Network {
-        Network::new()
     }
 }
 

@@ -73,7 +73,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             None => "0-0".to_owned(),
         };
         let meta = Meta { last_log_id: last_applied, last_membership: membership, snapshot_id };
-        tokio::task::block_in_place(|| self.snapshots.save(&meta, &bytes))
+        super::blocking(|| self.snapshots.save(&meta, &bytes))
             .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
     }
@@ -152,14 +152,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), StorageError> {
         let bytes = snapshot.into_inner();
         let state = State::decode_snapshot(&bytes).map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
-        tokio::task::block_in_place(|| self.snapshots.save(meta, &bytes))
+        super::blocking(|| self.snapshots.save(meta, &bytes))
             .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
         self.restore(meta, state);
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let loaded = tokio::task::block_in_place(|| self.snapshots.load())
+        let loaded = super::blocking(|| self.snapshots.load())
             .map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
         Ok(loaded.map(|(meta, bytes)| Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) }))
     }

@@ -1,0 +1,58 @@
+//! Known bugs that the fault suite's self-test injects, to prove that its checkers catch them.
+//!
+//! Compiled in only with the `bug-injection` feature (test builds); a bug is chosen at start by
+//! `PERMIT_INJECT_BUG=<name>`. Without the feature [`active`] is always `None` and every hook
+//! compiles away.
+
+/// An injectable bug.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bug {
+    /// Answer an acquire as granted before its command is committed.
+    AckBeforeCommit,
+    /// Never expire sessions: a crashed holder's permits never come back.
+    IgnoreTtl,
+    /// Answer tokens that do not grow.
+    NonMonotonicToken,
+    /// Expire sessions at half their TTL.
+    EarlyExpiry,
+    /// Serve reads and validations from local state without confirming leadership, and never
+    /// forward them.
+    StaleReads,
+}
+
+impl Bug {
+    /// Every bug, with its name in `PERMIT_INJECT_BUG`.
+    pub const ALL: [(&'static str, Bug); 5] = [
+        ("ack_before_commit", Bug::AckBeforeCommit),
+        ("ignore_ttl", Bug::IgnoreTtl),
+        ("non_monotonic_token", Bug::NonMonotonicToken),
+        ("early_expiry", Bug::EarlyExpiry),
+        ("stale_reads", Bug::StaleReads),
+    ];
+}
+
+/// The bug injected into this process, if any.
+#[cfg(feature = "bug-injection")]
+pub fn active() -> Option<Bug> {
+    static ACTIVE: std::sync::OnceLock<Option<Bug>> = std::sync::OnceLock::new();
+    *ACTIVE.get_or_init(|| {
+        let name = std::env::var("PERMIT_INJECT_BUG").ok()?;
+        let bug = Bug::ALL.iter().find(|(n, _)| *n == name).map(|(_, bug)| *bug);
+        match bug {
+            Some(bug) => tracing::warn!(?bug, "BUG INJECTED for a fault-suite self-test"),
+            None => panic!("PERMIT_INJECT_BUG={name} is not a known bug"),
+        }
+        bug
+    })
+}
+
+/// The bug injected into this process, if any.
+#[cfg(not(feature = "bug-injection"))]
+pub const fn active() -> Option<Bug> {
+    None
+}
+
+/// Whether `bug` is injected.
+pub fn is(bug: Bug) -> bool {
+    active() == Some(bug)
+}
