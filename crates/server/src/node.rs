@@ -22,8 +22,8 @@ use crate::raft::network::Network;
 use crate::raft::snapshot_store::SnapshotStore;
 use crate::raft::state_machine::{load_replica, StateMachine};
 use crate::raft::{NodeId, Raft, TypeConfig};
-use openraft::network::RaftNetworkFactory;
 use crate::replica::Replica;
+use openraft::network::RaftNetworkFactory;
 
 /// Longest wait for a quorum to confirm leadership before a linearizable read.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -102,8 +102,8 @@ impl Node {
             ..Default::default()
         }
         .validate()?;
-        let raft = Raft::new(config.node_id, Arc::new(raft_config), network, log_store, state_machine)
-            .await?;
+        let raft =
+            Raft::new(config.node_id, Arc::new(raft_config), network, log_store, state_machine).await?;
 
         if !config.join && !raft.is_initialized().await? {
             let members: BTreeMap<NodeId, BasicNode> = if config.peers.is_empty() {

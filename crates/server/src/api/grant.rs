@@ -111,7 +111,8 @@ fn status(node: &Node, key: &Key, session: SessionId) -> Status {
 fn predict(node: &Node, acquire: &Acquire) -> Option<Grant> {
     let mut state = node.replica.lock().state.clone();
     let next_index = state.applied_index() + 1;
-    let batch = permit_core::Batch { now_ms: state.now_ms(), commands: vec![Command::Acquire(acquire.clone())] };
+    let batch =
+        permit_core::Batch { now_ms: state.now_ms(), commands: vec![Command::Acquire(acquire.clone())] };
     let outcome = state.apply(next_index, &batch, &mut Vec::new()).pop()?;
     let Outcome::Acquired { permits, token } = outcome else { return None };
     let proposer = node.proposer.clone();

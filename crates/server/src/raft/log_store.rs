@@ -84,9 +84,14 @@ impl LogStore {
         decode(value.value()).map(Some).map_err(read_logs_error)
     }
 
-    fn write_meta<T: Serialize>(&self, key: &str, value: &T) -> Result<(), redb::Error> {
+    fn write_meta<T: Serialize>(
+        &self,
+        key: &str,
+        value: &T,
+        durability: Durability,
+    ) -> Result<(), redb::Error> {
         let mut txn = self.db.begin_write()?;
-        txn.set_durability(Durability::Immediate)?;
+        txn.set_durability(durability)?;
         txn.open_table(META)?.insert(key, encode(value).as_slice())?;
         txn.commit()?;
         Ok(())
@@ -138,7 +143,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        Self::blocking(|| self.write_meta(VOTE, vote))
+        Self::blocking(|| self.write_meta(VOTE, vote, Durability::Immediate))
             .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))
     }
 
@@ -146,8 +151,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.read_meta(VOTE)
     }
 
+    /// The commit index is a hint that lets a restart apply the log before a leader is elected;
+    /// losing it loses nothing (the leader re-commits), so it is written without an fsync of its
+    /// own and becomes durable with the next append.
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        Self::blocking(|| self.write_meta(COMMITTED, &committed)).map_err(write_logs_error)
+        Self::blocking(|| self.write_meta(COMMITTED, &committed, Durability::None)).map_err(write_logs_error)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {

@@ -159,8 +159,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let loaded = super::blocking(|| self.snapshots.load())
-            .map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
+        let loaded =
+            super::blocking(|| self.snapshots.load()).map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
         Ok(loaded.map(|(meta, bytes)| Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) }))
     }
 }

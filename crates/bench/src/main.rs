@@ -1,0 +1,379 @@
+//! `permit-bench`: measures Permit against the machine's floors in one run and prints one table.
+//!
+//! ```sh
+//! cargo build --release -p permit -p permit-bench
+//! target/release/permit-bench            # everything but the 1M-session run
+//! target/release/permit-bench --only big # 1M sessions with one hold each
+//! ```
+//! Every figure is a median over `--runs` runs; ratios are to floors measured in the same run.
+
+mod api;
+mod floors;
+mod server;
+mod stats;
+mod workloads;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+
+use crate::server::ServerProcess;
+use crate::stats::{median, Samples};
+
+/// Benchmark of Permit against the machine's floors.
+#[derive(Parser)]
+#[command(name = "permit-bench")]
+struct Args {
+    /// Runs per measurement; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Length of each timed workload run.
+    #[arg(long, default_value_t = 3000)]
+    duration_ms: u64,
+    /// Parts to run: floors,w1,w2,w3,w4,cluster,scale,failover,big (default: all but big).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Sessions (and semaphores) in the small scale step; the large step is 10x.
+    #[arg(long, default_value_t = 10_000)]
+    scale_n: usize,
+    /// Sessions, each with one hold, in the `big` part.
+    #[arg(long, default_value_t = 1_000_000)]
+    big_n: usize,
+    /// The `permit` binary (default: next to this one).
+    #[arg(long)]
+    permit_bin: Option<PathBuf>,
+    /// Where data dirs go (default: a temp dir under target/).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Internal: serve the HTTP floor.
+    #[arg(long, hide = true)]
+    floor_server: bool,
+}
+
+/// One line of the report.
+struct Row {
+    name: String,
+    value: String,
+    target: String,
+    verdict: &'static str,
+}
+
+#[derive(Default)]
+struct Report {
+    rows: Vec<Row>,
+}
+
+impl Report {
+    fn add(&mut self, name: &str, value: String, target: Option<(String, bool)>) {
+        let (target, verdict) = match target {
+            Some((text, true)) => (text, "ok"),
+            Some((text, false)) => (text, "MISSED"),
+            None => (String::new(), ""),
+        };
+        println!("  {name:<48} {value:>18}  {target}  {verdict}");
+        self.rows.push(Row { name: name.to_owned(), value, target, verdict });
+    }
+
+    fn print_markdown(&self) {
+        println!("\n| measurement | value | target | |\n|---|---:|---|---|");
+        for row in &self.rows {
+            println!("| {} | {} | {} | {} |", row.name, row.value, row.target, row.verdict);
+        }
+    }
+}
+
+/// An HTTP client like the benchmark's clients: keep-alive, no proxy, nodelay.
+pub fn api_client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().tcp_nodelay(true).build().expect("client builds")
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.floor_server {
+        return floors::serve_floor();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(run(args))
+}
+
+fn wants(args: &Args, part: &str) -> bool {
+    if args.only.is_empty() {
+        part != "big"
+    } else {
+        args.only.iter().any(|p| p == part)
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let bin = args.permit_bin.clone().unwrap_or_else(|| exe.with_file_name("permit"));
+    anyhow::ensure!(
+        bin.exists(),
+        "{} not found: build it with `cargo build --release -p permit`",
+        bin.display()
+    );
+    let base = match &args.data_dir {
+        Some(dir) => dir.clone(),
+        None => exe.parent().and_then(|p| p.parent()).context("target dir")?.join("bench-data"),
+    };
+    std::fs::create_dir_all(&base)?;
+    let work = tempfile::tempdir_in(&base)?;
+    let duration = Duration::from_millis(args.duration_ms);
+    let mut report = Report::default();
+    println!("permit-bench: {} runs of {:?}; binary {}", args.runs, duration, bin.display());
+
+    // Floors.
+    let mut floor_command = std::process::Command::new(&exe);
+    floor_command.arg("--floor-server");
+    let floor = ServerProcess::spawn(floor_command, &exe).context("floor server")?;
+    let (mut http_p50, mut http_rate, mut fsync_p50) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.runs {
+        let (single, rate) = floors::http_floor(&floor.url, duration).await?;
+        http_p50.push(single.p50());
+        http_rate.push(rate);
+        fsync_p50.push(floors::fsync_floor(work.path(), 500)?.p50());
+    }
+    drop(floor);
+    let (http_p50, http_rate, fsync_p50) = (median(&http_p50), median(&http_rate), median(&fsync_p50));
+    println!("floors");
+    report.add("HTTP round trip, 1 client, p50", format!("{http_p50:.3} ms"), None);
+    report.add("HTTP round trips, 32 clients", format!("{http_rate:.0} /s"), None);
+    report.add("fdatasync of a 4 KiB append, p50", format!("{fsync_p50:.3} ms"), None);
+
+    if wants(&args, "w1") || wants(&args, "w2") || wants(&args, "w3") || wants(&args, "w4") {
+        let node = ServerProcess::start(&bin, "127.0.0.1:0", &work.path().join("single"), &[])?;
+        let url = node.url.clone();
+        if wants(&args, "w1") {
+            let (mut rate, mut acq50, mut acq99, mut rel50, mut rel99) =
+                (vec![], vec![], vec![], vec![], vec![]);
+            for run in 0..args.runs {
+                let w1 = workloads::uncontended(&url, &format!("w1-{run}"), duration).await?;
+                rate.push(w1.cycles_per_second);
+                acq50.push(w1.acquire.p50());
+                acq99.push(w1.acquire.p99());
+                rel50.push(w1.release.p50());
+                rel99.push(w1.release.p99());
+            }
+            println!("W1 uncontended (single node)");
+            let target = http_p50 + fsync_p50 + 0.05;
+            let a50 = median(&acq50);
+            report.add("W1 cycles", format!("{:.0} /s", median(&rate)), None);
+            report.add(
+                "W1 acquire p50",
+                format!("{a50:.3} ms"),
+                Some((format!("<= HTTP p50 + fsync p50 + 0.05 = {target:.3} ms"), a50 <= target)),
+            );
+            report.add("W1 acquire p99", format!("{:.3} ms", median(&acq99)), None);
+            report.add("W1 release p50", format!("{:.3} ms", median(&rel50)), None);
+            report.add("W1 release p99", format!("{:.3} ms", median(&rel99)), None);
+        }
+        if wants(&args, "w2") {
+            contended_rows(&mut report, "W2 (single node)", std::slice::from_ref(&url), &args, duration, http_rate, 0.6)
+                .await?;
+        }
+        if wants(&args, "w3") {
+            let mut all = Samples::default();
+            for run in 0..args.runs {
+                all.extend(&workloads::handoff(&url, &format!("w3-{run}"), 200).await?);
+            }
+            println!("W3 handoff (single node)");
+            report.add("W3 handoff p50", format!("{:.3} ms", all.p50()), None);
+            let p99 = all.p99();
+            report.add("W3 handoff p99", format!("{p99:.3} ms"), Some(("<= 0.2 ms".into(), p99 <= 0.2)));
+        }
+        if wants(&args, "w4") {
+            let ttl = Duration::from_secs(2);
+            let samples = workloads::reclaim(&url, "w4", ttl, args.runs).await?;
+            let over = samples.p50() - ttl.as_secs_f64() * 1e3;
+            println!("W4 reclaim (single node)");
+            report.add(
+                "W4 reclaim after TTL 2 s, p50 over the TTL",
+                format!("{over:.1} ms"),
+                Some(("<= 20 ms".into(), over <= 20.0)),
+            );
+        }
+    }
+
+    if wants(&args, "cluster") || wants(&args, "failover") {
+        let mut nodes = server::cluster(&bin, &work.path().join("cluster"), 3).await?;
+        let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+        if wants(&args, "cluster") {
+            let (mut rate, mut acq50) = (vec![], vec![]);
+            for run in 0..args.runs {
+                let w1 = workloads::uncontended(&urls[0], &format!("cw1-{run}"), duration).await?;
+                rate.push(w1.cycles_per_second);
+                acq50.push(w1.acquire.p50());
+            }
+            println!("3-node cluster");
+            report.add("W1 (3 nodes, via node 1) cycles", format!("{:.0} /s", median(&rate)), None);
+            report.add("W1 (3 nodes, via node 1) acquire p50", format!("{:.3} ms", median(&acq50)), None);
+            contended_rows(&mut report, "W2 (3 nodes)", &urls, &args, duration, http_rate, 0.3).await?;
+        }
+        if wants(&args, "failover") {
+            let trials = args.runs.max(5);
+            let samples = workloads::failover(&mut nodes, trials).await?;
+            println!("failover ({trials} trials)");
+            let p50 = samples.p50();
+            report.add(
+                &format!("failover: leader kill -9 to first acquire, p50 of {trials}"),
+                format!("{p50:.0} ms"),
+                Some(("<= 2000 ms".into(), p50 <= 2000.0)),
+            );
+            report.add("failover: worst trial", format!("{:.0} ms", samples.quantile_ms(1.0)), None);
+        }
+    }
+
+    if wants(&args, "scale") {
+        scale_rows(&mut report, &bin, work.path(), args.scale_n).await?;
+    }
+    if wants(&args, "big") {
+        big_rows(&mut report, &bin, work.path(), args.big_n).await?;
+    }
+    report.print_markdown();
+    Ok(())
+}
+
+async fn contended_rows(
+    report: &mut Report,
+    label: &str,
+    urls: &[String],
+    args: &Args,
+    duration: Duration,
+    http_rate: f64,
+    factor: f64,
+) -> anyhow::Result<()> {
+    let (mut rate, mut w50, mut w99, mut cv, mut max) = (vec![], vec![], vec![], vec![], 0);
+    for run in 0..args.runs {
+        let w2 = workloads::contended(
+            urls,
+            &format!("{}-{run}", label.replace([' ', '(', ')'], "")),
+            32,
+            duration,
+        )
+        .await?;
+        rate.push(w2.cycles_per_second);
+        w50.push(w2.wait.p50());
+        w99.push(w2.wait.p99());
+        cv.push(w2.fairness_cv);
+        max = max.max(w2.max_holders_seen);
+    }
+    println!("{label}");
+    let target = factor * http_rate / 2.0;
+    let cycles = median(&rate);
+    report.add(
+        &format!("{label} cycles, 32 clients, capacity 4"),
+        format!("{cycles:.0} /s"),
+        Some((format!(">= {factor} x HTTP 32-client rate / 2 = {target:.0} /s"), cycles >= target)),
+    );
+    report.add(&format!("{label} wait p50"), format!("{:.3} ms", median(&w50)), None);
+    report.add(&format!("{label} wait p99"), format!("{:.3} ms", median(&w99)), None);
+    let cv = median(&cv);
+    report.add(
+        &format!("{label} fairness (CV of cycles per client)"),
+        format!("{cv:.3}"),
+        Some(("<= 0.05".into(), cv <= 0.05)),
+    );
+    report.add(
+        &format!("{label} most holders seen at once"),
+        format!("{max}"),
+        Some(("<= 4".into(), max <= 4)),
+    );
+    Ok(())
+}
+
+async fn scale_rows(
+    report: &mut Report,
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    n: usize,
+) -> anyhow::Result<()> {
+    println!("scale (n = {n} and {})", 10 * n);
+    let mut latencies = Vec::new();
+    for (step, count) in [n, 10 * n].into_iter().enumerate() {
+        let mut node = ServerProcess::start(bin, "127.0.0.1:0", &dir.join(format!("scale{step}")), &[])?;
+        let rss_empty = node.rss_bytes().unwrap_or(0);
+        let started = Instant::now();
+        workloads::populate(&node.url, "s", count, 32).await?;
+        let populate = started.elapsed();
+        let api = api::Api::new(&node.url);
+        let holder = api.session(86_400_000).await?;
+        api.semaphore("queue", 1).await?;
+        api.acquire("queue", &holder, 1, 0).await?.context("holder")?;
+        workloads::queue_waiters(&node.url, "queue", count / 10, 32).await?;
+        let rss = node.rss_bytes().unwrap_or(0);
+        let w1 = workloads::uncontended(&node.url, "probe", Duration::from_secs(3)).await?;
+        latencies.push(w1.acquire.p50());
+        report.add(
+            &format!("scale {count} sessions+holds, {} waiters: acquire p50", count / 10),
+            format!("{:.3} ms", w1.acquire.p50()),
+            None,
+        );
+        report.add(
+            &format!("scale {count}: populate rate"),
+            format!("{:.0} sessions+holds/s", count as f64 / populate.as_secs_f64()),
+            None,
+        );
+        let per = (rss.saturating_sub(rss_empty)) as f64 / (count + count / 10) as f64;
+        report.add(
+            &format!("scale {count}: resident memory per session with a hold"),
+            format!("{per:.0} B"),
+            None,
+        );
+        let recovery = recover(&mut node).await?;
+        report.add(
+            &format!("scale {count}: restart to first linearizable read"),
+            format!("{:.0} ms", recovery.as_secs_f64() * 1e3),
+            None,
+        );
+    }
+    let ratio = latencies[1] / latencies[0];
+    report.add(
+        "scale: acquire p50 ratio 10n / n",
+        format!("{ratio:.2}"),
+        Some(("<= 1.3".into(), ratio <= 1.3)),
+    );
+    Ok(())
+}
+
+async fn big_rows(
+    report: &mut Report,
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    n: usize,
+) -> anyhow::Result<()> {
+    println!("big ({n} sessions with one hold each)");
+    let mut node = ServerProcess::start(bin, "127.0.0.1:0", &dir.join("big"), &[])?;
+    let started = Instant::now();
+    workloads::populate(&node.url, "b", n, 64).await?;
+    report.add("big: populate", format!("{:.0} s", started.elapsed().as_secs_f64()), None);
+    let rss = node.rss_bytes().unwrap_or(0) as f64 / (1u64 << 20) as f64;
+    report.add(
+        &format!("big: resident memory with {n} sessions+holds"),
+        format!("{rss:.0} MiB"),
+        Some(("< 1024 MiB".into(), rss < 1024.0)),
+    );
+    let recovery = recover(&mut node).await?.as_secs_f64();
+    report.add(
+        "big: restart to first linearizable read",
+        format!("{recovery:.2} s"),
+        Some(("< 3 s".into(), recovery < 3.0)),
+    );
+    Ok(())
+}
+
+/// `kill -9`, restart, and time until a linearizable read succeeds.
+async fn recover(node: &mut ServerProcess) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    node.restart()?;
+    let client = api_client();
+    loop {
+        let answer = client.get(format!("{}/v1/semaphores/queue", node.url)).send().await;
+        if answer.is_ok_and(|a| a.status().as_u16() != 503) {
+            return Ok(started.elapsed());
+        }
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(120), "no recovery in 120 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
