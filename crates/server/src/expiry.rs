@@ -30,8 +30,8 @@ pub struct ExpiryDriver {
     pub proposer: Proposer,
     /// Poked when a deadline may have moved earlier.
     pub wake: Arc<Notify>,
-    /// The term this node leads in, if any.
-    pub leading: watch::Receiver<Option<u64>>,
+    /// This node's leadership, once its barrier is applied.
+    pub leading: watch::Receiver<crate::leadership::Leading>,
     /// Counters.
     pub metrics: Arc<Metrics>,
 }

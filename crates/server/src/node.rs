@@ -48,6 +48,8 @@ pub struct Node {
     pub config: Config,
     /// HTTP client for forwarding requests to the leader and probing members.
     pub http: reqwest::Client,
+    /// This node's leadership, once its barrier is committed (see `leadership`).
+    pub leading: watch::Receiver<crate::leadership::Leading>,
     /// Becomes true when the node starts shutting down; long-polls return early.
     pub shutdown: watch::Receiver<bool>,
     shutdown_tx: watch::Sender<bool>,
@@ -125,7 +127,7 @@ impl Node {
             clock,
             proposer: proposer.clone(),
             wake: expiry_wake,
-            leading,
+            leading: leading.clone(),
             metrics: metrics.clone(),
         };
         tokio::spawn(driver.run());
@@ -139,6 +141,7 @@ impl Node {
             proposer,
             metrics,
             config,
+            leading,
             http: reqwest::Client::builder()
                 .no_proxy()
                 .local_address(Some(addr.ip()).filter(|ip| !ip.is_unspecified()))
@@ -166,7 +169,19 @@ impl Node {
         if crate::bugs::is(crate::bugs::Bug::StaleReads) {
             return Ok(());
         }
-        let confirmed = tokio::time::timeout(READ_TIMEOUT, self.raft.ensure_linearizable()).await;
+        let deadline = tokio::time::Instant::now() + READ_TIMEOUT;
+        // A new leader serves reads only once its barrier is applied, so that everything
+        // committed before it took over is applied too.
+        if self.raft.metrics().borrow().state == openraft::ServerState::Leader {
+            let mut leading = self.leading.clone();
+            let term = self.raft.metrics().borrow().current_term;
+            let ready =
+                tokio::time::timeout_at(deadline, leading.wait_for(|l| l.is_some_and(|b| b.term >= term)));
+            if ready.await.is_err() {
+                return Err(ProposeError::Timeout);
+            }
+        }
+        let confirmed = tokio::time::timeout_at(deadline, self.raft.ensure_linearizable()).await;
         let Ok(confirmed) = confirmed else { return Err(ProposeError::Timeout) };
         match confirmed {
             Ok(_) => Ok(()),

@@ -113,6 +113,9 @@ error_codes! {
     AlreadyInitialized = "already_initialized", 409;
     /// Another membership change is still in progress; retry when it is done.
     MembershipChangeInProgress = "membership_change_in_progress", 409;
+    /// This node could not deliver the request to a leader (none elected, or it did not accept
+    /// the connection): nothing was done. Retry, here or on another node.
+    LeaderUnreachable = "leader_unreachable", 503;
 }
 
 #[cfg(feature = "openapi")]
@@ -157,7 +160,7 @@ mod tests {
         invalid_name invalid_argument not_found method_not_allowed session_not_found \
         semaphore_not_found unavailable permits_exceed_capacity permits_mismatch semaphore_busy \
         wait_cancelled limit_exceeded no_leader shutting_down internal timeout already_initialized \
-        membership_change_in_progress";
+        membership_change_in_progress leader_unreachable";
 
     #[test]
     fn error_codes_match_the_published_list() {

@@ -27,7 +27,7 @@ async fn a_full_cluster_restart_keeps_sessions_holds_queues_and_tokens() {
     cluster.leader(Duration::from_secs(15)).await.expect("the restarted cluster elects a leader");
     let mut client = Failover::new(&cluster.urls(), 1);
     let view = client.get("/v1/semaphores/r").await;
-    assert_eq!(view.body["holders"][0]["session"], a.as_str());
+    assert_eq!(view.body["holders"][0]["session"], a.as_str(), "{view:?}");
     assert_eq!(view.body["holders"][0]["token"].as_u64(), Some(token));
     assert_eq!(view.body["waiters"][0]["session"], b.as_str());
     assert_eq!(client.post(&format!("/v1/sessions/{a}/keepalive"), json!(null)).await.status, 200);

@@ -42,15 +42,17 @@ pub async fn forward(State(node): State<Arc<Node>>, request: Request, next: Next
     } else {
         match node.leader(LEADER_PATIENCE).await {
             Some((leader, _)) if leader == node.id => next.run(request).await,
-            Some(_) if request.headers().contains_key(FORWARDED_HEADER) => {
-                ApiError::new(ErrorCode::NoLeader, "forwarded to a node that is not the leader; retry")
-                    .into_response()
-            }
+            Some(_) if request.headers().contains_key(FORWARDED_HEADER) => ApiError::new(
+                ErrorCode::LeaderUnreachable,
+                "forwarded to a node that is not the leader; nothing was done, retry",
+            )
+            .into_response(),
             Some((leader, addr)) => proxy(&node, leader, &addr, request).await,
-            None => {
-                ApiError::new(ErrorCode::NoLeader, "no leader elected; the cluster may lack a quorum; retry")
-                    .into_response()
-            }
+            None => ApiError::new(
+                ErrorCode::LeaderUnreachable,
+                "no leader elected (the cluster may lack a quorum); nothing was done, retry",
+            )
+            .into_response(),
         }
     };
     stamp(&node, response.headers_mut());
@@ -85,6 +87,13 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
     }
     let answer = match outgoing.send().await {
         Ok(answer) => answer,
+        Err(e) if e.is_connect() => {
+            return ApiError::new(
+                ErrorCode::LeaderUnreachable,
+                format!("the leader (node {leader}) refused the connection; nothing was done, retry"),
+            )
+            .into_response();
+        }
         Err(e) => {
             tracing::warn!(leader, %addr, error = %e, "forwarding to the leader failed");
             return ApiError::new(

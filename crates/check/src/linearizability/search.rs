@@ -1,0 +1,269 @@
+//! The Wing–Gong/Lowe search with memoisation, as in Porcupine, over one partition.
+//!
+//! Calls and returns sit in one doubly linked list ordered by time (calls before returns at
+//! equal times, so touching ops count as concurrent). The search linearizes the first call it
+//! can, lifts it out of the list and starts again from the head; reaching a return means the
+//! op it closes could not be placed before it, so it backtracks. A configuration (set of
+//! linearized ops, model state) seen once is never explored again: that memo is what makes
+//! long histories with little concurrency cheap. Ops without a return (unknown outcome) are
+//! optional: the search succeeds once every answered op is linearized.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use super::model::{step, ModelOp, State};
+
+const NIL: usize = usize::MAX;
+const HEAD: usize = 0;
+/// How many linearized ops a refutation quotes.
+const PREFIX_QUOTED: usize = 6;
+
+/// How the search ended.
+#[derive(Debug)]
+pub(crate) enum Verdict {
+    Linearizable,
+    Refuted(Refutation),
+    OutOfBudget,
+}
+
+/// What the deepest attempt reached before every order failed.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Refutation {
+    /// Answered ops linearized by the deepest attempt.
+    pub depth: usize,
+    /// The last ops of that attempt (indexes into the partition), oldest first.
+    pub prefix: Vec<usize>,
+    /// The answered op that attempt could not place.
+    pub blocked: Option<usize>,
+    /// The model state after the prefix.
+    pub state: State,
+}
+
+/// The step and time allowance of one search.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Allowance {
+    pub steps_max: u64,
+    pub deadline: Instant,
+}
+
+/// Searches a linearization of `ops` from the empty state; returns the verdict and the
+/// steps used.
+pub(crate) fn search(capacity: u64, ops: &[ModelOp], allowance: Allowance) -> (Verdict, u64) {
+    let mut search = Search::new(ops);
+    let mut entry = search.list.next[HEAD];
+    let mut steps = 0;
+    loop {
+        if search.pending == 0 {
+            return (Verdict::Linearizable, steps);
+        }
+        steps += 1;
+        let out_of_time = steps % 1024 == 0 && Instant::now() >= allowance.deadline;
+        if steps > allowance.steps_max || out_of_time {
+            return (Verdict::OutOfBudget, steps);
+        }
+        // Entries before the first remaining return are all calls, and one remains while an
+        // answered op is pending, so the scan meets a return before the end of the list.
+        assert_ne!(entry, NIL, "the scan passed the last return");
+        if search.list.is_call[entry] {
+            let successors = step(capacity, &search.state, &ops[search.list.op[entry]]);
+            entry = if search.descend(entry, successors, 0) {
+                search.list.next[HEAD]
+            } else {
+                search.list.next[entry]
+            };
+        } else {
+            search.note_blocked(entry);
+            match search.backtrack() {
+                Some(next) => entry = next,
+                None => return (Verdict::Refuted(search.best), steps),
+            }
+        }
+    }
+}
+
+/// A frame of the backtracking stack: a linearized call, the state before it, and the
+/// successor states not tried yet.
+struct Frame {
+    node: usize,
+    prior: State,
+    successors: Vec<State>,
+    next_successor: usize,
+}
+
+struct Search<'a> {
+    ops: &'a [ModelOp],
+    list: EventList,
+    state: State,
+    linearized: Bitset,
+    seen: HashSet<(Bitset, State)>,
+    stack: Vec<Frame>,
+    /// Answered ops not linearized yet.
+    pending: usize,
+    answered: usize,
+    best: Refutation,
+}
+
+impl<'a> Search<'a> {
+    fn new(ops: &'a [ModelOp]) -> Search<'a> {
+        let answered = ops.iter().filter(|op| op.complete_ns.is_some()).count();
+        Search {
+            ops,
+            list: EventList::new(ops),
+            state: State::default(),
+            linearized: Bitset::new(ops.len()),
+            seen: HashSet::new(),
+            stack: Vec::new(),
+            pending: answered,
+            answered,
+            best: Refutation::default(),
+        }
+    }
+
+    /// Linearizes the call at `node` into the first of `successors[from..]` whose
+    /// configuration is new; false when there is none.
+    fn descend(&mut self, node: usize, successors: Vec<State>, from: usize) -> bool {
+        let op = self.list.op[node];
+        self.linearized.insert(op);
+        for index in from..successors.len() {
+            if self.seen.insert((self.linearized.clone(), successors[index].clone())) {
+                let prior = std::mem::replace(&mut self.state, successors[index].clone());
+                self.stack.push(Frame { node, prior, successors, next_successor: index + 1 });
+                self.list.lift(node);
+                if self.ops[op].complete_ns.is_some() {
+                    self.pending -= 1;
+                }
+                self.note_progress();
+                return true;
+            }
+        }
+        self.linearized.remove(op);
+        false
+    }
+
+    /// Undoes the last linearization and tries its next successor; else resumes the scan after
+    /// it. `None` when nothing is left to undo: no order works.
+    fn backtrack(&mut self) -> Option<usize> {
+        let frame = self.stack.pop()?;
+        let op = self.list.op[frame.node];
+        self.list.unlift(frame.node);
+        self.linearized.remove(op);
+        self.state = frame.prior;
+        if self.ops[op].complete_ns.is_some() {
+            self.pending += 1;
+        }
+        if self.descend(frame.node, frame.successors, frame.next_successor) {
+            return Some(self.list.next[HEAD]);
+        }
+        Some(self.list.next[frame.node])
+    }
+
+    fn note_progress(&mut self) {
+        let depth = self.answered - self.pending;
+        if depth > self.best.depth {
+            let quoted = self.stack.len().saturating_sub(PREFIX_QUOTED);
+            let prefix = self.stack[quoted..].iter().map(|frame| self.list.op[frame.node]).collect();
+            self.best = Refutation { depth, prefix, blocked: None, state: self.state.clone() };
+        }
+    }
+
+    fn note_blocked(&mut self, return_node: usize) {
+        if self.answered - self.pending == self.best.depth && self.best.blocked.is_none() {
+            self.best.blocked = Some(self.list.op[return_node]);
+        }
+    }
+}
+
+/// The calls and returns of a partition in one doubly linked list, node 0 being the head.
+struct EventList {
+    next: Vec<usize>,
+    prev: Vec<usize>,
+    op: Vec<usize>,
+    is_call: Vec<bool>,
+    /// For a call, its return node (or `NIL` for an op that never answered).
+    return_of: Vec<usize>,
+}
+
+impl EventList {
+    fn new(ops: &[ModelOp]) -> EventList {
+        let mut events: Vec<(u64, bool, usize)> = Vec::with_capacity(ops.len() * 2);
+        for (index, op) in ops.iter().enumerate() {
+            events.push((op.invoke_ns, false, index));
+            if let Some(complete_ns) = op.complete_ns {
+                events.push((complete_ns, true, index));
+            }
+        }
+        // `false` sorts first: calls before returns at equal times.
+        events.sort_unstable();
+        let nodes = events.len() + 1;
+        let mut list = EventList {
+            next: (1..=nodes).map(|next| if next == nodes { NIL } else { next }).collect(),
+            prev: (0..nodes).map(|node| node.wrapping_sub(1)).collect(),
+            op: vec![NIL; nodes],
+            is_call: vec![false; nodes],
+            return_of: vec![NIL; nodes],
+        };
+        let mut call_of = vec![NIL; ops.len()];
+        for (position, &(_, is_return, index)) in events.iter().enumerate() {
+            let node = position + 1;
+            list.op[node] = index;
+            list.is_call[node] = !is_return;
+            if is_return {
+                list.return_of[call_of[index]] = node;
+            } else {
+                call_of[index] = node;
+            }
+        }
+        list
+    }
+
+    fn lift(&mut self, call: usize) {
+        self.unlink(call);
+        if self.return_of[call] != NIL {
+            self.unlink(self.return_of[call]);
+        }
+    }
+
+    /// Exactly reverses `lift`: the removed nodes kept their neighbours.
+    fn unlift(&mut self, call: usize) {
+        if self.return_of[call] != NIL {
+            self.relink(self.return_of[call]);
+        }
+        self.relink(call);
+    }
+
+    fn unlink(&mut self, node: usize) {
+        let (prev, next) = (self.prev[node], self.next[node]);
+        self.next[prev] = next;
+        if next != NIL {
+            self.prev[next] = prev;
+        }
+    }
+
+    fn relink(&mut self, node: usize) {
+        let (prev, next) = (self.prev[node], self.next[node]);
+        self.next[prev] = node;
+        if next != NIL {
+            self.prev[next] = node;
+        }
+    }
+}
+
+/// The set of linearized ops.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Bitset {
+    words: Vec<u64>,
+}
+
+impl Bitset {
+    fn new(bits: usize) -> Bitset {
+        Bitset { words: vec![0; bits.div_ceil(64)] }
+    }
+
+    fn insert(&mut self, bit: usize) {
+        self.words[bit / 64] |= 1 << (bit % 64);
+    }
+
+    fn remove(&mut self, bit: usize) {
+        self.words[bit / 64] &= !(1 << (bit % 64));
+    }
+}

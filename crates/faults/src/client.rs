@@ -1,0 +1,223 @@
+//! A recording client: every call goes into the history with its invoke and completion times,
+//! the node and term that answered, and an outcome of ok, fail (an error answer that proves
+//! nothing happened) or unknown (no answer, or an answer that leaves the effect open).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use permit_check::{Completion, Holder, Invocation, Recorder};
+use serde_json::{json, Value};
+
+/// Timeout of every call; long enough for a commit during a failover, short enough to move on.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// One harness client: a number, a preferred node, and a connection pool of its own.
+#[derive(Clone)]
+pub struct Client {
+    /// Client number in the history.
+    pub id: u32,
+    urls: Vec<String>,
+    /// Index of the node it talks to; moves on after an unknown outcome.
+    pub node: usize,
+    http: reqwest::Client,
+    recorder: Arc<Recorder>,
+}
+
+/// Why a call has no answer.
+enum CallError {
+    /// The connection was refused: nothing was sent.
+    NotSent,
+    /// Sent, but the answer was lost (timeout, reset): the effect is unknown.
+    Lost(String),
+}
+
+/// What an answer said.
+struct Answer {
+    status: u16,
+    body: Value,
+    node: Option<u64>,
+    term: Option<u64>,
+}
+
+impl Client {
+    /// A client of the nodes at `urls`, starting with node `node`.
+    pub fn new(id: u32, urls: Vec<String>, node: usize, recorder: Arc<Recorder>) -> Client {
+        let http =
+            reqwest::Client::builder().no_proxy().timeout(CALL_TIMEOUT).build().expect("client builds");
+        Client { id, urls, node, http, recorder }
+    }
+
+    /// Sticks to node `node` (clients on one side of a partition).
+    pub fn pin(mut self, node: usize) -> Client {
+        self.node = node;
+        self
+    }
+
+    async fn call(&mut self, method: &str, path: &str, body: Value) -> Result<Answer, CallError> {
+        let url = format!("{}{path}", self.urls[self.node % self.urls.len()]);
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let result = self.http.request(method, url).json(&body).send().await;
+        // A refused connection sent nothing: the call provably had no effect.
+        let response = result.map_err(|e| {
+            if e.is_connect() {
+                CallError::NotSent
+            } else {
+                CallError::Lost(e.to_string())
+            }
+        })?;
+        let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()?.parse().ok());
+        let (node, term) = (header("permit-node"), header("permit-raft-term"));
+        let status = response.status().as_u16();
+        let bytes = response.bytes().await.map_err(|e| CallError::Lost(format!("answer cut off: {e}")))?;
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Ok(Answer { status, body, node, term })
+    }
+
+    /// Turns an answer into a completion: 2xx ok, 503 and transport errors unknown, other
+    /// errors fail with their code.
+    fn complete(
+        &mut self,
+        answer: Result<Answer, CallError>,
+        ok: impl FnOnce(&Value) -> Completion,
+    ) -> Completion {
+        match answer {
+            Err(CallError::NotSent) => {
+                self.node += 1;
+                Completion::fail("unreachable")
+            }
+            Err(CallError::Lost(note)) => {
+                self.node += 1;
+                Completion::unknown(note)
+            }
+            Ok(answer) => {
+                let mut completion = match answer.status {
+                    200..=299 => ok(&answer.body),
+                    // The node proved that nothing was done.
+                    503 if answer.body["error"]["code"] == "leader_unreachable" => {
+                        self.node += 1;
+                        Completion::fail("leader_unreachable")
+                    }
+                    503 => {
+                        self.node += 1;
+                        Completion::unknown(answer.body["error"]["code"].as_str().unwrap_or("503").to_owned())
+                    }
+                    _ => {
+                        Completion::fail(answer.body["error"]["code"].as_str().unwrap_or("error").to_owned())
+                    }
+                };
+                completion.node = answer.node;
+                completion.raft_term = answer.term;
+                completion
+            }
+        }
+    }
+
+    /// Opens a session; `None` unless it is known to exist.
+    pub async fn create_session(&mut self, ttl_ms: u64) -> Option<String> {
+        let handle = self.recorder.invoke(Invocation::create_session(self.id, ttl_ms));
+        let answer = self.call("POST", "/v1/sessions", json!({ "ttl_ms": ttl_ms })).await;
+        let completion = self.complete(answer, |body| Completion {
+            session: body["id"].as_str().map(str::to_owned),
+            ..Completion::ok()
+        });
+        let session = completion.session.clone().filter(|_| completion.outcome == permit_check::Outcome::Ok);
+        handle.complete(completion);
+        session
+    }
+
+    /// Keeps a session alive: `Some(true)` acknowledged, `Some(false)` refused (the session is
+    /// gone), `None` unknown.
+    pub async fn keepalive(&mut self, session: &str) -> Option<bool> {
+        let handle = self.recorder.invoke(Invocation::keepalive(self.id, session));
+        let answer = self.call("POST", &format!("/v1/sessions/{session}/keepalive"), Value::Null).await;
+        let completion = self.complete(answer, |_| Completion::ok());
+        let result = match completion.outcome {
+            permit_check::Outcome::Ok => Some(true),
+            permit_check::Outcome::Fail => Some(false),
+            permit_check::Outcome::Unknown => None,
+        };
+        handle.complete(completion);
+        result
+    }
+
+    /// Try-acquire (`wait_ms` 0) of `permits`; the token when granted.
+    pub async fn acquire(&mut self, session: &str, semaphore: &str, permits: u64) -> Option<u64> {
+        let handle = self.recorder.invoke(Invocation::acquire(self.id, session, semaphore, permits));
+        let body = json!({ "session": session, "permits": permits });
+        let answer = self.call("POST", &format!("/v1/semaphores/{semaphore}/acquire"), body).await;
+        let completion = self.complete(answer, |body| match body["status"].as_str() {
+            Some("acquired") => Completion { token: body["token"].as_u64(), ..Completion::ok() },
+            // A 202 means queued: this workload never waits, so it cannot happen.
+            _ => Completion::unknown("unexpected answer"),
+        });
+        let token = completion.token.filter(|_| completion.outcome == permit_check::Outcome::Ok);
+        handle.complete(completion);
+        token
+    }
+
+    /// Releases; the permits released when acknowledged.
+    pub async fn release(&mut self, session: &str, semaphore: &str) -> Option<u64> {
+        let handle = self.recorder.invoke(Invocation::release(self.id, session, semaphore));
+        let body = json!({ "session": session });
+        let answer = self.call("POST", &format!("/v1/semaphores/{semaphore}/release"), body).await;
+        let completion = self
+            .complete(answer, |body| Completion { released: body["released"].as_u64(), ..Completion::ok() });
+        let released = completion.released.filter(|_| completion.outcome == permit_check::Outcome::Ok);
+        handle.complete(completion);
+        released
+    }
+
+    /// A linearizable read of the holders.
+    pub async fn describe(&mut self, semaphore: &str) -> Option<Vec<Holder>> {
+        let handle = self.recorder.invoke(Invocation::describe(self.id, semaphore));
+        let answer = self.call("GET", &format!("/v1/semaphores/{semaphore}"), Value::Null).await;
+        let completion =
+            self.complete(answer, |body| Completion { holders: holders(body), ..Completion::ok() });
+        let read = (completion.outcome == permit_check::Outcome::Ok).then(|| completion.holders.clone());
+        handle.complete(completion);
+        read
+    }
+
+    /// Validates a token.
+    pub async fn validate(&mut self, semaphore: &str, token: u64) -> Option<bool> {
+        let handle = self.recorder.invoke(Invocation::validate(self.id, semaphore, token));
+        let body = json!({ "token": token });
+        let answer = self.call("POST", &format!("/v1/semaphores/{semaphore}/validate"), body).await;
+        let completion =
+            self.complete(answer, |body| Completion { valid: body["valid"].as_bool(), ..Completion::ok() });
+        let valid = completion.valid.filter(|_| completion.outcome == permit_check::Outcome::Ok);
+        handle.complete(completion);
+        valid
+    }
+
+    /// Closes a session.
+    pub async fn close_session(&mut self, session: &str) -> bool {
+        let handle = self.recorder.invoke(Invocation::close_session(self.id, session));
+        let answer = self.call("DELETE", &format!("/v1/sessions/{session}"), Value::Null).await;
+        let completion = self.complete(answer, |_| Completion::ok());
+        let ok = completion.outcome == permit_check::Outcome::Ok;
+        handle.complete(completion);
+        ok
+    }
+
+    /// The recorder this client writes to.
+    pub fn recorder(&self) -> &Arc<Recorder> {
+        &self.recorder
+    }
+}
+
+/// The holders listed in a semaphore view.
+pub fn holders(body: &Value) -> Vec<Holder> {
+    body["holders"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|h| Holder {
+                    session: h["session"].as_str().unwrap_or_default().to_owned(),
+                    permits: h["permits"].as_u64().unwrap_or(0),
+                    token: h["token"].as_u64().unwrap_or(0),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,509 @@
+//! Scenarios: a cluster, workloads, one fault, then every check.
+//!
+//! Each run: start 3 nodes, warm up, inject the fault, prove that it happened, heal, let the
+//! workload run on, stop it, close the clients' sessions, then check the history (well-formed,
+//! capacity, tokens, fencing, linearizability for the long-TTL workload, durability against a
+//! final read, convergence of the replicas, no acknowledgement from a cut-off node, no permit
+//! lost, clean logs). A failed run keeps its history and node logs in the output dir.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use permit_check::{
+    check_capacity, check_convergence, check_durability, check_fenced_counter, check_fencing,
+    check_linearizability, check_logs, check_minority_acks, check_no_permit_lost, check_tokens,
+    check_well_formed, ClockAllowance, FinalRead, FreshAcquire, Isolation, Recorder, ReplicaDigest, Report,
+    SearchBudget,
+};
+
+use crate::client::Client;
+use crate::cluster::{Clock, Cluster};
+use crate::resource::Resource;
+use crate::workload::{self, Kind, Shared, Workload};
+
+/// The fault a scenario injects.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Fault {
+    /// None: the checkers must pass on a healthy cluster.
+    None,
+    /// Cut the leader off from both followers (F1).
+    IsolateLeader,
+    /// Split the leader and one follower (majority) from the other follower (minority) (F2).
+    SplitMinority,
+    /// `kill -9` the leader, restart it after the fault time (F3).
+    KillLeader,
+    /// `kill -9` every node, restart them all (F4).
+    KillAll,
+    /// SIGSTOP the leader past the election timeout, then SIGCONT (F5).
+    PauseLeader,
+    /// SIGSTOP a follower, then SIGCONT (F5b).
+    PauseFollower,
+    /// Latency and loss on every peer link (F9).
+    Degrade,
+    /// Add node 4, then remove the first leader, under traffic (F8).
+    Membership,
+    /// Cut a follower off until the leader compacts past it, then heal (F10).
+    SnapshotCatchUp,
+}
+
+/// One scenario.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Short name, e.g. `F1-isolate-leader`.
+    pub name: String,
+    /// The fault.
+    pub fault: Fault,
+    /// The workloads.
+    pub workloads: Vec<Workload>,
+    /// Clocks of particular nodes (libfaketime).
+    pub clocks: Vec<(u64, Clock)>,
+    /// How long the fault lasts.
+    pub fault_for: Duration,
+    /// Warm-up before and run-on after the fault.
+    pub settle: Duration,
+    /// Server arguments (e.g. a small snapshot interval).
+    pub server_args: Vec<String>,
+    /// The bug to inject (`PERMIT_INJECT_BUG`), for self-tests.
+    pub bug: Option<String>,
+}
+
+/// The result of a run.
+pub struct Outcome {
+    /// Every check, merged.
+    pub report: Report,
+    /// Operations recorded.
+    pub ops: usize,
+    /// Where the history and logs are.
+    pub dir: PathBuf,
+    /// Notes on what happened (fault evidence).
+    pub notes: Vec<String>,
+}
+
+/// The standard workload mix: churn with TTL 2 s, a fenced counter, long-TTL linearizable.
+pub fn standard_workloads() -> Vec<Workload> {
+    vec![
+        Workload {
+            kind: Kind::Churn,
+            semaphores: vec![("churn-a".into(), 1), ("churn-b".into(), 3)],
+            clients: 4,
+            ttl_ms: 2000,
+            hold_ms_max: 300,
+        },
+        Workload {
+            kind: Kind::FencedCounter,
+            semaphores: vec![("fenced".into(), 1)],
+            clients: 3,
+            ttl_ms: 2000,
+            hold_ms_max: 50,
+        },
+        Workload {
+            kind: Kind::Linearizable,
+            semaphores: vec![("lin".into(), 2)],
+            clients: 3,
+            ttl_ms: 3_600_000,
+            hold_ms_max: 0,
+        },
+    ]
+}
+
+/// Names of the standard scenarios, for `permit-faults --scenarios`.
+pub const STANDARD: [&str; 13] =
+    ["F0", "F1", "F2", "F3", "F4", "F5", "F5b", "F7a", "F7b", "F7c", "F8", "F9", "F10"];
+
+impl Scenario {
+    /// A standard scenario by its short name (`F0` .. `F10`), and whether it must fail the
+    /// checks (F7c documents the clock assumption).
+    pub fn standard(name: &str) -> Option<(Scenario, bool)> {
+        let (fault, label) = match name {
+            "F0" => (Fault::None, "F0-none"),
+            "F1" => (Fault::IsolateLeader, "F1-isolate-leader"),
+            "F2" => (Fault::SplitMinority, "F2-minority-split"),
+            "F3" => (Fault::KillLeader, "F3-kill-leader"),
+            "F4" => (Fault::KillAll, "F4-kill-all"),
+            "F5" => (Fault::PauseLeader, "F5-pause-leader"),
+            "F5b" => (Fault::PauseFollower, "F5b-pause-follower"),
+            "F7a" | "F7b" | "F7c" => (Fault::None, name),
+            "F8" => (Fault::Membership, "F8-membership"),
+            "F9" => (Fault::Degrade, "F9-degrade"),
+            "F10" => (Fault::SnapshotCatchUp, "F10-snapshot-catch-up"),
+            _ => return None,
+        };
+        let mut scenario = Scenario::new(label, fault);
+        match name {
+            "F7a" => {
+                scenario.clocks =
+                    vec![(1, Clock::WallShift("+1h".into())), (2, Clock::WallShift("-1h".into()))]
+            }
+            "F7b" => scenario.clocks = vec![(1, Clock::Rate(1.03))],
+            "F7c" => scenario.clocks = vec![(1, Clock::Rate(3.0))],
+            "F10" => {
+                scenario.server_args = vec!["--snapshot-logs".into(), "100".into()];
+                scenario.fault_for = Duration::from_secs(5);
+            }
+            _ => {}
+        }
+        Some((scenario, name == "F7c"))
+    }
+
+    /// A scenario with the standard workloads.
+    pub fn new(name: &str, fault: Fault) -> Scenario {
+        Scenario {
+            name: name.to_owned(),
+            fault,
+            workloads: standard_workloads(),
+            clocks: Vec::new(),
+            fault_for: Duration::from_secs(3),
+            settle: Duration::from_secs(2),
+            server_args: Vec::new(),
+            bug: None,
+        }
+    }
+
+    fn capacities(&self) -> BTreeMap<String, u64> {
+        self.workloads.iter().flat_map(|w| w.semaphores.iter().cloned()).collect()
+    }
+}
+
+/// Runs a scenario with the `permit` binary `bin`, keeping artefacts under `out`.
+pub async fn run(scenario: &Scenario, bin: &Path, out: &Path, seed: u64) -> anyhow::Result<Outcome> {
+    let dir = out.join(format!("{}-seed{seed}", scenario.name));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    // The node processes (test builds of permit-server) honour it; this process never sets it.
+    let env: Vec<(String, String)> =
+        scenario.bug.iter().map(|bug| ("PERMIT_INJECT_BUG".to_owned(), bug.clone())).collect();
+    let args: Vec<&str> = scenario.server_args.iter().map(String::as_str).collect();
+    let mut cluster =
+        Cluster::start(bin, &dir, 3, &scenario.clocks, &args, &env).await.context("start cluster")?;
+    let recorder = Arc::new(Recorder::new());
+    let resource = Resource::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let shared = Shared {
+        recorder: recorder.clone(),
+        resource: resource.clone(),
+        stop: stop.clone(),
+        urls: cluster.urls(),
+    };
+    let capacities = scenario.capacities();
+    let admin = cluster.urls()[0].clone();
+    for (name, capacity) in &capacities {
+        put_semaphore(&cluster.http, &admin, name, *capacity).await?;
+    }
+    let mut tasks = Vec::new();
+    for (i, workload) in scenario.workloads.iter().enumerate() {
+        tasks.extend(workload::start(workload, &shared, seed + i as u64, 100 * i as u32));
+    }
+    tokio::time::sleep(scenario.settle).await;
+
+    let mut notes = Vec::new();
+    let mut isolations = Vec::new();
+    inject(scenario, &mut cluster, &recorder, &mut notes, &mut isolations).await?;
+    cluster.wait_for_leader(Duration::from_secs(20)).await.context("a leader after healing")?;
+    tokio::time::sleep(scenario.settle).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+    }
+
+    let report = check(scenario, &cluster, &recorder, &resource, &capacities, &isolations).await?;
+    let history = recorder.history();
+    if !report.is_ok() {
+        history.save(dir.join("history.jsonl"))?;
+        std::fs::write(dir.join("report.txt"), format!("{report}\n{}\n", notes.join("\n")))?;
+    }
+    let ops = history.len();
+    drop(cluster);
+    if report.is_ok() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(Outcome { report, ops, dir, notes })
+}
+
+async fn put_semaphore(http: &reqwest::Client, url: &str, name: &str, capacity: u64) -> anyhow::Result<()> {
+    let answer = http
+        .put(format!("{url}/v1/semaphores/{name}"))
+        .json(&serde_json::json!({ "capacity": capacity }))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await?;
+    anyhow::ensure!(answer.status().is_success(), "create {name}: {}", answer.status());
+    Ok(())
+}
+
+/// Injects the scenario's fault, proves it happened, and heals.
+async fn inject(
+    scenario: &Scenario,
+    cluster: &mut Cluster,
+    recorder: &Recorder,
+    notes: &mut Vec<String>,
+    isolations: &mut Vec<Isolation>,
+) -> anyhow::Result<()> {
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await?;
+    let leader_id = cluster.nodes[leader].id;
+    let follower = (leader + 1) % 3;
+    let started_ns = recorder.now_ns();
+    match scenario.fault {
+        Fault::None => tokio::time::sleep(scenario.fault_for).await,
+        Fault::IsolateLeader => {
+            cluster.isolate(leader);
+            let new = elected_other_than(cluster, leader, scenario.fault_for).await?;
+            notes.push(format!(
+                "node {leader_id} isolated; node {} was elected on the majority side",
+                cluster.nodes[new].id
+            ));
+            tokio::time::sleep(scenario.fault_for).await;
+            isolations.push(Isolation { node: leader_id, from_ns: started_ns, until_ns: recorder.now_ns() });
+            cluster.heal();
+        }
+        Fault::SplitMinority => {
+            let minority = (leader + 2) % 3;
+            cluster.partition(&[vec![leader, follower], vec![minority]]);
+            tokio::time::sleep(scenario.fault_for).await;
+            let term = |h: Option<serde_json::Value>| h.and_then(|h| h["raft_term"].as_u64());
+            notes.push(format!(
+                "node {} in the minority (term {:?}); majority leader node {leader_id}",
+                cluster.nodes[minority].id,
+                term(cluster.health(minority).await)
+            ));
+            isolations.push(Isolation {
+                node: cluster.nodes[minority].id,
+                from_ns: started_ns,
+                until_ns: recorder.now_ns(),
+            });
+            cluster.heal();
+        }
+        Fault::KillLeader => {
+            cluster.kill(leader);
+            let new = elected_other_than(cluster, leader, Duration::from_secs(10)).await?;
+            notes.push(format!("node {leader_id} killed; node {} took over", cluster.nodes[new].id));
+            tokio::time::sleep(scenario.fault_for).await;
+            cluster.restart(leader, None)?;
+        }
+        Fault::KillAll => {
+            for i in 0..3 {
+                cluster.kill(i);
+            }
+            notes.push("every node killed".into());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            for i in 0..3 {
+                cluster.restart(i, None)?;
+            }
+        }
+        Fault::PauseLeader => {
+            cluster.pause(leader);
+            let new = elected_other_than(cluster, leader, Duration::from_secs(10)).await?;
+            notes.push(format!("node {leader_id} paused; node {} was elected", cluster.nodes[new].id));
+            tokio::time::sleep(scenario.fault_for).await;
+            isolations.push(Isolation { node: leader_id, from_ns: started_ns, until_ns: recorder.now_ns() });
+            cluster.resume(leader);
+        }
+        Fault::PauseFollower => {
+            cluster.pause(follower);
+            notes.push(format!("follower node {} paused", cluster.nodes[follower].id));
+            tokio::time::sleep(scenario.fault_for).await;
+            cluster.resume(follower);
+        }
+        Fault::Degrade => {
+            cluster.degrade((Duration::from_millis(20), Duration::from_millis(80)), 0.3);
+            notes.push("20-80 ms latency and 30% loss on every peer link".into());
+            tokio::time::sleep(scenario.fault_for).await;
+            cluster.heal();
+        }
+        Fault::Membership => {
+            notes.push(membership_change(cluster, leader).await?);
+        }
+        Fault::SnapshotCatchUp => {
+            cluster.isolate(follower);
+            let applied =
+                |h: Option<serde_json::Value>| h.and_then(|h| h["applied_index"].as_u64()).unwrap_or(0);
+            let behind = applied(cluster.health(follower).await);
+            let deadline = Instant::now() + scenario.fault_for * 4;
+            let mut purged = 0;
+            while purged <= behind && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                purged = purged_index(cluster, leader).await;
+            }
+            if purged <= behind {
+                bail!("the leader did not compact past the cut-off follower ({purged} <= {behind})");
+            }
+            isolations.push(Isolation {
+                node: cluster.nodes[follower].id,
+                from_ns: started_ns,
+                until_ns: recorder.now_ns(),
+            });
+            cluster.heal();
+            let target = applied(cluster.health(leader).await);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while applied(cluster.health(follower).await) < target {
+                if Instant::now() > deadline {
+                    bail!("the follower did not catch up");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            notes.push(format!(
+                "follower cut off at index {behind}; leader compacted to {purged}; caught up by snapshot"
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn elected_other_than(cluster: &Cluster, old: usize, timeout: Duration) -> anyhow::Result<usize> {
+    let deadline = Instant::now() + timeout.max(Duration::from_secs(5));
+    while Instant::now() < deadline {
+        for i in (0..3).filter(|i| *i != old) {
+            if let Some(health) = cluster.health(i).await {
+                if health["raft_role"] == "leader" {
+                    return Ok(i);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bail!("the fault did not happen: no other node was elected")
+}
+
+async fn purged_index(cluster: &Cluster, node: usize) -> u64 {
+    let url = format!("{}/metrics", cluster.nodes[node].url());
+    let Ok(answer) = cluster.http.get(url).timeout(Duration::from_secs(2)).send().await else { return 0 };
+    let text = answer.text().await.unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with("permit_raft_purged_index "))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn membership_change(cluster: &mut Cluster, leader: usize) -> anyhow::Result<String> {
+    // The leader leaves while serving, then rejoins as a learner and is promoted again.
+    let leader_id = cluster.nodes[leader].id;
+    cluster.admin(leader, "DELETE", &format!("/v1/cluster/members/{leader_id}"), None).await.ok();
+    let other = (leader + 1) % 3;
+    let view = cluster.admin(other, "GET", "/v1/cluster", None).await?;
+    let voters = view["members"].as_array().map_or(0, |m| m.iter().filter(|m| m["role"] == "voter").count());
+    if voters != 2 {
+        bail!("the fault did not happen: {voters} voters after removing node {leader_id}");
+    }
+    let addr = cluster.proxies[leader].addr.to_string();
+    // Add it back (its data dir still holds the old log): it catches up as a learner, then votes.
+    cluster.restart(leader, None)?;
+    let body = serde_json::json!({ "id": leader_id, "addr": addr });
+    cluster.admin(other, "POST", "/v1/cluster/members", Some(body)).await?;
+    Ok(format!("node {leader_id} (leader) removed while serving, then added back"))
+}
+
+/// Runs every checker.
+async fn check(
+    scenario: &Scenario,
+    cluster: &Cluster,
+    recorder: &Recorder,
+    resource: &Resource,
+    capacities: &BTreeMap<String, u64>,
+    isolations: &[Isolation],
+) -> anyhow::Result<Report> {
+    let allowance = ClockAllowance::default();
+    let history = recorder.history();
+    let mut report = check_well_formed(&history);
+    report.merge(check_capacity(&history, capacities, allowance));
+    report.merge(check_tokens(&history));
+    report.merge(check_fencing(&history));
+    for workload in scenario.workloads.iter().filter(|w| w.kind == Kind::FencedCounter) {
+        for (name, _) in &workload.semaphores {
+            report.merge(check_fenced_counter(&history, name, resource.value(name)));
+        }
+    }
+    let linearizable: BTreeMap<String, u64> = scenario
+        .workloads
+        .iter()
+        .filter(|w| w.kind == Kind::Linearizable)
+        .flat_map(|w| w.semaphores.iter().cloned())
+        .collect();
+    if !linearizable.is_empty() {
+        let only: permit_check::History = history
+            .ops()
+            .iter()
+            .filter(|op| linearizable.contains_key(&op.semaphore) || op.semaphore.is_empty())
+            .cloned()
+            .collect();
+        let budget = SearchBudget { steps_max: 50_000_000, time_max: Duration::from_secs(60) };
+        report.merge(check_linearizability(&only, &linearizable, budget));
+    }
+    // Final read for durability, through a fresh client.
+    let mut reader = Client::new(9_000, cluster.urls(), 0, Arc::new(Recorder::new()));
+    let invoke_ns = recorder.now_ns();
+    let mut holders = BTreeMap::new();
+    for name in capacities.keys() {
+        let mut read = None;
+        for _ in 0..FINAL_ATTEMPTS {
+            read = reader.describe(name).await;
+            if read.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        holders.insert(name.clone(), read.with_context(|| format!("final read of {name}"))?);
+    }
+    let read = FinalRead { invoke_ns, complete_ns: recorder.now_ns(), holders };
+    report.merge(check_durability(&history, &read, allowance));
+    report.merge(check_minority_acks(&history, isolations));
+    // No permit lost: once every session of the run is gone, a fresh client takes everything.
+    let fresh = fresh_acquires(cluster, capacities).await?;
+    let within = Duration::from_secs(15).as_nanos() as u64;
+    report.merge(check_no_permit_lost(capacities, &fresh, within));
+    let digests: Vec<ReplicaDigest> = cluster
+        .converged_digests(Duration::from_secs(10))
+        .await
+        .into_iter()
+        .map(|(node, applied_index, digest)| ReplicaDigest {
+            node,
+            applied_index,
+            digest: format!("{digest:016x}"),
+        })
+        .collect();
+    report.merge(check_convergence(&digests));
+    let logs: Vec<(String, String)> =
+        cluster.logs().into_iter().map(|(id, text)| (format!("node-{id}"), text)).collect();
+    report.merge(check_logs(logs.iter().map(|(name, text)| (name.as_str(), text.as_str()))));
+    Ok(report)
+}
+
+/// Attempts of a final call before the check gives up (250 ms apart).
+const FINAL_ATTEMPTS: usize = 40;
+
+async fn fresh_acquires(
+    cluster: &Cluster,
+    capacities: &BTreeMap<String, u64>,
+) -> anyhow::Result<Vec<FreshAcquire>> {
+    let mut fresh = Vec::new();
+    let mut client = Client::new(9_001, cluster.urls(), 0, Arc::new(Recorder::new()));
+    let mut session = None;
+    for _ in 0..FINAL_ATTEMPTS {
+        session = client.create_session(60_000).await;
+        if session.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let session = session.context("fresh session")?;
+    for (name, capacity) in capacities {
+        let started = Instant::now();
+        let mut acquired = 0;
+        while started.elapsed() < Duration::from_secs(15) {
+            if client.acquire(&session, name, *capacity).await.is_some() {
+                acquired = *capacity;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        fresh.push(FreshAcquire {
+            semaphore: name.clone(),
+            permits_acquired: acquired,
+            elapsed_ns: started.elapsed().as_nanos() as u64,
+        });
+        client.release(&session, name).await;
+    }
+    Ok(fresh)
+}
