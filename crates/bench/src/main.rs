@@ -170,8 +170,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
             report.add("W1 release p99", format!("{:.3} ms", median(&rel99)), None);
         }
         if wants(&args, "w2") {
-            contended_rows(&mut report, "W2 (single node)", std::slice::from_ref(&url), &args, duration, http_rate, 0.6)
-                .await?;
+            contended_rows(
+                &mut report,
+                "W2 (single node)",
+                std::slice::from_ref(&url),
+                &args,
+                duration,
+                http_rate,
+                0.6,
+            )
+            .await?;
         }
         if wants(&args, "w3") {
             let mut all = Samples::default();
