@@ -303,7 +303,7 @@ async fn scale_rows(
         let mut node = ServerProcess::start(bin, "127.0.0.1:0", &dir.join(format!("scale{step}")), &[])?;
         let rss_empty = node.rss_bytes().unwrap_or(0);
         let started = Instant::now();
-        workloads::populate(&node.url, "s", count, 32).await?;
+        workloads::populate(&node.url, "s", count, count, 32).await?;
         let populate = started.elapsed();
         let api = api::Api::new(&node.url);
         let holder = api.session(86_400_000).await?;
@@ -354,7 +354,7 @@ async fn big_rows(
     println!("big ({n} sessions with one hold each)");
     let mut node = ServerProcess::start(bin, "127.0.0.1:0", &dir.join("big"), &[])?;
     let started = Instant::now();
-    workloads::populate(&node.url, "b", n, 64).await?;
+    workloads::populate(&node.url, "b", n, 1000, 64).await?;
     report.add("big: populate", format!("{:.0} s", started.elapsed().as_secs_f64()), None);
     let rss = node.rss_bytes().unwrap_or(0) as f64 / (1u64 << 20) as f64;
     report.add(

@@ -161,9 +161,15 @@ pub async fn reclaim(url: &str, name: &str, ttl: Duration, trials: usize) -> any
     Ok(samples)
 }
 
-/// Creates `count` sessions, each holding 1 permit of its own semaphore, with `clients`
-/// concurrent clients. Returns the sessions.
-pub async fn populate(url: &str, prefix: &str, count: usize, clients: usize) -> anyhow::Result<Vec<String>> {
+/// Creates `count` sessions, each holding 1 permit of semaphore `{prefix}{i % semaphores}`
+/// (created large enough), with `clients` concurrent clients. Returns the sessions.
+pub async fn populate(
+    url: &str,
+    prefix: &str,
+    count: usize,
+    semaphores: usize,
+    clients: usize,
+) -> anyhow::Result<Vec<String>> {
     let next = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..clients)
         .map(|_| {
@@ -177,9 +183,10 @@ pub async fn populate(url: &str, prefix: &str, count: usize, clients: usize) -> 
                         return anyhow::Ok(sessions);
                     }
                     let session = api.session(86_400_000).await?;
-                    let body = serde_json::json!({ "session": session, "capacity": 1 });
+                    let capacity = count.div_ceil(semaphores).max(1);
+                    let body = serde_json::json!({ "session": session, "capacity": capacity });
                     let answer = crate::api_client()
-                        .post(format!("{url}/v1/semaphores/{prefix}{i}/acquire"))
+                        .post(format!("{url}/v1/semaphores/{prefix}{}/acquire", i % semaphores))
                         .json(&body)
                         .send()
                         .await?;

@@ -37,9 +37,15 @@ pub enum Command {
         id: SessionId,
     },
     /// Expires sessions whose deadline passed on the leader. Unknown ids are skipped.
+    ///
+    /// The decision holds only for the leadership that made it: applied from a log entry of
+    /// another term, the command does nothing. A leader that is replaced or re-elected extends
+    /// every deadline when it takes over, so a decision queued before that no longer stands.
     ExpireSessions {
         /// The expired sessions.
         ids: Vec<SessionId>,
+        /// The Raft term of the leadership that decided the expiry.
+        decided_term: u64,
     },
     /// Creates a semaphore or sets the capacity of an existing one.
     PutSemaphore {

@@ -1,6 +1,5 @@
 //! Sessions: a client's liveness, with a TTL, to which its holds and waits belong.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
 
@@ -86,9 +85,72 @@ pub struct Session {
     /// Log index of the entry that created the session.
     pub created_index: u64,
     /// Objects on which this session holds permits.
-    pub holds: BTreeSet<Key>,
+    pub holds: KeySet,
     /// Objects on which this session waits.
-    pub waits: BTreeSet<Key>,
+    pub waits: KeySet,
+}
+
+/// A small sorted set of keys. Sessions usually hold a handful of objects; a sorted vector costs
+/// a few bytes per key where a one-element `BTreeSet` allocates a whole B-tree node. Inserts and
+/// removals are O(k) for k keys, bounded by `KEYS_PER_SESSION_MAX`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeySet(Vec<Key>);
+
+impl KeySet {
+    /// Adds `key`; false if it was there.
+    pub fn insert(&mut self, key: Key) -> bool {
+        match self.0.binary_search(&key) {
+            Ok(_) => false,
+            Err(at) => {
+                self.0.insert(at, key);
+                true
+            }
+        }
+    }
+
+    /// Removes `key`; false if it was not there.
+    pub fn remove(&mut self, key: &Key) -> bool {
+        match self.0.binary_search(key) {
+            Ok(at) => {
+                self.0.remove(at);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Whether `key` is in the set.
+    pub fn contains(&self, key: &Key) -> bool {
+        self.0.binary_search(key).is_ok()
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Keys in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Key> {
+        self.0.iter()
+    }
+
+    /// Whether the keys are strictly increasing (for invariant checks after decoding).
+    pub(crate) fn is_sorted(&self) -> bool {
+        self.0.windows(2).all(|w| w[0] < w[1])
+    }
+}
+
+impl<'a> IntoIterator for &'a KeySet {
+    type Item = &'a Key;
+    type IntoIter = std::slice::Iter<'a, Key>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
 }
 
 impl Session {

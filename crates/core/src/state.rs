@@ -7,7 +7,7 @@ use crate::command::{Acquire, Batch, Command};
 use crate::limits::*;
 use crate::outcome::{Effect, Field, Limit, Outcome, Refusal};
 use crate::semaphore::{Hold, Semaphore, Waiter};
-use crate::session::Session;
+use crate::session::{KeySet, Session};
 use crate::{Key, Kind, Name, SessionId};
 
 /// Every session and object, and the counters that order grants.
@@ -33,7 +33,7 @@ use crate::{Key, Kind, Name, SessionId};
 ///         }),
 ///     ],
 /// };
-/// let outcomes = state.apply(1, &batch, &mut Vec::new());
+/// let outcomes = state.apply(1, 1, &batch, &mut Vec::new());
 /// assert_eq!(outcomes[1], Outcome::Acquired { permits: 2, token: 1 });
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -51,16 +51,17 @@ pub struct State {
 }
 
 impl State {
-    /// Applies the commands of the batch at log `index`, in order, and returns one outcome per
-    /// command. Effects for the shell (wake-ups, timers) are appended to `effects`.
+    /// Applies the commands of the batch at log `index`, written in Raft term `term`, in order,
+    /// and returns one outcome per command. Effects for the shell (wake-ups, timers) are
+    /// appended to `effects`.
     ///
     /// # Panics
     /// If `index` does not grow: the log is applied in order, exactly once.
-    pub fn apply(&mut self, index: u64, batch: &Batch, effects: &mut Vec<Effect>) -> Vec<Outcome> {
+    pub fn apply(&mut self, index: u64, term: u64, batch: &Batch, effects: &mut Vec<Effect>) -> Vec<Outcome> {
         self.advance_index(index);
         self.now_ms = max(self.now_ms, batch.now_ms);
         let outcomes =
-            batch.commands.iter().map(|command| self.apply_command(index, command, effects)).collect();
+            batch.commands.iter().map(|command| self.apply_command(index, term, command, effects)).collect();
         if cfg!(debug_assertions) {
             if let Err(violation) = self.verify() {
                 panic!("invariant violated after applying index {index}: {violation}");
@@ -85,13 +86,22 @@ impl State {
         self.applied_index = index;
     }
 
-    fn apply_command(&mut self, index: u64, command: &Command, effects: &mut Vec<Effect>) -> Outcome {
+    fn apply_command(
+        &mut self,
+        index: u64,
+        term: u64,
+        command: &Command,
+        effects: &mut Vec<Effect>,
+    ) -> Outcome {
         let result = match command {
             Command::CreateSession { id, ttl_ms, name } => {
                 self.create_session(index, *id, *ttl_ms, name, effects)
             }
             Command::CloseSession { id } => self.close_session(index, *id, effects),
-            Command::ExpireSessions { ids } => Ok(self.expire_sessions(index, ids, effects)),
+            Command::ExpireSessions { ids, decided_term } if *decided_term == term => {
+                Ok(self.expire_sessions(index, ids, effects))
+            }
+            Command::ExpireSessions { .. } => Ok(Outcome::SessionsExpired { expired: 0 }),
             Command::PutSemaphore { name, capacity } => self.put_semaphore(index, name, *capacity, effects),
             Command::DeleteSemaphore { name } => self.delete_semaphore(name, effects),
             Command::Acquire(acquire) => self.acquire(index, acquire, effects),
@@ -121,8 +131,8 @@ impl State {
             name: name.clone(),
             ttl_ms,
             created_index: index,
-            holds: BTreeSet::new(),
-            waits: BTreeSet::new(),
+            holds: KeySet::default(),
+            waits: KeySet::default(),
         };
         self.sessions.insert(id, session);
         effects.push(Effect::SessionCreated { id, ttl_ms });

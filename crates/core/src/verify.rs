@@ -73,6 +73,10 @@ impl State {
         }
         ensure!(deadlines == self.hold_deadlines, "hold deadline index out of date");
         for (id, session) in &self.sessions {
+            ensure!(
+                session.holds.is_sorted() && session.waits.is_sorted(),
+                "session {id}: key sets out of order"
+            );
             for key in &session.holds {
                 let holds = self.objects.get(key).is_some_and(|o| o.holders.contains_key(id));
                 ensure!(holds, "session {id} lists a hold on {key} that does not exist");

@@ -10,14 +10,26 @@ use crate::SessionId;
 /// Waiters in arrival order, with at most one entry per session.
 ///
 /// Order is by a sequence number given at enqueue, so a waiter keeps its place however long it
-/// waits and however often its client repeats the acquire.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// waits and however often its client repeats the acquire. Every operation, including a waiter's
+/// position, is O(log n): positions come from a Fenwick tree over the sequence numbers in use.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct WaitQueue {
     by_seq: BTreeMap<u64, Waiter>,
     #[serde(skip)]
     seq_of: BTreeMap<SessionId, u64>,
     next_seq: u64,
+    #[serde(skip)]
+    ranks: Ranks,
 }
+
+/// Equality is of the queue itself; the derived indexes are not compared.
+impl PartialEq for WaitQueue {
+    fn eq(&self, other: &WaitQueue) -> bool {
+        self.by_seq == other.by_seq && self.next_seq == other.next_seq
+    }
+}
+
+impl Eq for WaitQueue {}
 
 impl WaitQueue {
     /// Number of waiters.
@@ -48,7 +60,7 @@ impl WaitQueue {
     /// 1-based position of `session` in the queue.
     pub fn position(&self, session: SessionId) -> Option<u64> {
         let seq = *self.seq_of.get(&session)?;
-        Some(self.by_seq.range(..seq).count() as u64 + 1)
+        Some(self.ranks.rank(seq))
     }
 
     /// Appends a waiter at the tail. The caller ensures the session does not wait here yet.
@@ -58,18 +70,22 @@ impl WaitQueue {
         self.next_seq += 1;
         self.seq_of.insert(waiter.session, seq);
         self.by_seq.insert(seq, waiter);
+        let head = *self.by_seq.keys().next().expect("just inserted");
+        self.ranks.insert(seq, head, self.by_seq.keys().copied());
     }
 
     /// Removes and returns the head waiter.
     pub fn pop_head(&mut self) -> Option<Waiter> {
-        let (_, waiter) = self.by_seq.pop_first()?;
+        let (seq, waiter) = self.by_seq.pop_first()?;
         self.seq_of.remove(&waiter.session);
+        self.ranks.remove(seq);
         Some(waiter)
     }
 
     /// Removes the waiter of `session`, wherever it is in the queue.
     pub fn remove(&mut self, session: SessionId) -> Option<Waiter> {
         let seq = self.seq_of.remove(&session)?;
+        self.ranks.remove(seq);
         self.by_seq.remove(&seq)
     }
 
@@ -77,26 +93,130 @@ impl WaitQueue {
     pub fn remove_where(&mut self, mut drop: impl FnMut(&Waiter) -> bool) -> Vec<Waiter> {
         let doomed: Vec<u64> =
             self.by_seq.iter().filter(|(_, waiter)| drop(waiter)).map(|(seq, _)| *seq).collect();
-        doomed
-            .into_iter()
-            .filter_map(|seq| self.by_seq.remove(&seq))
-            .inspect(|waiter| {
-                self.seq_of.remove(&waiter.session);
-            })
-            .collect()
+        let mut removed = Vec::with_capacity(doomed.len());
+        for seq in doomed {
+            let waiter = self.by_seq.remove(&seq).expect("listed above");
+            self.seq_of.remove(&waiter.session);
+            self.ranks.remove(seq);
+            removed.push(waiter);
+        }
+        removed
     }
 
-    /// Rebuilds the derived session index after deserialisation.
+    /// Rebuilds the derived indexes after deserialisation.
     pub(crate) fn rebuild_index(&mut self) {
         self.seq_of = self.by_seq.iter().map(|(seq, w)| (w.session, *seq)).collect();
+        self.ranks = Ranks::default();
+        self.ranks.rebuild(self.by_seq.keys().copied(), self.next_seq);
     }
 
     /// Checks the queue's internal consistency.
     pub(crate) fn check(&self) {
         assert_eq!(self.seq_of.len(), self.by_seq.len(), "one index entry per waiter");
-        for (seq, waiter) in &self.by_seq {
+        for (rank, (seq, waiter)) in self.by_seq.iter().enumerate() {
             assert_eq!(self.seq_of.get(&waiter.session), Some(seq), "index matches queue");
             assert!(*seq < self.next_seq, "sequence numbers are issued in order");
+            assert_eq!(self.ranks.rank(*seq), rank as u64 + 1, "rank index matches queue");
+        }
+    }
+}
+
+/// Ranks of sequence numbers: a Fenwick (binary indexed) tree counting the sequence numbers in
+/// use within a window `[base, base + len)`. The window slides forward as the head leaves; it is
+/// rebuilt (O(n)) only when it runs out of room, which doubles it, so each operation is
+/// amortised O(log n).
+#[derive(Clone, Debug, Default)]
+struct Ranks {
+    base: u64,
+    tree: Vec<u32>,
+}
+
+impl Ranks {
+    /// Number of sequence numbers in use that are ≤ `seq`.
+    fn rank(&self, seq: u64) -> u64 {
+        let mut i = (seq - self.base) as usize + 1;
+        let mut sum = 0u64;
+        while i > 0 {
+            sum += u64::from(self.tree[i - 1]);
+            i &= i - 1;
+        }
+        sum
+    }
+
+    fn add(&mut self, seq: u64, delta: i32) {
+        let mut i = (seq - self.base) as usize + 1;
+        while i <= self.tree.len() {
+            self.tree[i - 1] = self.tree[i - 1].checked_add_signed(delta).expect("rank counts stay in range");
+            i += i & i.wrapping_neg();
+        }
+    }
+
+    /// Adds `seq` (the new tail); `head` is the smallest sequence number in use and `all` every
+    /// one in use (including `seq`), for a rebuild.
+    fn insert(&mut self, seq: u64, head: u64, all: impl Iterator<Item = u64>) {
+        if seq < self.base || seq - self.base >= self.tree.len() as u64 {
+            // Slide the window to start at the head, with room for twice the queue.
+            let in_use: Vec<u64> = all.collect();
+            let room = (2 * (seq - head + 1)).max(16);
+            self.base = head;
+            self.tree = vec![0; room as usize];
+            for s in in_use {
+                self.add(s, 1);
+            }
+        } else {
+            self.add(seq, 1);
+        }
+    }
+
+    fn remove(&mut self, seq: u64) {
+        self.add(seq, -1);
+    }
+
+    fn rebuild(&mut self, in_use: impl Iterator<Item = u64>, next_seq: u64) {
+        let in_use: Vec<u64> = in_use.collect();
+        self.base = in_use.first().copied().unwrap_or(next_seq);
+        let span = next_seq.saturating_sub(self.base);
+        self.tree = vec![0; (2 * span).max(16) as usize];
+        for seq in in_use {
+            self.add(seq, 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiter(i: u8) -> Waiter {
+        Waiter {
+            session: SessionId::from_bytes([i; 16]),
+            permits: 1,
+            max_hold_ms: None,
+            value: None,
+            enqueued_index: 0,
+        }
+    }
+
+    #[test]
+    fn positions_follow_the_queue_through_pushes_pops_and_removals() {
+        let mut queue = WaitQueue::default();
+        for round in 0..50u8 {
+            for i in 0..5u8 {
+                queue.push(waiter(round.wrapping_mul(5).wrapping_add(i)));
+            }
+            queue.pop_head();
+            if round % 3 == 0 {
+                let middle = queue.iter().nth(queue.len() / 2).map(|w| w.session);
+                queue.remove(middle.unwrap());
+            }
+            queue.check();
+        }
+        let mut restored: WaitQueue = postcard::from_bytes(&postcard::to_allocvec(&queue).unwrap()).unwrap();
+        restored.rebuild_index();
+        restored.check();
+        let sessions: Vec<SessionId> = queue.iter().map(|w| w.session).collect();
+        for (i, session) in sessions.iter().enumerate() {
+            assert_eq!(restored.position(*session), Some(i as u64 + 1));
         }
     }
 }

@@ -245,7 +245,9 @@ impl Op {
         match *self {
             Op::Create(s) => Command::CreateSession { id: session(s), ttl_ms: 1000, name: None },
             Op::Close(s) => Command::CloseSession { id: session(s) },
-            Op::Expire(ref ids) => Command::ExpireSessions { ids: ids.iter().map(|s| session(*s)).collect() },
+            Op::Expire(ref ids) => {
+                Command::ExpireSessions { ids: ids.iter().map(|s| session(*s)).collect(), decided_term: 1 }
+            }
             Op::Put(j, capacity) => Command::PutSemaphore { name: key(j % 2).name, capacity },
             Op::Delete(j) => Command::DeleteSemaphore { name: key(j % 2).name },
             Op::Acquire { object, session: s, permits, wait, capacity, max_hold_ms } => {
@@ -320,7 +322,7 @@ proptest! {
             now_ms += advance_ms;
             model.now_ms = now_ms;
             let batch = Batch { now_ms, commands: ops.iter().map(Op::command).collect() };
-            let outcomes = state.apply(index as u64 + 1, &batch, &mut Vec::new());
+            let outcomes = state.apply(index as u64 + 1, 1, &batch, &mut Vec::new());
             for (op, outcome) in ops.iter().zip(&outcomes) {
                 let expected = model.apply(op);
                 prop_assert_eq!(outcome, &expected, "op {:?}", op);
@@ -339,7 +341,7 @@ proptest! {
             now_ms += advance_ms;
             let last_token_before = state.last_token();
             let batch = Batch { now_ms, commands: ops.iter().map(Op::command).collect() };
-            state.apply(index as u64 + 1, &batch, &mut Vec::new());
+            state.apply(index as u64 + 1, 1, &batch, &mut Vec::new());
             for j in 0..3 {
                 let Some(object) = state.object(&key(j)) else { continue };
                 for hold in object.holders.values() {
@@ -362,12 +364,12 @@ proptest! {
         for (index, (advance_ms, ops)) in batches.iter().enumerate() {
             now_ms += advance_ms;
             let batch = Batch { now_ms, commands: ops.iter().map(Op::command).collect() };
-            state.apply(index as u64 + 1, &batch, &mut Vec::new());
+            state.apply(index as u64 + 1, 1, &batch, &mut Vec::new());
         }
         let before = state.clone();
-        let expire = Batch { now_ms, commands: vec![Command::ExpireSessions { ids: vec![session(victim)] }] };
+        let expire = Batch { now_ms, commands: vec![Command::ExpireSessions { ids: vec![session(victim)], decided_term: 1 }] };
         let mut effects = Vec::new();
-        state.apply(batches.len() as u64 + 1, &expire, &mut effects);
+        state.apply(batches.len() as u64 + 1, 1, &expire, &mut effects);
         prop_assert!(state.session(session(victim)).is_none());
         for j in 0..3 {
             let (Some(old), new) = (before.object(&key(j)), state.object(&key(j))) else { continue };
@@ -393,7 +395,7 @@ proptest! {
         for (index, (advance_ms, ops)) in batches.iter().enumerate() {
             now_ms += advance_ms;
             let batch = Batch { now_ms, commands: ops.iter().map(Op::command).collect() };
-            state.apply(index as u64 + 1, &batch, &mut Vec::new());
+            state.apply(index as u64 + 1, 1, &batch, &mut Vec::new());
             let bytes = state.encode_snapshot();
             let restored = State::decode_snapshot(&bytes).unwrap();
             prop_assert_eq!(&restored, &state);
@@ -407,8 +409,8 @@ proptest! {
         let mut b = State::default();
         for (index, (advance_ms, ops)) in batches.iter().enumerate() {
             let batch = Batch { now_ms: *advance_ms * index as u64, commands: ops.iter().map(Op::command).collect() };
-            let oa = a.apply(index as u64 + 1, &batch, &mut Vec::new());
-            let ob = b.apply(index as u64 + 1, &batch, &mut Vec::new());
+            let oa = a.apply(index as u64 + 1, 1, &batch, &mut Vec::new());
+            let ob = b.apply(index as u64 + 1, 1, &batch, &mut Vec::new());
             prop_assert_eq!(oa, ob);
         }
         prop_assert_eq!(a.digest(), b.digest());
@@ -441,14 +443,14 @@ fn a_head_waiter_that_does_not_fit_blocks_smaller_requests_behind_it() {
             acquire(3, 1),
         ],
     };
-    let outcomes = state.apply(1, &batch, &mut Vec::new());
+    let outcomes = state.apply(1, 1, &batch, &mut Vec::new());
     assert_eq!(outcomes[3], Outcome::Acquired { permits: 3, token: 1 });
     assert_eq!(outcomes[4], Outcome::Waiting { position: 1 });
     // One permit is free, but the large request at the head goes first.
     assert_eq!(outcomes[5], Outcome::Waiting { position: 2 });
     let release =
         Batch { now_ms: 1, commands: vec![Command::Release { key: k.clone(), session: session(1) }] };
-    state.apply(2, &release, &mut Vec::new());
+    state.apply(2, 1, &release, &mut Vec::new());
     let object = state.object(&k).unwrap();
     assert_eq!(object.holders[&session(2)].token, 2);
     assert_eq!(object.queue.position(session(3)), Some(1));
@@ -472,14 +474,35 @@ fn shrinking_capacity_keeps_holders_and_grants_nothing_until_they_fit() {
     let mut commands: Vec<Command> = (1..=4).map(|s| Op::Create(s).command()).collect();
     commands.extend((1..=4).map(acquire));
     commands.push(Command::PutSemaphore { name: k.name.clone(), capacity: 1 });
-    state.apply(1, &Batch { now_ms: 0, commands }, &mut Vec::new());
+    state.apply(1, 1, &Batch { now_ms: 0, commands }, &mut Vec::new());
     let object = state.object(&k).unwrap();
     assert_eq!((object.held, object.capacity, object.available()), (3, 1, 0));
     let release =
         |s: u8| Batch { now_ms: 0, commands: vec![Command::Release { key: k.clone(), session: session(s) }] };
-    state.apply(2, &release(1), &mut Vec::new());
+    state.apply(2, 1, &release(1), &mut Vec::new());
     assert!(state.object(&k).unwrap().queue.get(session(4)).is_some(), "2 held > capacity 1: no grant");
-    state.apply(3, &release(2), &mut Vec::new());
-    state.apply(4, &release(3), &mut Vec::new());
+    state.apply(3, 1, &release(2), &mut Vec::new());
+    state.apply(4, 1, &release(3), &mut Vec::new());
     assert!(state.object(&k).unwrap().holders.contains_key(&session(4)), "granted once holdings fit");
+}
+
+#[test]
+fn an_expiry_decided_in_another_term_changes_nothing() {
+    let mut state = State::default();
+    let create = Batch { now_ms: 0, commands: vec![Op::Create(1).command()] };
+    state.apply(1, 3, &create, &mut Vec::new());
+    // Decided by the leader of term 3, written after that node was re-elected in term 4: the
+    // new leadership extended every deadline, so the old decision must not apply.
+    let stale = Batch {
+        now_ms: 0,
+        commands: vec![Command::ExpireSessions { ids: vec![session(1)], decided_term: 3 }],
+    };
+    let outcomes = state.apply(2, 4, &stale, &mut Vec::new());
+    assert_eq!(outcomes, vec![Outcome::SessionsExpired { expired: 0 }]);
+    assert!(state.session(session(1)).is_some());
+    let current = Batch {
+        now_ms: 0,
+        commands: vec![Command::ExpireSessions { ids: vec![session(1)], decided_term: 4 }],
+    };
+    assert_eq!(state.apply(3, 4, &current, &mut Vec::new()), vec![Outcome::SessionsExpired { expired: 1 }]);
 }

@@ -13,6 +13,15 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "permit", version, about, propagate_version = true)]
 struct Cli {
+    /// Server URL(s), comma-separated; clients fail over between them.
+    #[arg(
+        long,
+        global = true,
+        env = "PERMIT_SERVER",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:7376"
+    )]
+    server: Vec<String>,
     #[command(subcommand)]
     command: TopCommand,
 }
@@ -21,6 +30,8 @@ struct Cli {
 enum TopCommand {
     /// Run a server (single node by default; `--peers` for a cluster).
     Serve(ServeArgs),
+    #[command(flatten)]
+    Client(permit_cli::ClientCommand),
 }
 
 #[derive(Args)]
@@ -53,16 +64,19 @@ fn parse_peer(text: &str) -> Result<(u64, String), String> {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let serving = matches!(cli.command, TopCommand::Serve(_));
     // A panic is a bug (a broken invariant); a half-dead server must not keep answering.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default_hook(info);
         std::process::abort();
     }));
+    // The server logs at info by default; client commands only warn.
+    let default_filter = if serving { "info,openraft=warn" } else { "warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -79,6 +93,17 @@ fn main() -> anyhow::Result<()> {
                 ..permit_server::Config::default()
             };
             runtime.block_on(permit_server::serve(config, permit_server::shutdown_signal()))
+        }
+        TopCommand::Client(command) => {
+            let code = match runtime.block_on(permit_cli::execute(command, &cli.server)) {
+                Ok(code) => code,
+                Err(error) => {
+                    eprintln!("permit: {error:#}");
+                    1
+                }
+            };
+            drop(runtime);
+            std::process::exit(code)
         }
     }
 }

@@ -69,9 +69,12 @@ impl ExpiryDriver {
     }
 
     async fn expire_due(&mut self) {
+        // The decision belongs to this leadership: if the command is written in another term
+        // (it waited in the proposer's queue across a re-election), it does nothing.
+        let Some(decided_term) = self.leading.borrow().map(|barrier| barrier.term) else { return };
         let (sessions, holds_due) = {
             let mut replica = self.replica.lock();
-            if replica.lessor.promoted_term().is_none() {
+            if replica.lessor.promoted_term() != Some(decided_term) {
                 return;
             }
             let sessions = replica.lessor.take_expired(Instant::now(), EXPIRE_SESSIONS_PER_COMMAND_MAX);
@@ -81,7 +84,8 @@ impl ExpiryDriver {
         };
         if !sessions.is_empty() {
             tracing::debug!(count = sessions.len(), "expiring sessions");
-            match self.proposer.propose(Command::ExpireSessions { ids: sessions.clone() }).await {
+            match self.proposer.propose(Command::ExpireSessions { ids: sessions.clone(), decided_term }).await
+            {
                 Ok(Outcome::SessionsExpired { expired }) => self.metrics.sessions_expired(expired),
                 Ok(other) => tracing::error!(?other, "unexpected outcome of ExpireSessions"),
                 Err(error) => {

@@ -3,6 +3,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod client_failover;
 mod failover;
 mod membership;
 mod minority;

@@ -12,8 +12,9 @@ async fn an_expired_session_frees_its_permits_for_the_waiter_on_time() {
     let server = Server::start();
     let api = Api::new(&server);
     let ttl = Duration::from_millis(400);
-    let holder = api.session(ttl.as_millis() as u64).await;
+    // The promise counts from the *send* of the last acknowledged call (here the create).
     let created_at = Instant::now();
+    let holder = api.session(ttl.as_millis() as u64).await;
     let waiter = api.session(30_000).await;
     api.acquire("r", json!({ "session": holder, "capacity": 1 })).await;
     let granted = api.acquire("r", json!({ "session": waiter, "wait_ms": 10_000 })).await;

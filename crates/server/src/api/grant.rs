@@ -113,7 +113,7 @@ fn predict(node: &Node, acquire: &Acquire) -> Option<Grant> {
     let next_index = state.applied_index() + 1;
     let batch =
         permit_core::Batch { now_ms: state.now_ms(), commands: vec![Command::Acquire(acquire.clone())] };
-    let outcome = state.apply(next_index, &batch, &mut Vec::new()).pop()?;
+    let outcome = state.apply(next_index, 0, &batch, &mut Vec::new()).pop()?;
     let Outcome::Acquired { permits, token } = outcome else { return None };
     let proposer = node.proposer.clone();
     let command = Command::Acquire(acquire.clone());

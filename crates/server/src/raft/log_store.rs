@@ -22,7 +22,8 @@ use serde::Serialize;
 use super::{LogId, NodeId, StorageError, TypeConfig};
 
 /// First byte of every stored log entry and metadata value. Bump when the layout changes.
-pub const LOG_FORMAT_VERSION: u8 = 1;
+/// Version 2: `ExpireSessions` carries the term that decided it.
+pub const LOG_FORMAT_VERSION: u8 = 2;
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");

@@ -104,7 +104,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 replica.last_applied = Some(entry.log_id);
                 match entry.payload {
                     EntryPayload::Normal(batch) => {
-                        replies.push(replica.state.apply(index, &batch, &mut effects));
+                        let term = entry.log_id.leader_id.term;
+                        replies.push(replica.state.apply(index, term, &batch, &mut effects));
                     }
                     EntryPayload::Blank => {
                         replica.state.skip(index);

@@ -1,0 +1,94 @@
+//! `permit cluster status|add|remove`: membership of a cluster.
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use permit_client::Client;
+
+use crate::table;
+
+/// Cluster membership commands.
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Show the leader, the term, and every member's role and indexes.
+    Status(StatusArgs),
+    /// Add a node started with `permit serve --join`: it joins as a learner, catches up (by
+    /// snapshot if far behind), then becomes a voter.
+    Add(AddArgs),
+    /// Remove a node from the cluster (if it leads, another node takes over).
+    Remove(RemoveArgs),
+}
+
+/// `permit cluster status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `permit cluster add`.
+#[derive(Debug, Args)]
+pub struct AddArgs {
+    /// The new node's id.
+    id: u64,
+    /// Its address, HOST:PORT (as given to its --listen).
+    addr: String,
+    /// Keep it a non-voting learner.
+    #[arg(long)]
+    learner: bool,
+}
+
+/// `permit cluster remove`.
+#[derive(Debug, Args)]
+pub struct RemoveArgs {
+    /// The node to remove.
+    id: u64,
+}
+
+/// Runs a cluster command.
+pub async fn execute(client: &Client, command: ClusterCommand) -> anyhow::Result<i32> {
+    match command {
+        ClusterCommand::Status(args) => {
+            let view = client.cluster().await.context("cluster status")?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&view)?);
+            } else {
+                print_view(&view);
+            }
+        }
+        ClusterCommand::Add(args) => {
+            let view = client.add_member(args.id, &args.addr, args.learner).await.context("add member")?;
+            print_view(&view);
+        }
+        ClusterCommand::Remove(args) => {
+            client.remove_member(args.id).await.context("remove member")?;
+            println!("node {} removed", args.id);
+        }
+    }
+    Ok(0)
+}
+
+fn print_view(view: &permit_client::wire::ClusterView) {
+    let leader = view.leader.map_or_else(|| "none".to_owned(), |id| id.to_string());
+    println!("leader {leader}, term {}", view.term);
+    let rows: Vec<Vec<String>> = view
+        .members
+        .iter()
+        .map(|m| {
+            let role = match m.role {
+                permit_client::wire::MemberRole::Voter => "voter",
+                permit_client::wire::MemberRole::Learner => "learner",
+            };
+            let index = |i: Option<u64>| i.map_or_else(|| "-".to_owned(), |i| i.to_string());
+            vec![
+                m.id.to_string(),
+                m.addr.clone(),
+                if m.leader { format!("{role} (leader)") } else { role.to_owned() },
+                index(m.matched_index),
+                index(m.applied_index),
+                if m.reachable { "yes".to_owned() } else { "no".to_owned() },
+            ]
+        })
+        .collect();
+    print!("{}", table::format(&["ID", "ADDRESS", "ROLE", "MATCHED", "APPLIED", "REACHABLE"], &rows));
+}

@@ -1,0 +1,97 @@
+//! `permit elect` (run a command while leading) and `permit leader` (who leads).
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use anyhow::Context;
+use permit_client::Client;
+
+use crate::run::{Held, Hold};
+use crate::supervise::Job;
+use crate::{parse_duration, EXIT_CODES_HELP, EXIT_NO_LEADER, TTL_DEFAULT};
+
+/// `permit elect <name> --value V [--ttl 10s] [--timeout D] -- CMD ARGS...`
+#[derive(clap::Args, Debug)]
+#[command(after_help = EXIT_CODES_HELP)]
+pub struct ElectArgs {
+    /// The election: 1-128 bytes of [A-Za-z0-9._:-].
+    pub election: String,
+    /// The value to publish while leading (for example this host's address), shown by
+    /// `permit leader`.
+    #[arg(long)]
+    pub value: String,
+    /// Session TTL: how soon leadership passes on if this process dies or is cut off.
+    #[arg(long, default_value = TTL_DEFAULT, value_parser = parse_duration)]
+    pub ttl: Duration,
+    /// Give up campaigning after this long and exit with 75 (default: wait as long as it takes).
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// When leadership is lost, wait this long after SIGTERM before sending SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub kill_after: Duration,
+    /// Keep the command in this terminal's process group and signal only it.
+    #[arg(long)]
+    pub foreground: bool,
+    /// Session name shown by the API (default: `permit elect` with the process id).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The command and its arguments, after `--`. It sees PERMIT_TOKEN (the leadership's
+    /// fencing token), PERMIT_ELECTION and PERMIT_SESSION.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// `permit leader <name> [--json]`
+#[derive(clap::Args, Debug)]
+pub struct LeaderArgs {
+    /// The election.
+    pub election: String,
+    /// Print the election as JSON (`{name, leader: {session, value, token} | null, ...}`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `permit elect`.
+pub(crate) async fn elect(client: &Client, args: ElectArgs) -> anyhow::Result<i32> {
+    let name =
+        args.name.unwrap_or_else(|| format!("permit elect {} (pid {})", args.election, std::process::id()));
+    let hold = Hold {
+        what: format!("leadership of election {}", args.election),
+        ttl: args.ttl,
+        session_name: name,
+        timeout: args.timeout,
+        job: Job { command: args.command, kill_after: args.kill_after, foreground: args.foreground },
+    };
+    let (election, value, timeout) = (args.election, args.value, args.timeout);
+    hold.run(client, |session| async move {
+        let leadership = match timeout {
+            Some(timeout) => session.campaign_timeout(&election, &value, timeout).await?,
+            None => Some(session.campaign(&election, &value).await?),
+        };
+        Ok(leadership
+            .map(|leadership| (Held::Leadership(leadership), vec![("PERMIT_ELECTION", election.clone())])))
+    })
+    .await
+}
+
+/// Runs `permit leader`: prints the leader's value (or the election as JSON).
+pub(crate) async fn leader(client: &Client, args: LeaderArgs) -> anyhow::Result<i32> {
+    let view = client
+        .get_election(&args.election)
+        .await
+        .with_context(|| format!("cannot read election {}", args.election))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&view)?);
+    }
+    let Some(leader) = view.leader else {
+        if !args.json {
+            eprintln!("permit: nobody leads {}", args.election);
+        }
+        return Ok(EXIT_NO_LEADER);
+    };
+    if !args.json {
+        println!("{}", leader.value);
+        eprintln!("(session {}, token {})", leader.session, leader.token);
+    }
+    Ok(0)
+}

@@ -1,0 +1,196 @@
+//! `permit run`: hold permits of a semaphore while a command runs; and the flow it shares with
+//! `permit elect` (open a session, wait for the grant, run, stop on loss, release, close).
+
+use std::ffi::OsString;
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::Context;
+use permit_client::{AcquireOptions, Client, Leadership, Permit, Session, SessionOptions, SessionState};
+
+use crate::supervise::{self, Job, Signals};
+use crate::{parse_duration, EXIT_CODES_HELP, EXIT_LOST, EXIT_SIGNAL_BASE, EXIT_TIMEOUT, TTL_DEFAULT};
+
+/// `permit run <semaphore> [-n PERMITS] [--capacity N] [--ttl 10s] [--timeout 30s] -- CMD ARGS...`
+#[derive(clap::Args, Debug)]
+#[command(after_help = EXIT_CODES_HELP)]
+pub struct RunArgs {
+    /// The semaphore: 1-128 bytes of [A-Za-z0-9._:-].
+    pub semaphore: String,
+    /// Permits to hold while the command runs.
+    #[arg(short = 'n', long, default_value_t = 1)]
+    pub permits: u64,
+    /// Create the semaphore with this capacity if it does not exist.
+    #[arg(long)]
+    pub capacity: Option<u64>,
+    /// Session TTL: how soon the permits come back if this process dies or is cut off.
+    #[arg(long, default_value = TTL_DEFAULT, value_parser = parse_duration)]
+    pub ttl: Duration,
+    /// Give up waiting after this long and exit with 75 (default: wait as long as it takes).
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Release the permits this long after the grant even if the command still runs (the
+    /// command is then stopped as on a lost hold).
+    #[arg(long, value_parser = parse_duration)]
+    pub max_hold: Option<Duration>,
+    /// When the hold is lost, wait this long after SIGTERM before sending SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub kill_after: Duration,
+    /// Keep the command in this terminal's process group (for interactive commands) and signal
+    /// only it; by default it gets its own process group, which is signalled as a whole.
+    #[arg(long)]
+    pub foreground: bool,
+    /// Session name shown by `permit show` (default: `permit run`, the semaphore and this process id).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The command and its arguments, after `--`. It sees PERMIT_TOKEN (the fencing token),
+    /// PERMIT_SEMAPHORE, PERMIT_PERMITS and PERMIT_SESSION.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// Runs `permit run`.
+pub(crate) async fn run(client: &Client, args: RunArgs) -> anyhow::Result<i32> {
+    let name =
+        args.name.unwrap_or_else(|| format!("permit run {} (pid {})", args.semaphore, std::process::id()));
+    let options = AcquireOptions { capacity: args.capacity, max_hold: args.max_hold, timeout: args.timeout };
+    let hold = Hold {
+        what: format!("{} permit(s) of semaphore {}", args.permits, args.semaphore),
+        ttl: args.ttl,
+        session_name: name,
+        timeout: args.timeout,
+        job: Job { command: args.command, kill_after: args.kill_after, foreground: args.foreground },
+    };
+    let (semaphore, permits) = (args.semaphore, args.permits);
+    hold.run(client, |session| async move {
+        let permit = session.acquire_with(&semaphore, permits, &options).await?;
+        Ok(permit.map(|permit| {
+            let env = vec![
+                ("PERMIT_SEMAPHORE", semaphore.clone()),
+                ("PERMIT_PERMITS", permit.permits().to_string()),
+            ];
+            (Held::Permit(permit), env)
+        }))
+    })
+    .await
+}
+
+/// What `run` and `elect` hold while the command runs.
+pub(crate) enum Held {
+    Permit(Permit),
+    Leadership(Leadership),
+}
+
+impl Held {
+    fn token(&self) -> u64 {
+        match self {
+            Held::Permit(permit) => permit.token(),
+            Held::Leadership(leadership) => leadership.token(),
+        }
+    }
+
+    fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let lost: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match self {
+            Held::Permit(permit) => Box::pin(permit.lost()),
+            Held::Leadership(leadership) => Box::pin(leadership.lost()),
+        };
+        lost
+    }
+
+    async fn release(self) -> permit_client::Result<()> {
+        match self {
+            Held::Permit(permit) => permit.release().await,
+            Held::Leadership(leadership) => leadership.resign().await,
+        }
+    }
+}
+
+/// The shared flow of `run` and `elect`.
+pub(crate) struct Hold {
+    /// What is held, for messages ("2 permit(s) of semaphore db").
+    pub what: String,
+    pub ttl: Duration,
+    pub session_name: String,
+    pub timeout: Option<Duration>,
+    pub job: Job,
+}
+
+/// A grant and the environment variables that describe it.
+pub(crate) type Grant = (Held, Vec<(&'static str, String)>);
+
+impl Hold {
+    /// Opens a session, waits for `acquire` (interruptible by SIGINT/SIGTERM), runs the command
+    /// while holding, then releases and closes the session. Returns the exit code.
+    pub async fn run<F, Fut>(self, client: &Client, acquire: F) -> anyhow::Result<i32>
+    where
+        F: FnOnce(Session) -> Fut,
+        Fut: Future<Output = permit_client::Result<Option<Grant>>>,
+    {
+        let mut signals = Signals::catch().context("cannot catch signals")?;
+        let options = SessionOptions { ttl: self.ttl, name: Some(self.session_name.clone()) };
+        let session = client.session_with(options).await.context("cannot open a session")?;
+        let granted = tokio::select! {
+            granted = acquire(session.clone()) => granted,
+            signal = signals.recv() => {
+                eprintln!("permit: interrupted by signal {signal} while waiting for {}", self.what);
+                close(session).await;
+                return Ok(EXIT_SIGNAL_BASE + signal);
+            }
+        };
+        let (held, mut env) = match granted {
+            Ok(Some(grant)) => grant,
+            Ok(None) => {
+                let waited = self.timeout.map(humantime::format_duration);
+                eprintln!(
+                    "permit: timed out after {} waiting for {}",
+                    waited.map_or_else(String::new, |w| w.to_string()),
+                    self.what
+                );
+                close(session).await;
+                return Ok(EXIT_TIMEOUT);
+            }
+            Err(error) => {
+                close(session).await;
+                return Err(error).with_context(|| format!("cannot acquire {}", self.what));
+            }
+        };
+        env.push(("PERMIT_TOKEN", held.token().to_string()));
+        env.push(("PERMIT_SESSION", session.id().to_owned()));
+        let code = self.supervise(&session, &held, &env, &mut signals).await;
+        if let Err(error) = held.release().await {
+            eprintln!("permit: cannot release {} ({error}); closing the session frees it", self.what);
+        }
+        close(session).await;
+        code
+    }
+
+    async fn supervise(
+        &self,
+        session: &Session,
+        held: &Held,
+        env: &[(&str, String)],
+        signals: &mut Signals,
+    ) -> anyhow::Result<i32> {
+        let running = match supervise::spawn(&self.job, env) {
+            Ok(running) => running,
+            Err(code) => return Ok(code),
+        };
+        let on_lost = || {
+            let why = match session.state() {
+                SessionState::Expired => "the session expired",
+                _ => "--max-hold passed",
+            };
+            eprintln!("permit: lost {} ({why}); stopping the command with SIGTERM", self.what);
+        };
+        let ended =
+            running.supervise(signals, held.lost(), on_lost).await.context("waiting for the command")?;
+        Ok(if ended.lost { EXIT_LOST } else { ended.code })
+    }
+}
+
+/// Closes the session, reporting (not failing on) errors: it expires on its own anyway.
+async fn close(session: Session) {
+    if let Err(error) = session.close().await {
+        eprintln!("permit: cannot close the session ({error}); it expires after its TTL");
+    }
+}

@@ -1,0 +1,300 @@
+//! [`Client`]: the endpoints, sessions, and the session and system routes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use permit_wire::{CreateSessionRequest, Health, KeepaliveResponse, SessionCreated, SessionView};
+use reqwest::Method;
+
+use crate::error::Result;
+use crate::session::{Session, SessionOptions};
+use crate::transport::{segment, Call, Retry, Transport};
+
+/// A handle to a Permit server or cluster: cheap to clone, shared by every session made from it.
+///
+/// The high-level entry points are [`Client::session`] (a [`Session`] that keeps itself alive and
+/// acquires [`Permit`](crate::Permit)s and [`Leadership`](crate::Leadership)s) and
+/// [`Client::leader`]. The other methods map one to one to the HTTP routes.
+///
+/// Every request has a client-side timeout (10 s, or the long-poll's wait plus 5 s). With several
+/// endpoints, a request that cannot connect, or is answered `no_leader`, moves on to the next one;
+/// calls that are safe to repeat are retried a bounded number of times with backoff.
+///
+/// # Examples
+///
+/// Cap a job at four concurrent runs across machines:
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use permit_client::Client;
+/// # async fn run() -> permit_client::Result<()> {
+/// let client = Client::new("http://127.0.0.1:7376")?;
+/// let session = client.session(Duration::from_secs(10)).await?;
+/// let permit = session.acquire("nightly.reports", 1).await?;
+/// // ... run the job, passing permit.token() to anything that can check it ...
+/// permit.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Client {
+    pub(crate) transport: Arc<Transport>,
+}
+
+impl Client {
+    /// A client of the server at `url` (`http://host:port`; a bare `host:port` gets `http://`).
+    ///
+    /// Nothing is sent until the first call.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// # Ok::<(), permit_client::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidEndpoint`](crate::Error::InvalidEndpoint) if `url` is not an `http://` URL with a host and no path.
+    pub fn new(url: &str) -> Result<Client> {
+        Client::with_endpoints([url])
+    }
+
+    /// A client of a cluster reachable at any of `urls`: requests go to the endpoint that answered
+    /// last and fail over to the next on connection errors and `no_leader`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let client = permit_client::Client::with_endpoints([
+    ///     "http://10.0.0.1:7376",
+    ///     "http://10.0.0.2:7376",
+    ///     "http://10.0.0.3:7376",
+    /// ])?;
+    /// # Ok::<(), permit_client::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidEndpoint`](crate::Error::InvalidEndpoint) if the list is empty or a URL is not an `http://` URL.
+    pub fn with_endpoints<I, S>(urls: I) -> Result<Client>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let urls: Vec<String> = urls.into_iter().map(|url| url.as_ref().to_owned()).collect();
+        Ok(Client { transport: Arc::new(Transport::new(&urls)?) })
+    }
+
+    /// The endpoints, normalized (`http://host:port`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let client = permit_client::Client::new("127.0.0.1:7376")?;
+    /// assert_eq!(client.endpoints(), ["http://127.0.0.1:7376"]);
+    /// # Ok::<(), permit_client::Error>(())
+    /// ```
+    pub fn endpoints(&self) -> &[String] {
+        self.transport.endpoints()
+    }
+
+    /// Opens a session with this TTL and keeps it alive in the background until the last handle
+    /// is dropped or [`Session::close`] is called.
+    ///
+    /// The TTL is rounded down to whole milliseconds; the server accepts 200 ms to 24 h.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # async fn run() -> permit_client::Result<()> {
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// let session = client.session(Duration::from_secs(10)).await?;
+    /// println!("session {}", session.id());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `invalid_argument` for a TTL out of range, `limit_exceeded` when the server has too many
+    /// sessions, and [`Error::Transport`](crate::Error::Transport) / [`Error::Timeout`](crate::Error::Timeout) when no endpoint answers.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped after the server created the session, nobody keeps it alive and
+    /// it expires after its TTL.
+    pub async fn session(&self, ttl: Duration) -> Result<Session> {
+        self.session_with(SessionOptions { ttl, name: None }).await
+    }
+
+    /// Like [`Client::session`], with a name shown to humans by `permit show` and the API.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use permit_client::SessionOptions;
+    /// # async fn run() -> permit_client::Result<()> {
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// let options = SessionOptions { ttl: Duration::from_secs(5), name: Some("backup@host-7".into()) };
+    /// let session = client.session_with(options).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::session`]; also `invalid_argument` for a name over 256 bytes.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Client::session`].
+    pub async fn session_with(&self, options: SessionOptions) -> Result<Session> {
+        Session::open(self.clone(), options).await
+    }
+
+    /// `POST /v1/sessions`: creates a session that nobody keeps alive (see [`Client::session`]).
+    ///
+    /// Retried only when the server certainly did not create it, since a repeat would open a
+    /// second session.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use permit_client::wire::CreateSessionRequest;
+    /// # async fn run() -> permit_client::Result<()> {
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// let created = client.create_session(&CreateSessionRequest { ttl_ms: Some(5_000), name: None }).await?;
+    /// client.keepalive(&created.id).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `invalid_argument` (TTL or name out of range), `limit_exceeded`, transport errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may leave a session on the server; it expires after its TTL.
+    pub async fn create_session(&self, request: &CreateSessionRequest) -> Result<SessionCreated> {
+        let call = Call::new(Method::POST, "/v1/sessions".into()).body(request).retry(Retry::Unsent);
+        self.transport.send(&call).await?.json()
+    }
+
+    /// `POST /v1/sessions/{id}/keepalive`: the session lives at least its TTL after this request
+    /// was sent.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(id: &str) -> permit_client::Result<()> {
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// let answer = client.keepalive(id).await?;
+    /// println!("alive for another {} ms", answer.ttl_ms);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `session_not_found` if the session expired or was closed; transport errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: a keepalive changes nothing but the deadline.
+    pub async fn keepalive(&self, id: &str) -> Result<KeepaliveResponse> {
+        self.keepalive_within(id, crate::transport::REQUEST_TIMEOUT, Retry::Idempotent).await
+    }
+
+    pub(crate) async fn keepalive_within(
+        &self,
+        id: &str,
+        timeout: Duration,
+        retry: Retry,
+    ) -> Result<KeepaliveResponse> {
+        let call = Call::new(Method::POST, format!("/v1/sessions/{}/keepalive", segment(id)))
+            .timeout(timeout)
+            .retry(retry);
+        self.transport.send(&call).await?.json()
+    }
+
+    /// `GET /v1/sessions/{id}`: the session's holds and waits.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(id: &str) -> permit_client::Result<()> {
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// for hold in client.get_session(id).await?.holds {
+    ///     println!("{} permits of {} (token {})", hold.permits, hold.name, hold.token);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `session_not_found`; transport errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: a read.
+    pub async fn get_session(&self, id: &str) -> Result<SessionView> {
+        let call = Call::new(Method::GET, format!("/v1/sessions/{}", segment(id)));
+        self.transport.send(&call).await?.json()
+    }
+
+    /// `DELETE /v1/sessions/{id}`: closes a session, releasing its holds and cancelling its waits.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(id: &str) -> permit_client::Result<()> {
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// client.close_session(id).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `session_not_found` (also when a retried close had already succeeded); transport errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may or may not close the session.
+    pub async fn close_session(&self, id: &str) -> Result<()> {
+        let call = Call::new(Method::DELETE, format!("/v1/sessions/{}", segment(id)));
+        self.transport.send(&call).await.map(drop)
+    }
+
+    /// `GET /v1/health` of the first endpoint that answers: `ok` when it knows a Raft leader,
+    /// `degraded` otherwise (the server answers 503 then; this returns the body either way).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> permit_client::Result<()> {
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// let health = client.health().await?;
+    /// println!("{} (node {}, role {})", health.status, health.node_id, health.raft_role);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Transport errors when no endpoint answers; [`Error::Protocol`](crate::Error::Protocol) for a body that is not a
+    /// health report.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: a read.
+    pub async fn health(&self) -> Result<Health> {
+        let call = Call::new(Method::GET, "/v1/health".into()).retry(Retry::OnePass).accept(503);
+        self.transport.send(&call).await?.json()
+    }
+}

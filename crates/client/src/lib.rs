@@ -1,0 +1,76 @@
+//! Async Rust client of Permit, a distributed semaphore service.
+//!
+//! A [`Client`] talks HTTP/JSON to one server or to any node of a cluster. A [`Session`] is the
+//! server-side identity that holds things; this client keeps it alive in the background
+//! (a keepalive every third of its TTL) and tracks its [`SessionState`]. From a session:
+//!
+//! - [`Session::acquire`] (and [`try_acquire`](Session::try_acquire),
+//!   [`acquire_timeout`](Session::acquire_timeout), [`acquire_with`](Session::acquire_with))
+//!   returns a [`Permit`] guard with a fencing token, released on drop;
+//! - [`Session::campaign`] returns a [`Leadership`] guard; [`Client::leader`] tells who leads.
+//!
+//! # Model
+//!
+//! A *semaphore* has a capacity in *permits*; a session's *hold* on it is some permits plus a
+//! *token*, a number larger than every token granted before. Waiters queue in strict FIFO order.
+//! When a session expires (no keepalive for its TTL) the server frees its holds.
+//!
+//! The client's view is conservative: a session's local deadline counts from when the last
+//! acknowledged keepalive was *sent*, so [`Permit::lost`] fires no later than the server frees
+//! the permits (clock rates being equal). That still does not give mutual exclusion against a
+//! paused process by itself: pass [`Permit::token`] to the resource you protect and have it
+//! reject tokens smaller than the largest it has seen (or ask [`Client::validate`]).
+//!
+//! # Errors and retries
+//!
+//! One [`Error`] type; server refusals carry a stable [`ErrorCode`]. A timeout leaves the
+//! outcome unknown ([`Error::is_outcome_unknown`]); acquire and campaign are idempotent per
+//! session and name, so repeating them is safe. With several endpoints
+//! ([`Client::with_endpoints`]) requests fail over on connection errors and `no_leader`.
+//!
+//! # Examples
+//!
+//! Cap a job at three concurrent runs across machines:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use permit_client::{AcquireOptions, Client};
+//! # async fn run_job(_token: u64) {}
+//! # async fn run() -> permit_client::Result<()> {
+//! let client = Client::new("http://127.0.0.1:7376")?;
+//! let session = client.session(Duration::from_secs(10)).await?;
+//! let options = AcquireOptions { capacity: Some(3), ..AcquireOptions::default() };
+//! let permit = session.acquire_with("jobs.render", 1, &options).await?.expect("no timeout set");
+//! tokio::select! {
+//!     () = run_job(permit.token()) => permit.release().await?,
+//!     () = permit.lost() => eprintln!("lost the permit: stop"),
+//! }
+//! session.close().await?;
+//! # Ok(())
+//! # }
+//! ```
+#![deny(missing_docs)]
+
+mod client;
+mod cluster;
+mod elections;
+mod error;
+mod hold;
+mod keepalive;
+mod leadership;
+mod permit;
+mod semaphores;
+mod session;
+mod transport;
+mod waiter;
+
+pub use client::Client;
+pub use error::{Error, Result};
+pub use leadership::Leadership;
+pub use permit::{AcquireOptions, Permit};
+pub use permit_wire::ErrorCode;
+pub use semaphores::LIST_LIMIT_MAX;
+pub use session::{Session, SessionOptions, SessionState};
+
+/// The JSON bodies of the HTTP API, as the low-level [`Client`] methods take and return them.
+pub use permit_wire as wire;

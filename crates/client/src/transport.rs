@@ -1,0 +1,293 @@
+//! HTTP plumbing: endpoints, failover, retries and client-side timeouts.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use permit_wire::{ErrorBody, ErrorCode};
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// Client-side timeout of a request that does not long-poll.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Extra time a long-poll is given beyond the wait it asks the server for.
+pub(crate) const LONG_POLL_MARGIN: Duration = Duration::from_secs(5);
+/// Attempts of a retried call, over all endpoints.
+const ATTEMPTS_MAX: u32 = 24;
+/// Attempts that may time out before a retried call gives up, so that it never takes much more
+/// than twice its timeout (one that times out on a hung endpoint still gets to try another).
+const TIMEOUTS_MAX: u32 = 2;
+/// First pause before going around the endpoints again; doubles up to `BACKOFF_MAX`.
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Longest time spent connecting to one endpoint before trying the next.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// When a failed request may be sent again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Repeating is harmless: retry connection failures, timeouts and `no_leader`, with backoff.
+    Idempotent,
+    /// A repeat could apply twice: retry only when the request was certainly not applied
+    /// (connection refused, `no_leader`, `shutting_down`).
+    Unsent,
+    /// One pass over the endpoints on connection failures and `no_leader`, no backoff: the caller
+    /// (the keepalive loop) keeps its own schedule.
+    OnePass,
+}
+
+/// One request to make.
+pub(crate) struct Call {
+    pub method: Method,
+    pub path: String,
+    pub query: Vec<(&'static str, String)>,
+    pub body: Option<serde_json::Value>,
+    pub timeout: Duration,
+    pub retry: Retry,
+    /// A non-2xx status whose body is an answer rather than an error (health's 503).
+    pub accept: Option<u16>,
+}
+
+impl Call {
+    pub fn new(method: Method, path: String) -> Call {
+        Call {
+            method,
+            path,
+            query: Vec::new(),
+            body: None,
+            timeout: REQUEST_TIMEOUT,
+            retry: Retry::Idempotent,
+            accept: None,
+        }
+    }
+
+    pub fn body(mut self, body: &impl Serialize) -> Call {
+        self.body = Some(serde_json::to_value(body).expect("wire types serialize"));
+        self
+    }
+
+    pub fn query(mut self, key: &'static str, value: impl ToString) -> Call {
+        self.query.push((key, value.to_string()));
+        self
+    }
+
+    pub fn timeout(mut self, timeout: Duration) -> Call {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn retry(mut self, retry: Retry) -> Call {
+        self.retry = retry;
+        self
+    }
+
+    pub fn accept(mut self, status: u16) -> Call {
+        self.accept = Some(status);
+        self
+    }
+}
+
+/// A successful (2xx) answer.
+pub(crate) struct Reply {
+    pub status: u16,
+    pub endpoint: String,
+    pub bytes: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_slice(&self.bytes).map_err(|error| Error::Protocol {
+            endpoint: self.endpoint.clone(),
+            status: self.status,
+            message: format!("cannot decode the body: {error}"),
+        })
+    }
+}
+
+/// The endpoints and the HTTP connection pool shared by every handle of a client.
+#[derive(Debug)]
+pub(crate) struct Transport {
+    http: reqwest::Client,
+    endpoints: Vec<String>,
+    /// Index of the endpoint that answered last; requests start there.
+    preferred: AtomicUsize,
+}
+
+impl Transport {
+    pub fn new(urls: &[String]) -> Result<Transport> {
+        if urls.is_empty() {
+            return Err(Error::InvalidEndpoint { url: String::new(), reason: "no endpoint given".into() });
+        }
+        let endpoints = urls.iter().map(|url| normalize(url)).collect::<Result<Vec<_>>>()?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|error| Error::InvalidEndpoint { url: urls.join(","), reason: error.to_string() })?;
+        Ok(Transport { http, endpoints, preferred: AtomicUsize::new(0) })
+    }
+
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// Sends `call`, failing over and retrying as its policy allows; non-2xx answers are errors.
+    pub async fn send(&self, call: &Call) -> Result<Reply> {
+        let attempts = match call.retry {
+            Retry::OnePass => self.endpoints.len() as u32,
+            Retry::Idempotent | Retry::Unsent => ATTEMPTS_MAX.max(self.endpoints.len() as u32),
+        };
+        let mut backoff = BACKOFF_MIN;
+        let mut attempt = 0;
+        let mut timeouts = 0;
+        loop {
+            let index = self.preferred.load(Ordering::Relaxed) % self.endpoints.len();
+            let error = match self.send_once(&self.endpoints[index], call).await {
+                Ok(reply) => return Ok(reply),
+                Err(error) => error,
+            };
+            attempt += 1;
+            if matches!(error.error, Error::Timeout { .. }) {
+                timeouts += 1;
+            }
+            let exhausted = attempt >= attempts || (call.retry != Retry::OnePass && timeouts >= TIMEOUTS_MAX);
+            if exhausted || !error.retryable(call.retry) {
+                return Err(error.error);
+            }
+            tracing::debug!(endpoint = %self.endpoints[index], error = %error.error, "retrying on the next endpoint");
+            // Move on only if nobody else did meanwhile, so concurrent failures skip one endpoint.
+            let next = (index + 1) % self.endpoints.len();
+            let _ = self.preferred.compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
+            if next == 0 || self.endpoints.len() == 1 {
+                tokio::time::sleep(jitter(backoff)).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+
+    async fn send_once(&self, endpoint: &str, call: &Call) -> Result<Reply, Failure> {
+        let mut url = reqwest::Url::parse(&format!("{endpoint}{}", call.path)).map_err(|error| Failure {
+            error: Error::InvalidArgument { message: format!("bad request path {:?}: {error}", call.path) },
+            unsent: false,
+        })?;
+        if !call.query.is_empty() {
+            url.query_pairs_mut().extend_pairs(&call.query);
+        }
+        let mut request = self.http.request(call.method.clone(), url).timeout(call.timeout);
+        if let Some(body) = &call.body {
+            request = request.json(body);
+        }
+        let transport = |error: reqwest::Error| Failure::transport(endpoint, call.timeout, error);
+        let response = request.send().await.map_err(transport)?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(transport)?.to_vec();
+        if status.is_success() || call.accept == Some(status.as_u16()) {
+            return Ok(Reply { status: status.as_u16(), endpoint: endpoint.to_owned(), bytes });
+        }
+        Err(Failure::answer(endpoint, status, &bytes))
+    }
+}
+
+/// A failed attempt and whether it could have been applied.
+struct Failure {
+    error: Error,
+    /// The server certainly did not apply the request.
+    unsent: bool,
+}
+
+impl Failure {
+    fn transport(endpoint: &str, timeout: Duration, error: reqwest::Error) -> Failure {
+        let unsent = error.is_connect();
+        let error = if error.is_timeout() {
+            Error::Timeout { endpoint: endpoint.to_owned(), after: timeout }
+        } else {
+            Error::Transport { endpoint: endpoint.to_owned(), source: Box::new(error) }
+        };
+        Failure { error, unsent }
+    }
+
+    fn answer(endpoint: &str, status: StatusCode, bytes: &[u8]) -> Failure {
+        let error = match serde_json::from_slice::<ErrorBody>(bytes) {
+            Ok(body) => {
+                Error::Api { status: status.as_u16(), code: body.error.code, message: body.error.message }
+            }
+            Err(_) => Error::Protocol {
+                endpoint: endpoint.to_owned(),
+                status: status.as_u16(),
+                message: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
+            },
+        };
+        // Only `leader_unreachable` proves that nothing was done; `no_leader`, `shutting_down` and
+        // `timeout` leave the outcome unknown (the request may have reached a leader that then
+        // failed), so only idempotent calls retry them.
+        let unsent = matches!(error, Error::Api { code: ErrorCode::LeaderUnreachable, .. });
+        Failure { error, unsent }
+    }
+
+    fn retryable(&self, retry: Retry) -> bool {
+        match retry {
+            Retry::Unsent | Retry::OnePass => self.unsent,
+            Retry::Idempotent => {
+                self.unsent
+                    || matches!(
+                        self.error,
+                        Error::Timeout { .. }
+                            | Error::Transport { .. }
+                            | Error::Api {
+                                code: ErrorCode::Timeout | ErrorCode::NoLeader | ErrorCode::ShuttingDown,
+                                ..
+                            }
+                    )
+            }
+        }
+    }
+}
+
+/// `http://host:port` without a trailing slash; a bare `host:port` gets `http://`.
+fn normalize(url: &str) -> Result<String> {
+    let invalid = |reason: &str| Error::InvalidEndpoint { url: url.to_owned(), reason: reason.to_owned() };
+    let trimmed = url.trim();
+    let with_scheme = if trimmed.contains("://") { trimmed.to_owned() } else { format!("http://{trimmed}") };
+    let parsed = reqwest::Url::parse(&with_scheme).map_err(|error| invalid(&error.to_string()))?;
+    if parsed.scheme() != "http" {
+        return Err(invalid("only http:// endpoints are supported"));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("no host"));
+    }
+    if parsed.path() != "/" || parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(invalid("give only the scheme, host and port"));
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(invalid("credentials in the URL are not supported"));
+    }
+    Ok(parsed.origin().ascii_serialization())
+}
+
+/// `pause` scaled by a random factor in [0.5, 1.5), so that clients do not retry in lockstep.
+fn jitter(pause: Duration) -> Duration {
+    pause.mul_f64(0.5 + rand::random::<f64>())
+}
+
+/// `text` as one URL path segment: unreserved bytes stay, everything else is percent-encoded, so
+/// that a bad name reaches the server (which refuses it) instead of another route.
+pub(crate) fn segment(text: &str) -> String {
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~' | b':') {
+            encoded.push(byte as char);
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+/// Client-side timeout of a long-poll that asks the server to wait `wait_ms`.
+pub(crate) fn long_poll_timeout(wait_ms: Option<u64>) -> Duration {
+    let wait_ms = wait_ms.unwrap_or(0).min(permit_wire::WAIT_MS_MAX);
+    REQUEST_TIMEOUT.max(Duration::from_millis(wait_ms) + LONG_POLL_MARGIN)
+}

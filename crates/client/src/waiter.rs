@@ -1,0 +1,163 @@
+//! Waiting for a grant: the long-poll loop shared by acquire and campaign, and the guard that
+//! gives up the queue place when the wait is abandoned.
+
+use std::time::Duration;
+
+use permit_wire::{AcquireRequest, AcquireResponse, CampaignRequest, CampaignResponse, ErrorCode};
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::hold::{release_in_background, Object};
+use crate::semaphores::duration_ms;
+use crate::session::{Session, SessionState};
+
+/// Longest wait asked of the server in one request; the loop repeats the idempotent call.
+const WAIT_CHUNK: Duration = Duration::from_secs(30);
+
+/// What to ask for.
+pub(crate) enum Ask<'a> {
+    /// Permits of a semaphore.
+    Acquire {
+        /// Permits wanted.
+        permits: u64,
+        /// Create the semaphore with this capacity if needed.
+        capacity: Option<u64>,
+        /// Release the hold this long after the grant.
+        max_hold: Option<Duration>,
+    },
+    /// Leadership of an election, publishing `value`.
+    Campaign {
+        /// The value to publish while leader.
+        value: &'a str,
+    },
+}
+
+/// A grant, with the earliest instant it can have happened at on the server.
+pub(crate) struct Granted {
+    pub permits: u64,
+    pub token: u64,
+    /// When the last request that found the session still queued was sent (or the first
+    /// request, if it was granted at once): the grant happened after this.
+    pub not_before: Instant,
+}
+
+enum Answer {
+    Granted { permits: u64, token: u64 },
+    Waiting,
+}
+
+impl Ask<'_> {
+    fn object(&self) -> Object {
+        match self {
+            Ask::Acquire { .. } => Object::Semaphore,
+            Ask::Campaign { .. } => Object::Election,
+        }
+    }
+
+    async fn send(&self, session: &Session, name: &str, wait_ms: u64) -> Result<Answer> {
+        let client = session.client();
+        match self {
+            Ask::Acquire { permits, capacity, max_hold } => {
+                let request = AcquireRequest {
+                    session: session.id().to_owned(),
+                    permits: Some(*permits),
+                    wait_ms: Some(wait_ms),
+                    capacity: *capacity,
+                    max_hold_ms: max_hold.map(duration_ms),
+                };
+                Ok(match client.acquire(name, &request).await? {
+                    AcquireResponse::Acquired { permits, token } => Answer::Granted { permits, token },
+                    AcquireResponse::Waiting { .. } => Answer::Waiting,
+                })
+            }
+            Ask::Campaign { value } => {
+                let request = CampaignRequest {
+                    session: session.id().to_owned(),
+                    value: (*value).to_owned(),
+                    wait_ms: Some(wait_ms),
+                };
+                Ok(match client.campaign(name, &request).await? {
+                    CampaignResponse::Leader { token } => Answer::Granted { permits: 1, token },
+                    CampaignResponse::Waiting { .. } => Answer::Waiting,
+                })
+            }
+        }
+    }
+}
+
+/// Asks until granted, the session ends, or `timeout` passes (`Some(ZERO)`: ask once without
+/// queueing). On timeout the wait is cancelled on the server (a grant that raced with the
+/// cancel is released) and the answer is `None`. Dropping the future does the same in the
+/// background.
+pub(crate) async fn wait_for_grant(
+    session: &Session,
+    name: &str,
+    ask: &Ask<'_>,
+    timeout: Option<Duration>,
+) -> Result<Option<Granted>> {
+    if session.state() == SessionState::Expired {
+        return Err(Error::SessionExpired);
+    }
+    let try_once = timeout == Some(Duration::ZERO);
+    let deadline = timeout.map(|timeout| Instant::now() + timeout);
+    let mut place = QueuePlace { session, object: ask.object(), name, armed: true };
+    let mut last_waiting_sent = None;
+    loop {
+        let wait = match deadline {
+            _ if try_once => Duration::ZERO,
+            None => WAIT_CHUNK,
+            Some(deadline) => deadline.saturating_duration_since(Instant::now()).min(WAIT_CHUNK),
+        };
+        let sent = Instant::now();
+        // Round up, so that a wait under a millisecond still waits rather than tries.
+        let wait_ms = if try_once { 0 } else { duration_ms(wait).max(1) };
+        let answer = tokio::select! {
+            answer = ask.send(session, name, wait_ms) => answer,
+            () = session.expired() => return Err(Error::SessionExpired),
+        };
+        match answer {
+            Ok(Answer::Granted { permits, token }) => {
+                place.armed = false;
+                let not_before = last_waiting_sent.unwrap_or(sent);
+                return Ok(Some(Granted { permits, token, not_before }));
+            }
+            Ok(Answer::Waiting) => {}
+            Err(error) if try_once && error.code() == Some(ErrorCode::Unavailable) => {
+                place.armed = false;
+                return Ok(None);
+            }
+            Err(error) => {
+                // A refusal settles that nothing is queued; only an unknown outcome may have
+                // left a place (or a grant) behind.
+                place.armed = error.is_outcome_unknown();
+                return Err(session.observe(error));
+            }
+        }
+        if try_once || deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            // Cancel the wait; a grant that raced with the timeout is released the same way.
+            ask.object()
+                .release(session.client(), name, session.id())
+                .await
+                .map_err(|e| session.observe(e))?;
+            place.armed = false;
+            return Ok(None);
+        }
+        last_waiting_sent = Some(sent);
+    }
+}
+
+/// A queue place (or a grant nobody has taken yet) to give up if the wait is abandoned.
+struct QueuePlace<'a> {
+    session: &'a Session,
+    object: Object,
+    name: &'a str,
+    armed: bool,
+}
+
+impl Drop for QueuePlace<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            release_in_background(self.session.clone(), self.object, self.name.to_owned());
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! The client commands of the `permit` binary (`run`, `elect`, `ls`, `show`, ...) against a real
+//! `permit serve` process, with real child processes.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use permit_client::{AcquireOptions, Client, SessionOptions};
+use tokio::process::{Child, Command};
+
+use crate::common::{permit_bin, Server};
+
+/// Longest any single step (a command, a wait for a file) may take.
+const STEP_TIMEOUT: Duration = Duration::from_secs(20);
+/// Exit codes documented by `permit run --help`.
+const EXIT_ERROR: i32 = 1;
+const EXIT_NO_LEADER: i32 = 3;
+const EXIT_TIMEOUT: i32 = 75;
+const EXIT_LOST: i32 = 76;
+const EXIT_NOT_FOUND: i32 = 127;
+
+/// The output of a short `permit` command.
+struct Output {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `permit <args>` against `server` to completion, within `STEP_TIMEOUT`.
+async fn permit(server: &Server, args: &[&str]) -> Output {
+    let mut command = Command::new(permit_bin());
+    command.args(args).env("PERMIT_SERVER", &server.url).stdin(Stdio::null()).kill_on_drop(true);
+    let output = tokio::time::timeout(STEP_TIMEOUT, command.output())
+        .await
+        .unwrap_or_else(|_| panic!("permit {args:?} did not finish in time"))
+        .expect("run permit");
+    Output {
+        code: exit_code(output.status),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// A long-running `permit` process with its output in files; on drop (a failed test) it gets
+/// SIGTERM, which it forwards to its command, then SIGKILL.
+struct Running {
+    child: Child,
+    stderr: PathBuf,
+}
+
+impl Running {
+    fn spawn(server: &Server, dir: &Path, args: &[&str]) -> Running {
+        let stderr = dir.join(format!("stderr-{}", rand_suffix()));
+        let child = Command::new(permit_bin())
+            .args(args)
+            .env("PERMIT_SERVER", &server.url)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.join(format!("stdout-{}", rand_suffix()))).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("spawn permit");
+        Running { child, stderr }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id().expect("running") as i32
+    }
+
+    fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own unreaped child.
+        assert_eq!(unsafe { libc::kill(self.pid(), signal) }, 0);
+    }
+
+    async fn exit_code(&mut self) -> i32 {
+        let status = tokio::time::timeout(STEP_TIMEOUT, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("permit did not exit in time; stderr: {}", self.stderr()))
+            .expect("wait");
+        exit_code(status)
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let Some(pid) = self.child.id() else { return };
+        // SAFETY: kill(2) on our own unreaped child.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        for _ in 0..200 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.start_kill();
+    }
+}
+
+/// A distinct suffix for output files of concurrent processes in one directory.
+fn rand_suffix() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed).to_string()
+}
+
+/// Waits until `path` exists and is not empty, then returns its contents.
+async fn file_contents(path: &Path) -> String {
+    let appeared = common::eventually(STEP_TIMEOUT, async || {
+        std::fs::read_to_string(path).is_ok_and(|text| !text.trim().is_empty())
+    })
+    .await;
+    assert!(appeared, "{} was not written in time", path.display());
+    std::fs::read_to_string(path).unwrap()
+}
+
+fn client(server: &Server) -> Client {
+    Client::new(&server.url).unwrap()
+}
+
+/// A shell command string with `$DIR` replaced by `dir`.
+fn script(dir: &Path, text: &str) -> String {
+    text.replace("$DIR", &dir.display().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_exports_the_token_and_exits_with_the_commands_code() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let command = script(
+        dir.path(),
+        r#"echo "$PERMIT_TOKEN $PERMIT_SEMAPHORE $PERMIT_PERMITS $PERMIT_SESSION" > $DIR/env; exit 7"#,
+    );
+    let output =
+        permit(&server, &["run", "job", "--capacity", "2", "-n", "2", "--", "sh", "-c", &command]).await;
+    assert_eq!(output.code, 7, "the command's exit code; stderr: {}", output.stderr);
+
+    let env = std::fs::read_to_string(dir.path().join("env")).unwrap();
+    let fields: Vec<&str> = env.split_whitespace().collect();
+    assert_eq!(fields.len(), 4, "{env:?}");
+    assert!(fields[0].parse::<u64>().unwrap() > 0, "PERMIT_TOKEN is a token: {env:?}");
+    assert_eq!((fields[1], fields[2]), ("job", "2"));
+    let client = client(&server);
+    let view = client.get_semaphore("job").await.unwrap();
+    assert_eq!((view.capacity, view.held), (2, 0), "released on exit");
+    assert!(client.get_session(fields[3]).await.is_err(), "and the session closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_runs_on_capacity_one_never_overlap() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    // mkdir is atomic: it fails if another command is inside its critical section right now.
+    let command = script(
+        dir.path(),
+        "mkdir $DIR/inside || exit 99; echo $PERMIT_TOKEN >> $DIR/tokens; sleep 0.2; rmdir $DIR/inside",
+    );
+    let runs: Vec<Running> = (0..3)
+        .map(|_| {
+            Running::spawn(
+                &server,
+                dir.path(),
+                &["run", "mutex", "--capacity", "1", "--", "sh", "-c", &command],
+            )
+        })
+        .collect();
+    for mut run in runs {
+        assert_eq!(run.exit_code().await, 0, "overlap or failure; stderr: {}", run.stderr());
+    }
+    let tokens = std::fs::read_to_string(dir.path().join("tokens")).unwrap();
+    let tokens: Vec<u64> = tokens.lines().map(|line| line.parse().unwrap()).collect();
+    assert_eq!(tokens.len(), 3);
+    assert!(tokens.windows(2).all(|pair| pair[0] < pair[1]), "each run saw a larger token: {tokens:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_hold_stops_the_command_with_sigterm() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let command = script(
+        dir.path(),
+        r#"trap 'echo term > $DIR/signal; exit 0' TERM; echo $PERMIT_SESSION > $DIR/session; while :; do sleep 0.05; done"#,
+    );
+    let mut run = Running::spawn(
+        &server,
+        dir.path(),
+        &["run", "lease", "--capacity", "1", "--ttl", "600ms", "--", "sh", "-c", &command],
+    );
+    let session = file_contents(&dir.path().join("session")).await;
+
+    // Another client closes the session: the next keepalive is refused and the hold is lost.
+    client(&server).close_session(session.trim()).await.unwrap();
+    assert_eq!(run.exit_code().await, EXIT_LOST, "stderr: {}", run.stderr());
+    assert_eq!(file_contents(&dir.path().join("signal")).await.trim(), "term", "the command got SIGTERM");
+    assert!(run.stderr().contains("lost"), "a clear message: {}", run.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let command = script(
+        dir.path(),
+        r#"trap '' TERM; echo $PERMIT_SESSION > $DIR/session; while :; do sleep 0.05; done"#,
+    );
+    let args =
+        ["run", "stubborn", "--capacity", "1", "--ttl", "600ms", "--kill-after", "300ms", "--", "sh", "-c"];
+    let mut run = Running::spawn(&server, dir.path(), &[&args[..], &[command.as_str()]].concat());
+    let session = file_contents(&dir.path().join("session")).await;
+
+    client(&server).close_session(session.trim()).await.unwrap();
+    assert_eq!(run.exit_code().await, EXIT_LOST, "stderr: {}", run.stderr());
+    assert!(run.stderr().contains("SIGKILL"), "{}", run.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_stops_the_command_when_it_passes() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["run", "capped", "--capacity", "1", "--max-hold", "300ms", "--", "sleep", "30"];
+    let mut run = Running::spawn(&server, dir.path(), &args);
+    assert_eq!(run.exit_code().await, EXIT_LOST, "stderr: {}", run.stderr());
+    assert!(run.stderr().contains("--max-hold passed"), "{}", run.stderr());
+    assert_eq!(client(&server).get_semaphore("capped").await.unwrap().held, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_gives_up_after_its_timeout_without_keeping_a_queue_place() {
+    let server = Server::start();
+    let client = client(&server);
+    let holder = client.session(Duration::from_secs(10)).await.unwrap();
+    let options = AcquireOptions { capacity: Some(1), ..AcquireOptions::default() };
+    let _held = holder.acquire_with("taken", 1, &options).await.unwrap().expect("granted");
+
+    let output = permit(&server, &["run", "taken", "--timeout", "300ms", "--", "true"]).await;
+    assert_eq!(output.code, EXIT_TIMEOUT, "stderr: {}", output.stderr);
+    assert!(output.stderr.contains("timed out"), "{}", output.stderr);
+    let view = client.get_semaphore("taken").await.unwrap();
+    assert_eq!((view.held, view.waiters.len()), (1, 0), "no waiter left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_forwards_sigterm_to_the_command_and_releases() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let command = script(
+        dir.path(),
+        r#"trap 'echo term > $DIR/signal; exit 5' TERM; echo up > $DIR/started; while :; do sleep 0.05; done"#,
+    );
+    let mut run = Running::spawn(
+        &server,
+        dir.path(),
+        &["run", "forward", "--capacity", "1", "--", "sh", "-c", &command],
+    );
+    file_contents(&dir.path().join("started")).await;
+    run.signal(libc::SIGTERM);
+    assert_eq!(run.exit_code().await, 5, "the command's own exit code; stderr: {}", run.stderr());
+    assert_eq!(file_contents(&dir.path().join("signal")).await.trim(), "term");
+    assert_eq!(client(&server).get_semaphore("forward").await.unwrap().held, 0, "released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_reports_a_missing_command() {
+    let server = Server::start();
+    let output = permit(&server, &["run", "missing", "--capacity", "1", "--", "/nonexistent/command"]).await;
+    assert_eq!(output.code, EXIT_NOT_FOUND, "stderr: {}", output.stderr);
+    assert_eq!(client(&server).get_semaphore("missing").await.unwrap().held, 0, "released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ls_show_set_capacity_and_delete() {
+    let server = Server::start();
+    let set = permit(&server, &["set-capacity", "db.orders", "3"]).await;
+    assert_eq!(set.code, 0, "stderr: {}", set.stderr);
+    assert!(set.stdout.contains("db.orders: capacity 3"), "{}", set.stdout);
+
+    let client = client(&server);
+    let options = SessionOptions { ttl: Duration::from_secs(10), name: Some("holder-x".into()) };
+    let session = client.session_with(options).await.unwrap();
+    let permit_held = session.acquire("db.orders", 2).await.unwrap();
+
+    let ls = permit(&server, &["ls"]).await;
+    assert_eq!(ls.code, 0, "stderr: {}", ls.stderr);
+    let lines: Vec<Vec<&str>> = ls.stdout.lines().map(|line| line.split_whitespace().collect()).collect();
+    assert_eq!(lines[0], ["NAME", "CAPACITY", "HELD", "AVAILABLE", "HOLDERS", "WAITERS"]);
+    assert_eq!(lines[1], ["db.orders", "3", "2", "1", "1", "0"]);
+    let json: serde_json::Value =
+        serde_json::from_str(&permit(&server, &["ls", "--json"]).await.stdout).unwrap();
+    assert_eq!(json[0]["name"], "db.orders");
+    assert_eq!(json[0]["held"], 2);
+
+    let show = permit(&server, &["show", "db.orders"]).await;
+    assert_eq!(show.code, 0, "stderr: {}", show.stderr);
+    assert!(show.stdout.contains("capacity 3, held 2, available 1"), "{}", show.stdout);
+    assert!(show.stdout.contains(session.id()) && show.stdout.contains("holder-x"), "{}", show.stdout);
+    let json: serde_json::Value =
+        serde_json::from_str(&permit(&server, &["show", "db.orders", "--json"]).await.stdout).unwrap();
+    assert_eq!(json["holders"][0]["token"], permit_held.token());
+
+    let busy = permit(&server, &["delete", "db.orders"]).await;
+    assert_eq!(busy.code, EXIT_ERROR);
+    assert!(busy.stderr.contains("semaphore_busy"), "{}", busy.stderr);
+    permit_held.release().await.unwrap();
+    assert_eq!(permit(&server, &["delete", "db.orders"]).await.code, 0);
+    let gone = permit(&server, &["show", "db.orders"]).await;
+    assert_eq!(gone.code, EXIT_ERROR);
+    assert!(gone.stderr.contains("semaphore_not_found"), "{}", gone.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_runs_the_command_while_leading_and_leader_prints_it() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(permit(&server, &["leader", "sched"]).await.code, EXIT_NO_LEADER);
+
+    let command = script(dir.path(), "echo $PERMIT_TOKEN > $DIR/token; exec sleep 30");
+    let mut elect = Running::spawn(
+        &server,
+        dir.path(),
+        &["elect", "sched", "--value", "node-a", "--", "sh", "-c", &command],
+    );
+    let token: u64 = file_contents(&dir.path().join("token")).await.trim().parse().unwrap();
+    let leader = permit(&server, &["leader", "sched"]).await;
+    assert_eq!((leader.code, leader.stdout.as_str()), (0, "node-a\n"), "stderr: {}", leader.stderr);
+    let json: serde_json::Value =
+        serde_json::from_str(&permit(&server, &["leader", "sched", "--json"]).await.stdout).unwrap();
+    assert_eq!(json["leader"]["token"], token);
+
+    elect.signal(libc::SIGTERM);
+    assert_eq!(elect.exit_code().await, 128 + libc::SIGTERM, "sleep was killed by the forwarded SIGTERM");
+    assert_eq!(permit(&server, &["leader", "sched"]).await.code, EXIT_NO_LEADER, "resigned on exit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_is_an_error() {
+    let server = Server::start();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let output = permit(&server, &["--server", &format!("http://{closed}"), "ls"]).await;
+    assert_eq!(output.code, EXIT_ERROR);
+    assert!(output.stderr.contains("cannot list semaphores"), "{}", output.stderr);
+}

@@ -1,0 +1,353 @@
+//! The Rust client (`permit-client`) against a real `permit serve` process.
+
+mod common;
+
+use std::future::Future;
+use std::time::Duration;
+
+use permit_client::{AcquireOptions, Client, Error, ErrorCode, SessionState};
+use tokio::time::Instant;
+
+use crate::common::Server;
+
+/// Longest any single test step may take.
+const STEP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Awaits `future`, failing the test if it takes longer than `STEP_TIMEOUT`.
+async fn bounded<T>(what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(STEP_TIMEOUT, future).await.unwrap_or_else(|_| panic!("{what}: timed out"))
+}
+
+fn client(server: &Server) -> Client {
+    Client::new(&server.url).expect("client")
+}
+
+/// Permits held and waiters queued on `name`.
+async fn occupancy(client: &Client, name: &str) -> (u64, usize) {
+    let view = client.get_semaphore(name).await.expect("semaphore view");
+    (view.held, view.waiters.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_keeps_a_short_ttl_session_alive() {
+    let server = Server::start();
+    let client = client(&server);
+    let session = client.session(Duration::from_millis(300)).await.unwrap();
+    let mut state = session.watch_state();
+    let started = Instant::now();
+    // Outlive the TTL several times over; the state must never leave Alive for Expired.
+    while started.elapsed() < Duration::from_millis(1200) {
+        tokio::select! {
+            changed = state.changed() => changed.expect("keepalive task alive"),
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+        assert_ne!(*state.borrow(), SessionState::Expired, "expired after {:?}", started.elapsed());
+    }
+    assert_eq!(session.state(), SessionState::Alive);
+    client.get_session(session.id()).await.expect("the server still knows the session");
+    assert!(session.deadline() > Instant::now(), "the conservative deadline is in the future");
+    assert!(session.deadline() <= Instant::now() + Duration::from_millis(300), "and at most one TTL away");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_acquire_hands_over_between_sessions() {
+    let server = Server::start();
+    let client = client(&server);
+    client.put_semaphore("handover", 1).await.unwrap();
+    let first = client.session(Duration::from_secs(10)).await.unwrap();
+    let second = client.session(Duration::from_secs(10)).await.unwrap();
+    let held = bounded("first acquire", first.acquire("handover", 1)).await.unwrap();
+
+    let waiting = tokio::spawn(async move { second.acquire("handover", 1).await });
+    let queued =
+        common::eventually(STEP_TIMEOUT, async || occupancy(&client, "handover").await == (1, 1)).await;
+    assert!(queued, "the second session queues behind the first");
+    assert!(!waiting.is_finished(), "and does not get the permit while the first holds it");
+
+    let first_token = held.token();
+    held.release().await.unwrap();
+    let granted = bounded("second acquire", waiting).await.unwrap().unwrap();
+    assert!(granted.token() > first_token, "tokens increase: {} then {}", first_token, granted.token());
+    let view = client.get_semaphore("handover").await.unwrap();
+    assert_eq!(view.holders.len(), 1);
+    assert_eq!(view.holders[0].session, granted.session().id());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_acquire_returns_none_when_full() {
+    let server = Server::start();
+    let client = client(&server);
+    let first = client.session(Duration::from_secs(10)).await.unwrap();
+    let second = client.session(Duration::from_secs(10)).await.unwrap();
+    let options = AcquireOptions { capacity: Some(3), ..AcquireOptions::default() };
+    let _held = first.acquire_with("full", 2, &options).await.unwrap().expect("granted");
+
+    assert!(second.try_acquire("full", 2).await.unwrap().is_none(), "2 of the 1 free permits");
+    assert_eq!(occupancy(&client, "full").await, (2, 0), "a failed try queues nothing");
+    let one = second.try_acquire("full", 1).await.unwrap().expect("1 permit is free");
+    assert_eq!(one.permits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_timeout_cancels_the_wait() {
+    let server = Server::start();
+    let client = client(&server);
+    client.put_semaphore("busy", 1).await.unwrap();
+    let holder = client.session(Duration::from_secs(10)).await.unwrap();
+    let waiter = client.session(Duration::from_secs(10)).await.unwrap();
+    let _held = holder.acquire("busy", 1).await.unwrap();
+
+    let started = Instant::now();
+    let answer =
+        bounded("acquire_timeout", waiter.acquire_timeout("busy", 1, Duration::from_millis(300))).await;
+    assert!(answer.unwrap().is_none(), "timed out");
+    assert!(started.elapsed() >= Duration::from_millis(300), "waited the whole timeout");
+    assert_eq!(occupancy(&client, "busy").await, (1, 0), "no waiter is left behind");
+    assert!(client.get_session(waiter.id()).await.unwrap().waits.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_an_acquire_future_gives_up_the_queue_place() {
+    let server = Server::start();
+    let client = client(&server);
+    client.put_semaphore("abandoned", 1).await.unwrap();
+    let holder = client.session(Duration::from_secs(10)).await.unwrap();
+    let waiter = client.session(Duration::from_secs(10)).await.unwrap();
+    let _held = holder.acquire("abandoned", 1).await.unwrap();
+
+    let mut acquire = Box::pin(waiter.acquire("abandoned", 1));
+    let queued = tokio::select! {
+        _ = &mut acquire => panic!("granted while held"),
+        queued = common::eventually(STEP_TIMEOUT, async || occupancy(&client, "abandoned").await == (1, 1)) => queued,
+    };
+    assert!(queued, "the waiter queued");
+    drop(acquire);
+    let left =
+        common::eventually(STEP_TIMEOUT, async || occupancy(&client, "abandoned").await == (1, 0)).await;
+    assert!(left, "dropping the future cancelled the wait on the server");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_permit_releases_it() {
+    let server = Server::start();
+    let client = client(&server);
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let options = AcquireOptions { capacity: Some(2), ..AcquireOptions::default() };
+    let permit = session.acquire_with("dropped", 2, &options).await.unwrap().expect("granted");
+    assert_eq!(occupancy(&client, "dropped").await, (2, 0));
+    drop(permit);
+    let released =
+        common::eventually(STEP_TIMEOUT, async || occupancy(&client, "dropped").await == (0, 0)).await;
+    assert!(released, "the drop released the permits in the background");
+    assert_eq!(session.state(), SessionState::Alive, "the session outlives the permit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_when_the_server_forgets_the_session() {
+    let server = Server::start();
+    let client = client(&server);
+    let session = client.session(Duration::from_millis(300)).await.unwrap();
+    let options = AcquireOptions { capacity: Some(1), ..AcquireOptions::default() };
+    let permit = session.acquire_with("forgotten", 1, &options).await.unwrap().expect("granted");
+    assert!(permit.is_valid_locally());
+
+    // Another client closes the session: the next keepalive is answered session_not_found.
+    Client::new(&server.url).unwrap().close_session(session.id()).await.unwrap();
+    bounded("lost", permit.lost()).await;
+    assert_eq!(session.state(), SessionState::Expired);
+    assert!(!permit.is_valid_locally());
+    let error = session.acquire("forgotten", 1).await.unwrap_err();
+    assert!(matches!(error, Error::SessionExpired), "{error:?}");
+    assert_eq!(error.code(), Some(ErrorCode::SessionNotFound));
+    permit.release().await.expect("releasing a hold gone with its session is not an error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_expires_locally_by_its_conservative_deadline_when_the_server_is_unreachable() {
+    let mut server = Server::start();
+    let client = client(&server);
+    let session = client.session(Duration::from_millis(400)).await.unwrap();
+    let options = AcquireOptions { capacity: Some(1), ..AcquireOptions::default() };
+    let permit = session.acquire_with("paused", 1, &options).await.unwrap().expect("granted");
+    let mut state = session.watch_state();
+
+    server.pause();
+    let jeopardy = bounded("jeopardy", state.wait_for(|s| *s != SessionState::Alive)).await.map(|s| *s);
+    assert_eq!(jeopardy.unwrap(), SessionState::Jeopardy, "a failed keepalive puts the session in jeopardy");
+    // No keepalive can be acknowledged from here on, so the deadline no longer moves.
+    let deadline = permit.deadline();
+    bounded("lost", permit.lost()).await;
+    let lost_at = Instant::now();
+    server.resume();
+    assert!(lost_at >= deadline, "lost no earlier than the deadline known when the server stopped");
+    assert!(
+        lost_at < deadline + Duration::from_millis(300),
+        "and promptly after it: {:?} late",
+        lost_at - deadline
+    );
+    assert_eq!(session.state(), SessionState::Expired);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_when_max_hold_passes() {
+    let server = Server::start();
+    let client = client(&server);
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let options =
+        AcquireOptions { capacity: Some(1), max_hold: Some(Duration::from_millis(300)), timeout: None };
+    let sent = Instant::now();
+    let permit = session.acquire_with("capped", 1, &options).await.unwrap().expect("granted");
+    let granted = Instant::now();
+    assert!(permit.deadline() >= sent + Duration::from_millis(300));
+    assert!(permit.deadline() <= granted + Duration::from_millis(300), "counted from before the grant");
+    bounded("lost", permit.lost()).await;
+    assert!(!permit.is_valid_locally());
+    let freed = common::eventually(STEP_TIMEOUT, async || occupancy(&client, "capped").await.0 == 0).await;
+    assert!(freed, "the server released the hold after max_hold");
+    assert_eq!(session.state(), SessionState::Alive, "the session lives on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_session_releases_its_holds() {
+    let server = Server::start();
+    let client = client(&server);
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let options = AcquireOptions { capacity: Some(1), ..AcquireOptions::default() };
+    let permit = session.acquire_with("closed", 1, &options).await.unwrap().expect("granted");
+    let id = session.id().to_owned();
+    session.clone().close().await.unwrap();
+    assert_eq!(session.state(), SessionState::Expired);
+    bounded("lost", permit.lost()).await;
+    assert_eq!(occupancy(&client, "closed").await, (0, 0));
+    let error = client.get_session(&id).await.unwrap_err();
+    assert_eq!(error.code(), Some(ErrorCode::SessionNotFound));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_session_handle_closes_it() {
+    let server = Server::start();
+    let client = client(&server);
+    let session = client.session(Duration::from_secs(60)).await.unwrap();
+    let id = session.id().to_owned();
+    drop(session);
+    let closed = common::eventually(STEP_TIMEOUT, async || {
+        matches!(client.get_session(&id).await, Err(error) if error.code() == Some(ErrorCode::SessionNotFound))
+    })
+    .await;
+    assert!(closed, "the session was closed long before its 60 s TTL");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_campaign_resign_and_observe() {
+    let server = Server::start();
+    let client = client(&server);
+    assert_eq!(client.leader("scheduler").await.unwrap(), None, "nobody leads a new election");
+    let first = client.session(Duration::from_secs(10)).await.unwrap();
+    let second = client.session(Duration::from_secs(10)).await.unwrap();
+    let leading = bounded("first campaign", first.campaign("scheduler", "node-a")).await.unwrap();
+    let leader = client.leader("scheduler").await.unwrap().expect("a leader");
+    assert_eq!((leader.value.as_str(), leader.token), ("node-a", leading.token()));
+    assert_eq!(leader.session, first.id());
+
+    let none = second.campaign_timeout("scheduler", "node-b", Duration::ZERO).await.unwrap();
+    assert!(none.is_none(), "a try while someone leads");
+    let campaign = tokio::spawn(async move { second.campaign("scheduler", "node-b").await });
+    let queued = common::eventually(STEP_TIMEOUT, async || {
+        client.get_election("scheduler").await.unwrap().candidates == 1
+    })
+    .await;
+    assert!(queued, "the second candidate waits");
+
+    let watched_from = client.get_election("scheduler").await.unwrap().index;
+    let watch = client.watch_election("scheduler", watched_from, Duration::from_secs(10));
+    let first_token = leading.token();
+    leading.resign().await.unwrap();
+    let changed = bounded("watch", watch).await.unwrap();
+    assert!(changed.index > watched_from, "the watch returns on the change");
+    let next = bounded("second campaign", campaign).await.unwrap().unwrap();
+    assert!(next.token() > first_token);
+    let leader = client.leader("scheduler").await.unwrap().expect("a leader");
+    assert_eq!((leader.value.as_str(), leader.token), ("node-b", next.token()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_accepts_only_the_current_holders_token() {
+    let server = Server::start();
+    let client = client(&server);
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let options = AcquireOptions { capacity: Some(1), ..AcquireOptions::default() };
+    let permit = session.acquire_with("fenced", 1, &options).await.unwrap().expect("granted");
+    let token = permit.token();
+    let valid = client.validate("fenced", token).await.unwrap();
+    assert!(valid.valid);
+    assert_eq!(valid.session.as_deref(), Some(session.id()));
+    permit.release().await.unwrap();
+    assert!(!client.validate("fenced", token).await.unwrap().valid, "a released token is stale");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_semaphore_returns_when_it_changes() {
+    let server = Server::start();
+    let client = client(&server);
+    let view = client.put_semaphore("watched", 2).await.unwrap();
+    let watcher = client.clone();
+    let watch =
+        tokio::spawn(
+            async move { watcher.watch_semaphore("watched", view.index, Duration::from_secs(10)).await },
+        );
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let started = Instant::now();
+    let _permit = session.acquire("watched", 1).await.unwrap();
+    let changed = bounded("watch", watch).await.unwrap().unwrap();
+    assert!(changed.index > view.index);
+    assert!(started.elapsed() < Duration::from_secs(5), "returned on the change, not at the end of the wait");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_refusals_are_typed_errors() {
+    let server = Server::start();
+    let client = client(&server);
+    fn code<T: std::fmt::Debug>(result: Result<T, Error>) -> Option<ErrorCode> {
+        result.unwrap_err().code()
+    }
+    assert_eq!(code(client.get_semaphore("missing").await), Some(ErrorCode::SemaphoreNotFound));
+    assert_eq!(code(client.get_semaphore("bad/name").await), Some(ErrorCode::InvalidName));
+    assert_eq!(code(client.put_semaphore("zero", 0).await), Some(ErrorCode::InvalidArgument));
+    assert_eq!(code(client.keepalive(&"0".repeat(32)).await), Some(ErrorCode::SessionNotFound));
+
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    client.put_semaphore("small", 2).await.unwrap();
+    assert_eq!(code(session.acquire("small", 3).await), Some(ErrorCode::PermitsExceedCapacity));
+    let _held = session.acquire("small", 1).await.unwrap();
+    assert_eq!(code(client.delete_semaphore("small").await), Some(ErrorCode::SemaphoreBusy));
+    let error = client.delete_semaphore("small").await.unwrap_err();
+    assert!(matches!(&error, Error::Api { status: 409, .. }), "{error:?}");
+    assert!(!error.is_outcome_unknown());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_fail_over_to_a_reachable_endpoint() {
+    let server = Server::start();
+    // A port that refuses connections: bound, then closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let client = Client::with_endpoints([format!("http://{closed}"), server.url.clone()]).unwrap();
+    let session = bounded("session", client.session(Duration::from_secs(10))).await.unwrap();
+    let options = AcquireOptions { capacity: Some(1), ..AcquireOptions::default() };
+    let permit = bounded("acquire", session.acquire_with("failover", 1, &options)).await.unwrap();
+    assert!(permit.is_some());
+    assert_eq!(client.health().await.unwrap().status, "ok");
+
+    let unreachable = Client::new(&format!("http://{closed}")).unwrap();
+    let error = bounded("unreachable", unreachable.health()).await.unwrap_err();
+    assert!(matches!(error, Error::Transport { .. }), "{error:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_endpoints_are_refused_before_sending() {
+    for url in ["https://127.0.0.1:7376", "http://127.0.0.1:7376/v1", "http://", ""] {
+        let error = Client::new(url).unwrap_err();
+        assert!(matches!(error, Error::InvalidEndpoint { .. }), "{url:?}: {error:?}");
+    }
+    assert!(Client::with_endpoints(Vec::<String>::new()).is_err());
+    assert_eq!(Client::new("127.0.0.1:7376").unwrap().endpoints(), ["http://127.0.0.1:7376"]);
+}

@@ -1,0 +1,77 @@
+//! The history checker: a pure function from a [`History`] to the violations it shows.
+//!
+//! It checks what a client of Permit may rely on, from acknowledged answers only:
+//! - **tokens** ([`tokens`]): a token names one grant; a grant acknowledged before another acquire
+//!   was sent has the smaller token;
+//! - **capacity** ([`capacity`]): at no instant do the holds that clients rely on exceed the
+//!   largest capacity sent for the semaphore so far;
+//! - **leases** ([`leases`]): a session is never reported missing while its lease holds, and a
+//!   linearizable read of a session shows every hold its client relies on, with its token.
+//!
+//! A client relies on a hold from the answer (or read) that first showed it until it sends a
+//! release or a close, until `acquire sent + max_hold_ms`, and only while its session's lease
+//! holds: from an acknowledged create or keepalive until `sent + ttl`.
+
+pub mod capacity;
+pub mod facts;
+pub mod leases;
+pub mod tokens;
+
+use std::fmt;
+
+use permit_core::SessionId;
+
+use crate::history::History;
+
+pub use facts::Facts;
+
+/// The rule a violation breaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// The history itself is malformed (a bug of the recorder).
+    Malformed,
+    /// A token names two grants, or appears without an acquire that could have granted it.
+    TokenIdentity,
+    /// A grant acknowledged before an acquire was sent has the larger token.
+    TokenOrder,
+    /// Clients rely on more permits than the capacity.
+    Capacity,
+    /// A session was reported missing while its lease holds.
+    Lease,
+    /// A read lacks a hold its client relies on.
+    Durability,
+}
+
+/// One broken rule, with the sessions involved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// The rule.
+    pub rule: Rule,
+    /// The sessions involved.
+    pub sessions: Vec<SessionId>,
+    /// What happened, in one sentence.
+    pub text: String,
+}
+
+impl Violation {
+    /// A violation of `rule` involving `sessions`.
+    pub fn new(rule: Rule, sessions: Vec<SessionId>, text: String) -> Violation {
+        Violation { rule, sessions, text }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.rule, self.text)
+    }
+}
+
+/// Every violation `history` shows.
+pub fn check(history: &History) -> Vec<Violation> {
+    let facts = Facts::of(history);
+    let mut violations = facts.violations.clone();
+    violations.extend(tokens::check(&facts));
+    violations.extend(capacity::check(&facts));
+    violations.extend(leases::check(history, &facts));
+    violations
+}

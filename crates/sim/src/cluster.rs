@@ -1,0 +1,191 @@
+//! A cluster of full Permit nodes in one process, each with its data dir in one temporary
+//! directory, connected by the [`Router`]. A crash shuts a node down and drops it: its memory is
+//! gone, its disk stays, and a restart starts a new node on the same data dir.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use openraft::ServerState;
+use permit_server::raft::NodeId;
+use permit_server::{Config, Node};
+use rand::seq::IndexedRandom;
+use rand::Rng;
+
+use crate::observer::Observer;
+use crate::recorder::Recorder;
+use crate::router::Router;
+
+/// The node ids of the simulated cluster.
+pub const NODE_IDS: [NodeId; 3] = [1, 2, 3];
+
+/// Attempts to reopen a data dir whose previous node is still letting go of its files.
+const REOPEN_ATTEMPTS: u32 = 50;
+
+/// Raft timing and compaction of every node.
+#[derive(Debug, Clone, Copy)]
+pub struct RaftSettings {
+    /// Leader heartbeat interval, in ms.
+    pub heartbeat_ms: u64,
+    /// Election timeout range, in ms.
+    pub election_timeout_ms: (u64, u64),
+    /// Snapshot (and compact the log) after this many entries.
+    pub snapshot_logs: u64,
+}
+
+/// The nodes of one simulation.
+pub struct Cluster {
+    router: Arc<Router>,
+    observer: Arc<Observer>,
+    recorder: Arc<Recorder>,
+    settings: RaftSettings,
+    root: tempfile::TempDir,
+    nodes: Mutex<BTreeMap<NodeId, Option<Arc<Node>>>>,
+}
+
+impl Cluster {
+    /// Starts every node; each forms the cluster from the same `--peers` list, as `permit serve`
+    /// does.
+    ///
+    /// # Errors
+    /// When the temporary directory cannot be made or a node cannot start.
+    pub async fn start(
+        router: Arc<Router>,
+        observer: Arc<Observer>,
+        recorder: Arc<Recorder>,
+        settings: RaftSettings,
+    ) -> anyhow::Result<Arc<Cluster>> {
+        let root = tempfile::Builder::new().prefix("permit-sim-").tempdir_in(scratch_dir())?;
+        let cluster = Arc::new(Cluster {
+            router,
+            observer,
+            recorder,
+            settings,
+            root,
+            nodes: Mutex::new(NODE_IDS.iter().map(|id| (*id, None)).collect()),
+        });
+        for id in NODE_IDS {
+            cluster.launch(id).await?;
+        }
+        Ok(cluster)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<NodeId, Option<Arc<Node>>>> {
+        self.nodes.lock().expect("cluster lock")
+    }
+
+    fn config(&self, id: NodeId) -> Config {
+        Config {
+            node_id: id,
+            listen: address(id),
+            data_dir: self.data_dir(id),
+            peers: NODE_IDS.iter().map(|peer| (*peer, address(*peer).to_string())).collect(),
+            heartbeat_ms: self.settings.heartbeat_ms,
+            election_timeout_ms: self.settings.election_timeout_ms,
+            snapshot_logs: self.settings.snapshot_logs,
+            join: false,
+        }
+    }
+
+    /// Where node `id` keeps its Raft log and snapshots.
+    pub fn data_dir(&self, id: NodeId) -> PathBuf {
+        self.root.path().join(format!("node-{id}"))
+    }
+
+    /// Starts node `id` on its data dir, retrying while the previous run still holds its files.
+    async fn launch(&self, id: NodeId) -> anyhow::Result<()> {
+        let mut attempt = 0;
+        let node = loop {
+            attempt += 1;
+            match Node::start_with(self.config(id), address(id), self.router.network(id)).await {
+                Ok(node) => break node,
+                Err(error) if attempt < REOPEN_ATTEMPTS => {
+                    self.recorder.note(format!("node {id} cannot start yet: {error:#}"));
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(error) => return Err(error.context(format!("node {id} does not start"))),
+            }
+        };
+        self.router.attach(id, node.raft.clone());
+        self.observer.watch(id, &node);
+        self.lock().insert(id, Some(node));
+        self.recorder.note(format!("node {id} started"));
+        Ok(())
+    }
+
+    /// Node `id`, if it runs.
+    pub fn node(&self, id: NodeId) -> Option<Arc<Node>> {
+        self.lock().get(&id).cloned().flatten()
+    }
+
+    /// The nodes that run.
+    pub fn running(&self) -> Vec<Arc<Node>> {
+        self.lock().values().flatten().cloned().collect()
+    }
+
+    /// The ids of the nodes that are down.
+    pub fn down(&self) -> Vec<NodeId> {
+        self.lock().iter().filter(|(_, node)| node.is_none()).map(|(id, _)| *id).collect()
+    }
+
+    /// The running nodes that believe they lead (a deposed leader cut off from the others may
+    /// still believe it).
+    pub fn leaders(&self) -> Vec<Arc<Node>> {
+        self.running()
+            .into_iter()
+            .filter(|node| node.raft.metrics().borrow().state == ServerState::Leader)
+            .collect()
+    }
+
+    /// One of the nodes that believe they lead, chosen with `rng`.
+    pub fn pick_leader(&self, rng: &mut impl Rng) -> Option<Arc<Node>> {
+        self.leaders().choose(rng).cloned()
+    }
+
+    /// Crashes node `id`: shuts it down and drops it. Its disk stays.
+    pub async fn crash(&self, id: NodeId) {
+        let Some(node) = self.lock().get_mut(&id).and_then(Option::take) else { return };
+        self.recorder.note(format!("node {id} crashes"));
+        self.router.detach(id);
+        self.observer.stopping(id);
+        node.shutdown().await;
+    }
+
+    /// Restarts node `id` on its data dir, if it is down.
+    ///
+    /// # Errors
+    /// When it does not start.
+    pub async fn restart(&self, id: NodeId) -> anyhow::Result<()> {
+        if self.node(id).is_some() {
+            return Ok(());
+        }
+        self.launch(id).await
+    }
+
+    /// Shuts every node down (the end of the simulation).
+    pub async fn shutdown(&self) {
+        for id in NODE_IDS {
+            self.crash(id).await;
+        }
+    }
+}
+
+/// The address node `id` claims. Nothing listens there: RPCs go through the router.
+fn address(id: NodeId) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 17_000 + u16::try_from(id).expect("small node ids")))
+}
+
+/// Where data dirs go: `PERMIT_SIM_DIR`, else `/dev/shm` when it exists (the simulation tests
+/// logic, not disks, and tmpfs makes fsync free), else the system's temporary directory.
+fn scratch_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PERMIT_SIM_DIR") {
+        return PathBuf::from(dir);
+    }
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        return shm;
+    }
+    std::env::temp_dir()
+}

@@ -1,0 +1,224 @@
+//! The simulation driver: one seed, one 3-node cluster on a current-thread runtime with paused
+//! time, random clients and faults for a while, then healing and the final checks.
+//!
+//! Phases: start the nodes (each forms the cluster from `--peers`); create the semaphores; run
+//! the clients and the nemesis for `Settings::simulated`; stop both and heal; converge; read
+//! every live session one last time; stop the keepalives and wait every TTL out; check that no
+//! permit was lost and that the replicas agree; shut down; check the history.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use permit_core::{Name, Outcome};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::checker;
+use crate::client::{MAX_HOLD_MS_MAX, TTLS_MS};
+use crate::cluster::{Cluster, RaftSettings};
+use crate::gateway::Gateway;
+use crate::history::{History, DRIVER};
+use crate::liveness;
+use crate::observer::Observer;
+use crate::recorder::Recorder;
+use crate::router::Router;
+use crate::traffic::Traffic;
+
+/// Semaphores the clients share.
+const SEMAPHORES: [&str; 3] = ["db", "gpu", "lock"];
+/// Longest the cluster gets to converge after healing.
+const CONVERGE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// What one simulation runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Simulated time of client traffic and faults.
+    pub simulated: Duration,
+    /// Number of clients.
+    pub clients: u32,
+    /// Whether the nemesis injects faults.
+    pub faults: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings { simulated: Duration::from_secs(30), clients: 5, faults: true }
+    }
+}
+
+/// Counts of one simulation, for the summary line.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    /// Records in the history.
+    pub records: usize,
+    /// Grants checked.
+    pub grants: usize,
+    /// Faults injected.
+    pub faults: u64,
+    /// Crashes among them.
+    pub crashes: u64,
+    /// Terms that had a leader.
+    pub terms_led: usize,
+    /// Largest applied index.
+    pub applied_max: u64,
+    /// Followers that caught up by installing a snapshot.
+    pub snapshot_installs: u64,
+    /// Raft messages delivered and lost.
+    pub messages: (u64, u64),
+}
+
+/// The result of one simulation.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// Its seed.
+    pub seed: u64,
+    /// What it ran.
+    pub settings: Settings,
+    /// Everything the clients did and were told.
+    pub history: History,
+    /// Every violation found, by the observer, the driver and the history checker.
+    pub violations: Vec<String>,
+    /// The last trace lines.
+    pub trace: Vec<String>,
+    /// Counts.
+    pub stats: Stats,
+    /// Wall-clock time it took.
+    pub wall: Duration,
+}
+
+/// Trace lines kept in a [`Run`].
+const TRACE_LINES: usize = 2000;
+
+/// Runs one simulation with `seed` on a runtime of its own, on this thread.
+///
+/// # Panics
+/// When the runtime cannot be built.
+pub fn run(seed: u64, settings: &Settings) -> Run {
+    crate::panics::install_hook();
+    let _ = crate::panics::take();
+    let wall = std::time::Instant::now();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    let (recorder, observer, stats) = runtime.block_on(async {
+        let recorder = Recorder::new();
+        let observer = Observer::new(recorder.clone());
+        let stats = simulate(seed, settings, recorder.clone(), observer.clone()).await;
+        (recorder, observer, stats)
+    });
+    drop(runtime);
+    let mut violations = recorder.violations();
+    violations.extend(crate::panics::take().into_iter().map(|panic| format!("panic: {panic}")));
+    let history = recorder.history();
+    violations.extend(checker::check(&history).into_iter().map(|violation| format!("history: {violation}")));
+    if !violations.is_empty() {
+        // Context for a failed run: sessions that vanished from a leader before its deadline.
+        violations.extend(observer.early_expiries().into_iter().map(|early| {
+            format!(
+                "context: session {} vanished from leader {} {:?} before its deadline there",
+                early.session, early.node, early.early_by
+            )
+        }));
+    }
+    let grants = checker::Facts::of(&history).grants.len();
+    Run {
+        seed,
+        settings: settings.clone(),
+        violations,
+        trace: recorder.trace_tail(TRACE_LINES),
+        stats: Stats { records: history.records.len(), grants, ..stats },
+        history,
+        wall: wall.elapsed(),
+    }
+}
+
+async fn simulate(seed: u64, settings: &Settings, recorder: Arc<Recorder>, observer: Arc<Observer>) -> Stats {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let router = Router::new(rng.random());
+    let raft = RaftSettings {
+        heartbeat_ms: 100,
+        election_timeout_ms: (500, 1000),
+        snapshot_logs: rng.random_range(10..=120),
+    };
+    recorder.note(format!("seed {seed}: {settings:?}, {raft:?}"));
+    let cluster = match Cluster::start(router.clone(), observer.clone(), recorder.clone(), raft).await {
+        Ok(cluster) => cluster,
+        Err(error) => {
+            recorder.violation(format!("the cluster does not start: {error:#}"));
+            return Stats::default();
+        }
+    };
+    let names: Vec<Name> = SEMAPHORES.iter().map(|name| Name::new(*name).expect("valid name")).collect();
+    let driver = Gateway::new(cluster.clone(), recorder.clone(), DRIVER);
+    if !create_semaphores(&driver, &mut rng, &names).await {
+        cluster.shutdown().await;
+        return Stats::default();
+    }
+
+    let mut traffic =
+        Traffic::start(&cluster, &router, &recorder, &mut rng, (settings.clients, settings.faults), &names);
+    tokio::time::sleep(settings.simulated).await;
+    recorder.note("traffic ends; healing");
+    let (faults, crashes) = traffic.stop_clients_and_faults().await;
+    heal_and_check(&cluster, &recorder, &observer, &mut traffic, &mut rng, &names).await;
+    let stats = Stats {
+        faults,
+        crashes,
+        terms_led: observer.terms_led(),
+        applied_max: observer.applied_max(),
+        snapshot_installs: observer.snapshot_installs(),
+        messages: router.counts(),
+        ..Stats::default()
+    };
+    cluster.shutdown().await;
+    stats
+}
+
+/// After healing: converge, read every live session one last time (durability), let every TTL
+/// pass, then check that no permit was lost and that the replicas agree.
+async fn heal_and_check(
+    cluster: &Arc<Cluster>,
+    recorder: &Arc<Recorder>,
+    observer: &Observer,
+    traffic: &mut Traffic,
+    rng: &mut StdRng,
+    names: &[Name],
+) {
+    if liveness::converge(cluster, recorder, CONVERGE_PATIENCE).await {
+        liveness::read_sessions(&traffic.sessions(), rng).await;
+    }
+    traffic.stop_keepalives().await;
+    let ttl_ms_max = TTLS_MS.iter().max().copied().unwrap_or(0);
+    tokio::time::sleep(Duration::from_millis(2 * ttl_ms_max + MAX_HOLD_MS_MAX + 2000)).await;
+    let driver = Gateway::new(cluster.clone(), recorder.clone(), DRIVER);
+    if liveness::converge(cluster, recorder, CONVERGE_PATIENCE).await {
+        liveness::check_no_permit_lost(&driver, rng, names).await;
+    }
+    if liveness::converge(cluster, recorder, CONVERGE_PATIENCE).await {
+        liveness::check_replicas_agree(cluster, recorder, observer.applied_max());
+    }
+}
+
+/// Creates the semaphores with random capacities; false (and a violation) when no leader
+/// answers.
+async fn create_semaphores(driver: &Gateway, rng: &mut StdRng, names: &[Name]) -> bool {
+    for name in names {
+        let capacity = rng.random_range(1..=4);
+        let mut created = false;
+        for _ in 0..10 {
+            if let Some(Outcome::SemaphoreCreated | Outcome::SemaphoreUpdated) =
+                driver.put_semaphore(rng, name, capacity).await
+            {
+                created = true;
+                break;
+            }
+        }
+        if !created {
+            driver.recorder().violation(format!("semaphore {name} could not be created: no leader answers"));
+            return false;
+        }
+    }
+    true
+}
