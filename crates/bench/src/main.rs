@@ -44,6 +44,9 @@ struct Args {
     /// The `permit` binary (default: next to this one).
     #[arg(long)]
     permit_bin: Option<PathBuf>,
+    /// Run W1-W4 against this running server instead of a fresh one (e.g. to profile it).
+    #[arg(long)]
+    url: Option<String>,
     /// Where data dirs go (default: a temp dir under target/).
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -143,8 +146,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     report.add("fdatasync of a 4 KiB append, p50", format!("{fsync_p50:.3} ms"), None);
 
     if wants(&args, "w1") || wants(&args, "w2") || wants(&args, "w3") || wants(&args, "w4") {
-        let node = ServerProcess::start(&bin, "127.0.0.1:0", &work.path().join("single"), &[])?;
-        let url = node.url.clone();
+        let node = match &args.url {
+            Some(_) => None,
+            None => Some(ServerProcess::start(&bin, "127.0.0.1:0", &work.path().join("single"), &[])?),
+        };
+        let url = args.url.clone().unwrap_or_else(|| node.as_ref().expect("started").url.clone());
         if wants(&args, "w1") {
             let (mut rate, mut acq50, mut acq99, mut rel50, mut rel99) =
                 (vec![], vec![], vec![], vec![], vec![]);

@@ -25,6 +25,8 @@ impl State {
     /// The first [`InvariantViolation`] found.
     pub fn verify(&self) -> Result<(), InvariantViolation> {
         let mut deadlines = BTreeSet::new();
+        let mut tokens = Vec::new();
+        let (mut hold_count, mut wait_count) = (0usize, 0usize);
         for (key, object) in &self.objects {
             let held: u64 = object.holders.values().map(|hold| hold.permits).sum();
             ensure!(held == object.held, "{key}: held {} but holds sum to {held}", object.held);
@@ -42,36 +44,32 @@ impl State {
                 ensure!(object.capacity == 1, "{key}: election capacity {}", object.capacity);
                 ensure!(!object.is_idle(), "{key}: idle election kept");
             }
-            let mut tokens = BTreeSet::new();
             for (session_id, hold) in &object.holders {
                 ensure!(hold.permits >= 1, "{key}: empty hold");
                 ensure!(hold.token <= self.last_token, "{key}: token {} from the future", hold.token);
-                ensure!(tokens.insert(hold.token), "{key}: token {} held twice", hold.token);
-                let session = self.sessions.get(session_id);
-                ensure!(
-                    session.is_some_and(|s| s.holds.contains(key)),
-                    "{key}: holder {session_id} not live"
-                );
                 ensure!(object.queue.get(*session_id).is_none(), "{key}: {session_id} holds and waits");
+                tokens.push(hold.token);
                 if let Some(deadline) = hold.expires_at_ms {
                     deadlines.insert((deadline, key.clone(), *session_id));
                 }
             }
+            hold_count += object.holders.len();
             object.queue.check();
             for waiter in object.queue.iter() {
-                let session = self.sessions.get(&waiter.session);
-                ensure!(
-                    session.is_some_and(|s| s.waits.contains(key)),
-                    "{key}: waiter {} not live",
-                    waiter.session
-                );
                 ensure!(waiter.permits <= object.capacity, "{key}: waiter can never fit");
             }
+            wait_count += object.queue.len();
             if let Some(head) = object.queue.head() {
                 ensure!(!object.fits(head.permits), "{key}: head waiter fits but was not granted");
             }
         }
+        // Tokens are global: every hold's token is distinct.
+        tokens.sort_unstable();
+        ensure!(tokens.windows(2).all(|w| w[0] < w[1]), "a token is held twice");
         ensure!(deadlines == self.hold_deadlines, "hold deadline index out of date");
+        // Every key a session lists names a hold (or wait) of that session; with equal counts, and
+        // (session, key) pairs being unique, every hold and wait belongs to a live session too.
+        let (mut listed_holds, mut listed_waits) = (0usize, 0usize);
         for (id, session) in &self.sessions {
             ensure!(
                 session.holds.is_sorted() && session.waits.is_sorted(),
@@ -85,7 +83,17 @@ impl State {
                 let waits = self.objects.get(key).is_some_and(|o| o.queue.get(*id).is_some());
                 ensure!(waits, "session {id} lists a wait on {key} that does not exist");
             }
+            listed_holds += session.holds.len();
+            listed_waits += session.waits.len();
         }
+        ensure!(
+            listed_holds == hold_count,
+            "{hold_count} holds but sessions list {listed_holds}: a holder is not live"
+        );
+        ensure!(
+            listed_waits == wait_count,
+            "{wait_count} waiters but sessions list {listed_waits}: a waiter is not live"
+        );
         Ok(())
     }
 }

@@ -24,6 +24,9 @@ pub struct Metrics {
     requests: Family<Labels, Counter>,
     request_seconds: Family<Labels, Histogram>,
     batch_commands: Histogram,
+    write_seconds: Histogram,
+    /// Duration of each log append (redb commit with fsync).
+    pub append_seconds: Histogram,
     sessions_expired: Counter,
     holds_expired: Counter,
     /// Gauges set at scrape time.
@@ -86,6 +89,18 @@ impl Metrics {
             "Commands per log entry (group commit)",
             batch_commands.clone(),
         );
+        let write_seconds = Histogram::new(exponential_buckets(0.000_025, 1.5, 30));
+        registry.register(
+            "raft_write_duration_seconds",
+            "Time from handing a batch to Raft to its outcome (append, fsync, commit, apply)",
+            write_seconds.clone(),
+        );
+        let append_seconds = Histogram::new(exponential_buckets(0.000_025, 1.5, 30));
+        registry.register(
+            "log_append_duration_seconds",
+            "One log append: redb commit and fsync",
+            append_seconds.clone(),
+        );
         let sessions_expired = Counter::default();
         registry.register("sessions_expired", "Sessions expired by the leader", sessions_expired.clone());
         let holds_expired = Counter::default();
@@ -124,6 +139,8 @@ impl Metrics {
             requests,
             request_seconds,
             batch_commands,
+            write_seconds,
+            append_seconds,
             sessions_expired,
             holds_expired,
             gauges,
@@ -145,6 +162,11 @@ impl Metrics {
     /// Records the size of one proposed batch.
     pub fn observe_batch(&self, commands: usize) {
         self.batch_commands.observe(commands as f64);
+    }
+
+    /// Records how long one batch took to commit and apply.
+    pub fn observe_write(&self, seconds: f64) {
+        self.write_seconds.observe(seconds);
     }
 
     /// Counts expired sessions.

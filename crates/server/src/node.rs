@@ -78,17 +78,26 @@ impl Node {
         config.validate()?;
         std::fs::create_dir_all(&config.data_dir)?;
         let log_path = config.data_dir.join("raft-log.redb");
-        let log_store = LogStore::open(&log_path).map_err(|e| {
-            anyhow::anyhow!("cannot open {}: {e} (is another server using it?)", log_path.display())
-        })?;
+        let metrics = Arc::new(Metrics::new());
+        let log_store = LogStore::open(&log_path)
+            .map_err(|e| {
+                anyhow::anyhow!("cannot open {}: {e} (is another server using it?)", log_path.display())
+            })?
+            .with_append_histogram(metrics.append_seconds.clone());
         let snapshots = SnapshotStore::open(&config.data_dir.join("snapshots"))?;
+        let loading = std::time::Instant::now();
         let replica_state = load_replica(&snapshots)?;
+        tracing::info!(
+            sessions = replica_state.state.session_count(),
+            objects = replica_state.state.object_count(),
+            elapsed_ms = loading.elapsed().as_millis() as u64,
+            "snapshot loaded"
+        );
         let applied_index = replica_state.last_applied.map_or(0, |id| id.index);
         let clock = Arc::new(LeaderClock::new(replica_state.state.now_ms()));
         let replica = Arc::new(Replica::new(replica_state));
         let notifier = Notifier::new(applied_index);
         let expiry_wake = Arc::new(Notify::new());
-        let metrics = Arc::new(Metrics::new());
         let state_machine =
             StateMachine::new(replica.clone(), notifier.clone(), snapshots, expiry_wake.clone());
 
