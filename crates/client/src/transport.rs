@@ -16,6 +16,9 @@ pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const LONG_POLL_MARGIN: Duration = Duration::from_secs(5);
 /// Attempts of a retried call, over all endpoints.
 const ATTEMPTS_MAX: u32 = 24;
+/// Longest a retried call keeps retrying: enough to ride out a leader election (≈ 2 s), short
+/// enough that a dead server is reported promptly.
+const RETRY_WINDOW: Duration = Duration::from_secs(6);
 /// Attempts that may time out before a retried call gives up, so that it never takes much more
 /// than twice its timeout (one that times out on a hung endpoint still gets to try another).
 const TIMEOUTS_MAX: u32 = 2;
@@ -143,6 +146,7 @@ impl Transport {
         let mut backoff = BACKOFF_MIN;
         let mut attempt = 0;
         let mut timeouts = 0;
+        let started = tokio::time::Instant::now();
         loop {
             let index = self.preferred.load(Ordering::Relaxed) % self.endpoints.len();
             let error = match self.send_once(&self.endpoints[index], call).await {
@@ -153,7 +157,9 @@ impl Transport {
             if matches!(error.error, Error::Timeout { .. }) {
                 timeouts += 1;
             }
-            let exhausted = attempt >= attempts || (call.retry != Retry::OnePass && timeouts >= TIMEOUTS_MAX);
+            let exhausted = attempt >= attempts
+                || started.elapsed() >= RETRY_WINDOW
+                || (call.retry != Retry::OnePass && timeouts >= TIMEOUTS_MAX);
             if exhausted || !error.retryable(call.retry) {
                 return Err(error.error);
             }

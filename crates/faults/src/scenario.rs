@@ -200,6 +200,15 @@ pub async fn run(scenario: &Scenario, bin: &Path, out: &Path, seed: u64) -> anyh
     tokio::time::sleep(scenario.settle).await;
 
     let mut notes = Vec::new();
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        if let Clock::WallShift(_) = node.clock {
+            notes.push(format!(
+                "node {} wall clock off by {}",
+                node.id,
+                wall_clock_offset(&cluster, i).await?
+            ));
+        }
+    }
     let mut isolations = Vec::new();
     inject(scenario, &mut cluster, &recorder, &mut notes, &mut isolations).await?;
     cluster.wait_for_leader(Duration::from_secs(20)).await.context("a leader after healing")?;
@@ -221,6 +230,34 @@ pub async fn run(scenario: &Scenario, bin: &Path, out: &Path, seed: u64) -> anyh
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(Outcome { report, ops, dir, notes })
+}
+
+/// The difference between a node's wall clock (its HTTP `date` header) and ours, proving that a
+/// faked clock took effect.
+async fn wall_clock_offset(cluster: &Cluster, node: usize) -> anyhow::Result<String> {
+    let url = format!("{}/v1/health", cluster.nodes[node].url());
+    let answer = cluster.http.get(url).timeout(Duration::from_secs(5)).send().await?;
+    let date = answer.headers().get("date").and_then(|d| d.to_str().ok()).context("no date header")?;
+    let theirs = humantime::parse_rfc3339_weak(&rfc3339_of_http_date(date)?)?;
+    let ours = std::time::SystemTime::now();
+    let (sign, offset) = match theirs.duration_since(ours) {
+        Ok(ahead) => ("+", ahead),
+        Err(behind) => ("-", behind.duration()),
+    };
+    anyhow::ensure!(
+        offset > Duration::from_secs(1800),
+        "the faked clock did not take effect (offset {offset:?})"
+    );
+    Ok(format!("{sign}{}s", offset.as_secs()))
+}
+
+/// `Thu, 03 Dec 2026 08:00:00 GMT` as `2026-12-03 08:00:00`.
+fn rfc3339_of_http_date(date: &str) -> anyhow::Result<String> {
+    let parts: Vec<&str> = date.split_whitespace().collect();
+    anyhow::ensure!(parts.len() == 6, "unexpected date header {date:?}");
+    let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    let month = months.iter().position(|m| *m == parts[2]).context("month")? + 1;
+    Ok(format!("{}-{month:02}-{:0>2} {}", parts[3], parts[1], parts[4]))
 }
 
 async fn put_semaphore(http: &reqwest::Client, url: &str, name: &str, capacity: u64) -> anyhow::Result<()> {

@@ -89,3 +89,40 @@ async fn a_follower_down_past_log_compaction_catches_up_by_snapshot() {
     let stale = follower_api.get(&format!("/v1/semaphores/{last}?stale=true")).await;
     assert_eq!(stale.body["holders"][0]["session"], session.as_str(), "{view:?}");
 }
+
+/// The README's way to run a cluster: every node started with `--peers`, in any order; the same
+/// commands again after a stop resume it. (The other cluster tests form clusters with `--join`
+/// and `/v1/cluster/init`, which needs no port chosen in advance.)
+#[tokio::test]
+async fn nodes_started_with_peers_in_any_order_form_a_cluster_and_resume_after_a_full_stop() {
+    use crate::common::Server;
+    // Free ports: bind all three at once, then let the servers take them.
+    let listeners: Vec<std::net::TcpListener> =
+        (0..3).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let addrs: Vec<String> = listeners.iter().map(|l| l.local_addr().unwrap().to_string()).collect();
+    drop(listeners);
+    let peers = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect::<Vec<_>>().join(",");
+    let dir = tempfile::tempdir().unwrap();
+    let start = |i: usize| {
+        let id = (i + 1).to_string();
+        Server::start_in(&dir.path().join(format!("d{id}")), &addrs[i], &["--id", &id, "--peers", &peers])
+    };
+    let mut nodes = vec![start(2), start(0), start(1)]; // Any order: node 3 first.
+    let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    let mut client = Failover::new(&urls, 0);
+    let session = client.session(60_000).await;
+    let granted =
+        client.post("/v1/semaphores/peers/acquire", json!({ "session": session, "capacity": 1 })).await;
+    assert_eq!(granted.status, 200, "{granted:?}");
+    for node in &mut nodes {
+        node.kill9();
+    }
+    for node in &mut nodes {
+        node.restart();
+    }
+    let mut client = Failover::new(&urls, 1);
+    let view = client.get("/v1/semaphores/peers").await;
+    assert_eq!(view.body["holders"][0]["session"], session.as_str(), "{view:?}");
+    let cluster = client.get("/v1/cluster").await;
+    assert_eq!(cluster.body["members"].as_array().unwrap().len(), 3);
+}
