@@ -50,6 +50,9 @@ struct Args {
     /// Where data dirs go (default: a temp dir under target/).
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Keep the data dirs after the run (their path is printed), e.g. to time restarts by hand.
+    #[arg(long)]
+    keep_data: bool,
     /// Internal: serve the HTTP floor.
     #[arg(long, hide = true)]
     floor_server: bool,
@@ -246,6 +249,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         big_rows(&mut report, &bin, work.path(), args.big_n).await?;
     }
     report.print_markdown();
+    if args.keep_data {
+        println!("data dirs kept in {}", work.keep().display());
+    }
     Ok(())
 }
 

@@ -16,9 +16,17 @@ use crate::limits::NAME_BYTES_MAX;
 /// assert!(Name::new("db.orders").is_ok());
 /// assert!(Name::new("a/b").is_err());
 /// ```
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(try_from = "String")]
 pub struct Name(String);
+
+/// Serialized as its text, without the copy that `#[serde(into = "String")]` would make (a
+/// snapshot serializes every name of every hold).
+impl Serialize for Name {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
 
 /// Why a string is not a valid [`Name`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -414,7 +414,7 @@ impl State {
     }
 
     /// All sessions, ordered by id.
-    pub fn sessions(&self) -> impl Iterator<Item = (&SessionId, &Session)> {
+    pub fn sessions(&self) -> impl ExactSizeIterator<Item = (&SessionId, &Session)> {
         self.sessions.iter()
     }
 

@@ -79,20 +79,15 @@ impl Node {
         std::fs::create_dir_all(&config.data_dir)?;
         let log_path = config.data_dir.join("raft-log.redb");
         let metrics = Arc::new(Metrics::new());
+        let opening = std::time::Instant::now();
         let log_store = LogStore::open(&log_path)
             .map_err(|e| {
                 anyhow::anyhow!("cannot open {}: {e} (is another server using it?)", log_path.display())
             })?
             .with_append_histogram(metrics.append_seconds.clone());
+        tracing::info!(elapsed_ms = opening.elapsed().as_millis() as u64, "log opened");
         let snapshots = SnapshotStore::open(&config.data_dir.join("snapshots"))?;
-        let loading = std::time::Instant::now();
         let replica_state = load_replica(&snapshots)?;
-        tracing::info!(
-            sessions = replica_state.state.session_count(),
-            objects = replica_state.state.object_count(),
-            elapsed_ms = loading.elapsed().as_millis() as u64,
-            "snapshot loaded"
-        );
         let applied_index = replica_state.last_applied.map_or(0, |id| id.index);
         let clock = Arc::new(LeaderClock::new(replica_state.state.now_ms()));
         let replica = Arc::new(Replica::new(replica_state));

@@ -54,9 +54,7 @@ fn write_logs_error(e: impl std::error::Error) -> StorageError {
 }
 
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut bytes = vec![LOG_FORMAT_VERSION];
-    postcard::to_io(value, &mut bytes).expect("encoding to memory cannot fail");
-    bytes
+    postcard::to_extend(value, vec![LOG_FORMAT_VERSION]).expect("encoding to memory cannot fail")
 }
 
 fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, std::io::Error> {

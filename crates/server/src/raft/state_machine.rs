@@ -48,11 +48,8 @@ impl StateMachine {
         let applied_index = meta.last_log_id.map_or(0, |id| id.index);
         {
             let mut replica = self.replica.lock();
-            replica.lessor.clear();
-            let now = Instant::now();
-            for (id, session) in state.sessions() {
-                replica.lessor.on_created(*id, session.ttl_ms, now);
-            }
+            let sessions = state.sessions().map(|(id, session)| (*id, session.ttl_ms));
+            replica.lessor.reset(sessions, Instant::now());
             replica.state = state;
             replica.last_applied = meta.last_log_id;
             replica.membership = meta.last_membership.clone();
@@ -172,18 +169,30 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 /// When the snapshot exists but cannot be read or decoded.
 pub fn load_replica(snapshots: &SnapshotStore) -> anyhow::Result<crate::replica::ReplicaState> {
     let mut replica = crate::replica::ReplicaState::default();
+    let started = std::time::Instant::now();
     if let Some((meta, bytes)) = snapshots.load()? {
-        let state = State::decode_snapshot(&bytes)?;
+        let read = started.elapsed();
+        // The session deadlines are indexed while the state's invariants are checked.
+        let (state, lessor) = State::decode_snapshot_with(&bytes, |state| {
+            let mut lessor = crate::lessor::Lessor::default();
+            lessor.reset(state.sessions().map(|(id, session)| (*id, session.ttl_ms)), Instant::now());
+            lessor
+        })?;
         let index = meta.last_log_id.map_or(0, |id| id.index);
         anyhow::ensure!(
             state.applied_index() == index,
             "snapshot state at {} but meta at {index}",
             state.applied_index()
         );
-        let now = Instant::now();
-        for (id, session) in state.sessions() {
-            replica.lessor.on_created(*id, session.ttl_ms, now);
-        }
+        tracing::info!(
+            bytes = bytes.len(),
+            sessions = state.session_count(),
+            objects = state.object_count(),
+            read_ms = read.as_millis() as u64,
+            decode_check_and_index_ms = (started.elapsed() - read).as_millis() as u64,
+            "snapshot loaded"
+        );
+        replica.lessor = lessor;
         replica.state = state;
         replica.last_applied = meta.last_log_id;
         replica.membership = meta.last_membership;
