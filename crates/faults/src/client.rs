@@ -21,6 +21,8 @@ pub struct Client {
     pub node: usize,
     http: reqwest::Client,
     recorder: Arc<Recorder>,
+    /// Whether the last call's outcome was unknown.
+    last_unknown: bool,
 }
 
 /// Why a call has no answer.
@@ -44,7 +46,7 @@ impl Client {
     pub fn new(id: u32, urls: Vec<String>, node: usize, recorder: Arc<Recorder>) -> Client {
         let http =
             reqwest::Client::builder().no_proxy().timeout(CALL_TIMEOUT).build().expect("client builds");
-        Client { id, urls, node, http, recorder }
+        Client { id, urls, node, http, recorder, last_unknown: false }
     }
 
     /// Sticks to node `node` (clients on one side of a partition).
@@ -80,6 +82,16 @@ impl Client {
         answer: Result<Answer, CallError>,
         ok: impl FnOnce(&Value) -> Completion,
     ) -> Completion {
+        let completion = self.completion(answer, ok);
+        self.last_unknown = completion.outcome == permit_check::Outcome::Unknown;
+        completion
+    }
+
+    fn completion(
+        &mut self,
+        answer: Result<Answer, CallError>,
+        ok: impl FnOnce(&Value) -> Completion,
+    ) -> Completion {
         match answer {
             Err(CallError::NotSent) => {
                 self.node += 1;
@@ -110,6 +122,30 @@ impl Client {
                 completion
             }
         }
+    }
+
+    /// Whether the last call's outcome was unknown.
+    pub fn last_was_unknown(&self) -> bool {
+        self.last_unknown
+    }
+
+    /// Polls the current node's health (not recorded) until it knows a leader, moving to the
+    /// next node on every failed poll; gives up after `limit`. A client that backs off like this
+    /// after an unknown outcome leaves one open op per failover in the history, not one per
+    /// retry: each open op multiplies the linearizability search.
+    pub async fn wait_for_leader(&mut self, limit: Duration) -> bool {
+        const POLL_EVERY: Duration = Duration::from_millis(50);
+        let polls = (limit.as_millis() / POLL_EVERY.as_millis()).max(1);
+        for _ in 0..polls {
+            let url = format!("{}/v1/health", self.urls[self.node % self.urls.len()]);
+            let answer = self.http.get(url).timeout(Duration::from_millis(500)).send().await;
+            if answer.is_ok_and(|answer| answer.status().is_success()) {
+                return true;
+            }
+            self.node += 1;
+            tokio::time::sleep(POLL_EVERY).await;
+        }
+        false
     }
 
     /// Opens a session; `None` unless it is known to exist.

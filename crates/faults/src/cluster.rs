@@ -200,6 +200,10 @@ impl Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // A dead process refuses connections; so does its proxy until the node restarts.
+        if let Some(proxy) = self.proxies.get(i) {
+            proxy.take_down();
+        }
     }
 
     /// Restarts node `i` on its address and data dir (after `kill`), optionally with a new clock.
@@ -209,6 +213,9 @@ impl Cluster {
         let clock = clock.unwrap_or_else(|| node.clock.clone());
         let (id, addr, dir) = (node.id, node.addr, node.data_dir.clone());
         let restarted = self.spawn(id, addr, &dir, clock)?;
+        if let Some(proxy) = self.proxies.get(i) {
+            proxy.set_target(restarted.addr);
+        }
         self.nodes[i] = restarted;
         Ok(())
     }

@@ -9,6 +9,10 @@
 //! packets dropped and retransmitted later), so requests over it time out; new connections are
 //! accepted and then stall, like SYNs into a black hole. Loss is modelled as TCP experiences it:
 //! a lost segment is retransmitted after a timeout, so a "lost" chunk arrives 200 ms late.
+//!
+//! While its node is down ([`Proxy::take_down`]) the proxy does not listen, so peers' connections
+//! are refused as they are by a dead process. (Accepting them and then closing would look to the
+//! peer like a reset after sending: an unknown outcome instead of a provable "nothing was done".)
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -64,9 +68,15 @@ impl Proxy {
         Ok(Proxy { addr, rules, target, task })
     }
 
-    /// Sets the node the proxy forwards to.
+    /// Sets the node the proxy forwards to, and listens again if it was taken down.
     pub fn set_target(&self, target: SocketAddr) {
         self.target.send_replace(Some(target));
+    }
+
+    /// The node is down (killed): stop listening until [`Proxy::set_target`], so that connection
+    /// attempts are refused.
+    pub fn take_down(&self) {
+        self.target.send_replace(None);
     }
 
     /// Changes the rules; connections in progress follow the new rules at once.
@@ -86,29 +96,77 @@ impl Drop for Proxy {
     }
 }
 
+/// How long the proxy keeps trying to listen on its address again after a take-down.
+const REBIND_ATTEMPTS: u32 = 100;
+const REBIND_PAUSE: Duration = Duration::from_millis(20);
+
 async fn accept_loop(
     listener: TcpListener,
     rules: watch::Receiver<Rules>,
-    target: watch::Receiver<Option<SocketAddr>>,
+    mut target: watch::Receiver<Option<SocketAddr>>,
 ) {
+    let addr = listener.local_addr().expect("a bound listener has an address");
+    let mut listener = Some(listener);
     let connections = Arc::new(Mutex::new(Vec::<tokio::task::JoinHandle<()>>::new()));
-    while let Ok((inbound, source)) = listener.accept().await {
-        let (rules, mut target) = (rules.clone(), target.clone());
-        let handle = tokio::spawn(async move {
-            let Ok(target) = target.wait_for(Option::is_some).await.map(|t| t.expect("some")) else { return };
-            let Ok(outbound) = TcpStream::connect(target).await else { return };
-            let _ = inbound.set_nodelay(true);
-            let _ = outbound.set_nodelay(true);
-            let (in_read, in_write) = inbound.into_split();
-            let (out_read, out_write) = outbound.into_split();
-            let up = pump(in_read, out_write, source.ip(), rules.clone());
-            let down = pump(out_read, in_write, source.ip(), rules);
-            tokio::select! { () = up => {}, () = down => {} }
-        });
-        let mut connections = connections.lock().expect("connections lock");
-        connections.retain(|c| !c.is_finished());
-        connections.push(handle);
+    loop {
+        if target.wait_for(Option::is_some).await.is_err() {
+            return;
+        }
+        let current = match listener.take() {
+            Some(listener) => listener,
+            None => match rebind(addr).await {
+                Some(listener) => listener,
+                None => return,
+            },
+        };
+        loop {
+            let (inbound, source) = tokio::select! {
+                accepted = current.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(_) => return,
+                },
+                down = target.wait_for(Option::is_none) => {
+                    if down.is_err() {
+                        return;
+                    }
+                    break;
+                }
+            };
+            let (rules, mut target) = (rules.clone(), target.clone());
+            let handle = tokio::spawn(async move {
+                let Ok(target) = target.wait_for(Option::is_some).await.map(|t| t.expect("some")) else {
+                    return;
+                };
+                let Ok(outbound) = TcpStream::connect(target).await else { return };
+                let _ = inbound.set_nodelay(true);
+                let _ = outbound.set_nodelay(true);
+                let (in_read, in_write) = inbound.into_split();
+                let (out_read, out_write) = outbound.into_split();
+                let up = pump(in_read, out_write, source.ip(), rules.clone());
+                let down = pump(out_read, in_write, source.ip(), rules);
+                tokio::select! { () = up => {}, () = down => {} }
+            });
+            let mut connections = connections.lock().expect("connections lock");
+            connections.retain(|c| !c.is_finished());
+            connections.push(handle);
+        }
+        // Down: `current` is dropped here, so new connections are refused.
     }
+}
+
+/// Listens on `addr` again (the peers know the proxy by it); `None` if it stays taken.
+async fn rebind(addr: SocketAddr) -> Option<TcpListener> {
+    for _ in 0..REBIND_ATTEMPTS {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => return Some(listener),
+            Err(e) => {
+                tracing::warn!(%addr, error = %e, "proxy could not listen again; retrying");
+                tokio::time::sleep(REBIND_PAUSE).await;
+            }
+        }
+    }
+    tracing::error!(%addr, "proxy gave up listening again");
+    None
 }
 
 /// Copies one direction of a connection, obeying the rules for the link from `source`.
@@ -158,5 +216,63 @@ async fn pump(
         if to.write_all(&buffer[..n]).await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A target that answers every connection with `pong` and closes it.
+    async fn target() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("target binds");
+        let addr = listener.local_addr().expect("address");
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let _ = stream.write_all(b"pong").await;
+            }
+        });
+        addr
+    }
+
+    /// What a connection through the proxy gets: `Ok(bytes read)` or the connect error.
+    async fn dial(addr: SocketAddr) -> std::io::Result<Vec<u8>> {
+        let mut stream = TcpStream::connect(addr).await?;
+        let mut answer = vec![0u8; 4];
+        tokio::time::timeout(Duration::from_secs(2), stream.read_exact(&mut answer))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        Ok(answer)
+    }
+
+    /// Dials until `done` holds for the result, at most 50 times 10 ms apart.
+    async fn dial_until(addr: SocketAddr, done: impl Fn(&std::io::Result<Vec<u8>>) -> bool) -> bool {
+        for _ in 0..50 {
+            if done(&dial(addr).await) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn a_node_taken_down_refuses_connections_until_it_is_back() {
+        let proxy = Proxy::start("127.0.0.1:0".parse().unwrap()).await.expect("proxy starts");
+        proxy.set_target(target().await);
+        assert_eq!(dial(proxy.addr).await.expect("forwarded"), b"pong");
+
+        proxy.take_down();
+        let refused = |r: &std::io::Result<Vec<u8>>| {
+            r.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+        };
+        assert!(
+            dial_until(proxy.addr, refused).await,
+            "a down node's proxy must refuse, not accept and reset"
+        );
+
+        proxy.set_target(target().await);
+        let forwarded = |r: &std::io::Result<Vec<u8>>| r.as_ref().is_ok_and(|bytes| bytes == b"pong");
+        assert!(dial_until(proxy.addr, forwarded).await, "the proxy listens again on the same address");
     }
 }

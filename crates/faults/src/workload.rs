@@ -14,6 +14,9 @@ use crate::resource::Resource;
 /// Chance per step that a churn client abandons its session while holding.
 const ABANDON_PROBABILITY: f64 = 0.05;
 
+/// Longest back-off of a linearizable client after an unknown outcome.
+const LEADER_WAIT: Duration = Duration::from_secs(5);
+
 /// What the clients do.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Kind {
@@ -111,7 +114,10 @@ async fn run_client(
                     fenced_step(&workload, &mut client, &session, &name, &resource, &mut rng).await
                 }
                 Kind::Linearizable => {
-                    linearizable_step(&mut client, &session, &name, capacity, &mut rng).await
+                    linearizable_step(&mut client, &session, &name, capacity, &mut rng).await;
+                    if client.last_was_unknown() {
+                        client.wait_for_leader(LEADER_WAIT).await;
+                    }
                 }
             }
         }

@@ -7,6 +7,15 @@
 //! linearized ops, model state) seen once is never explored again: that memo is what makes
 //! long histories with little concurrency cheap. Ops without a return (unknown outcome) are
 //! optional: the search succeeds once every answered op is linearized.
+//!
+//! Unknown calls are kept out of the list, in their own invoke-ordered array: at each
+//! configuration the search first tries the answered calls before the first return, and only
+//! then the unknown calls invoked by that return. The candidates are the same as with one list,
+//! so the search is as complete; the order matters because an unknown call stays a candidate
+//! for the rest of the history, and trying it first at every step (as one list would, for it
+//! sits before every later call) explores "it took effect here" again and again before the
+//! usual answer, "it never took effect". A failover that leaves hundreds of open calls then
+//! costs little instead of exhausting the budget.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -50,7 +59,7 @@ pub(crate) struct Allowance {
 /// steps used.
 pub(crate) fn search(capacity: u64, ops: &[ModelOp], allowance: Allowance) -> (Verdict, u64) {
     let mut search = Search::new(ops);
-    let mut entry = search.list.next[HEAD];
+    let mut cursor = Cursor::Answered(search.list.next[HEAD]);
     let mut steps = 0;
     loop {
         if search.pending == 0 {
@@ -61,30 +70,75 @@ pub(crate) fn search(capacity: u64, ops: &[ModelOp], allowance: Allowance) -> (V
         if steps > allowance.steps_max || out_of_time {
             return (Verdict::OutOfBudget, steps);
         }
-        // Entries before the first remaining return are all calls, and one remains while an
-        // answered op is pending, so the scan meets a return before the end of the list.
-        assert_ne!(entry, NIL, "the scan passed the last return");
-        if search.list.is_call[entry] {
-            let successors = step(capacity, &search.state, &ops[search.list.op[entry]]);
-            entry = if search.descend(entry, successors, 0) {
-                search.list.next[HEAD]
-            } else {
-                search.list.next[entry]
-            };
-        } else {
-            search.note_blocked(entry);
-            match search.backtrack() {
-                Some(next) => entry = next,
-                None => return (Verdict::Refuted(search.best), steps),
+        cursor = match cursor {
+            Cursor::Answered(entry) => {
+                // Entries before the first remaining return are all calls, and one remains while
+                // an answered op is pending, so the scan meets a return before the end of the list.
+                assert_ne!(entry, NIL, "the scan passed the last return");
+                if search.list.is_call[entry] {
+                    let pick = Pick::Answered(entry);
+                    let successors = step(capacity, &search.state, &ops[search.op(pick)]);
+                    if search.descend(pick, successors, 0) {
+                        search.restart()
+                    } else {
+                        search.after(pick)
+                    }
+                } else {
+                    Cursor::Unknown { at: 0, first_return: entry }
+                }
             }
-        }
+            Cursor::Unknown { at, first_return } => {
+                let limit = ops[search.list.op[first_return]].complete_ns.expect("a return has a time");
+                match search.unknown.get(at) {
+                    Some(&op) if ops[op].invoke_ns <= limit => {
+                        let pick = Pick::Unknown { at, first_return };
+                        if search.linearized.contains(op) {
+                            search.after(pick)
+                        } else {
+                            let successors = step(capacity, &search.state, &ops[op]);
+                            if search.descend(pick, successors, 0) {
+                                search.restart()
+                            } else {
+                                search.after(pick)
+                            }
+                        }
+                    }
+                    // No candidate is left before the first return: its op cannot be placed.
+                    _ => {
+                        search.note_blocked(first_return);
+                        match search.backtrack() {
+                            Some(next) => next,
+                            None => return (Verdict::Refuted(search.best), steps),
+                        }
+                    }
+                }
+            }
+        };
     }
+}
+
+/// Where the scan for the next call to linearize is.
+#[derive(Clone, Copy, Debug)]
+enum Cursor {
+    /// At a node of the list of answered calls and returns.
+    Answered(usize),
+    /// At `unknown[at]`, the answered calls before `first_return` having been tried.
+    Unknown { at: usize, first_return: usize },
+}
+
+/// A call chosen for linearization.
+#[derive(Clone, Copy, Debug)]
+enum Pick {
+    /// An answered call, by its list node.
+    Answered(usize),
+    /// `unknown[at]`, tried while `first_return` was the first return.
+    Unknown { at: usize, first_return: usize },
 }
 
 /// A frame of the backtracking stack: a linearized call, the state before it, and the
 /// successor states not tried yet.
 struct Frame {
-    node: usize,
+    pick: Pick,
     prior: State,
     successors: Vec<State>,
     next_successor: usize,
@@ -93,6 +147,8 @@ struct Frame {
 struct Search<'a> {
     ops: &'a [ModelOp],
     list: EventList,
+    /// The calls that never answered, by invoke time (they are not in `list`).
+    unknown: Vec<usize>,
     state: State,
     linearized: Bitset,
     seen: HashSet<(Bitset, State)>,
@@ -106,9 +162,12 @@ struct Search<'a> {
 impl<'a> Search<'a> {
     fn new(ops: &'a [ModelOp]) -> Search<'a> {
         let answered = ops.iter().filter(|op| op.complete_ns.is_some()).count();
+        let mut unknown: Vec<usize> = (0..ops.len()).filter(|&op| ops[op].complete_ns.is_none()).collect();
+        unknown.sort_by_key(|&op| (ops[op].invoke_ns, op));
         Search {
             ops,
             list: EventList::new(ops),
+            unknown,
             state: State::default(),
             linearized: Bitset::new(ops.len()),
             seen: HashSet::new(),
@@ -119,16 +178,38 @@ impl<'a> Search<'a> {
         }
     }
 
-    /// Linearizes the call at `node` into the first of `successors[from..]` whose
-    /// configuration is new; false when there is none.
-    fn descend(&mut self, node: usize, successors: Vec<State>, from: usize) -> bool {
-        let op = self.list.op[node];
+    fn op(&self, pick: Pick) -> usize {
+        match pick {
+            Pick::Answered(node) => self.list.op[node],
+            Pick::Unknown { at, .. } => self.unknown[at],
+        }
+    }
+
+    /// The scan position at the start of the list (after a linearization).
+    fn restart(&self) -> Cursor {
+        Cursor::Answered(self.list.next[HEAD])
+    }
+
+    /// The scan position after `pick`, with the list as it was when `pick` was tried.
+    fn after(&self, pick: Pick) -> Cursor {
+        match pick {
+            Pick::Answered(node) => Cursor::Answered(self.list.next[node]),
+            Pick::Unknown { at, first_return } => Cursor::Unknown { at: at + 1, first_return },
+        }
+    }
+
+    /// Linearizes `pick` into the first of `successors[from..]` whose configuration is new;
+    /// false when there is none.
+    fn descend(&mut self, pick: Pick, successors: Vec<State>, from: usize) -> bool {
+        let op = self.op(pick);
         self.linearized.insert(op);
         for index in from..successors.len() {
             if self.seen.insert((self.linearized.clone(), successors[index].clone())) {
                 let prior = std::mem::replace(&mut self.state, successors[index].clone());
-                self.stack.push(Frame { node, prior, successors, next_successor: index + 1 });
-                self.list.lift(node);
+                self.stack.push(Frame { pick, prior, successors, next_successor: index + 1 });
+                if let Pick::Answered(node) = pick {
+                    self.list.lift(node);
+                }
                 if self.ops[op].complete_ns.is_some() {
                     self.pending -= 1;
                 }
@@ -142,26 +223,28 @@ impl<'a> Search<'a> {
 
     /// Undoes the last linearization and tries its next successor; else resumes the scan after
     /// it. `None` when nothing is left to undo: no order works.
-    fn backtrack(&mut self) -> Option<usize> {
+    fn backtrack(&mut self) -> Option<Cursor> {
         let frame = self.stack.pop()?;
-        let op = self.list.op[frame.node];
-        self.list.unlift(frame.node);
+        let op = self.op(frame.pick);
+        if let Pick::Answered(node) = frame.pick {
+            self.list.unlift(node);
+        }
         self.linearized.remove(op);
         self.state = frame.prior;
         if self.ops[op].complete_ns.is_some() {
             self.pending += 1;
         }
-        if self.descend(frame.node, frame.successors, frame.next_successor) {
-            return Some(self.list.next[HEAD]);
+        if self.descend(frame.pick, frame.successors, frame.next_successor) {
+            return Some(self.restart());
         }
-        Some(self.list.next[frame.node])
+        Some(self.after(frame.pick))
     }
 
     fn note_progress(&mut self) {
         let depth = self.answered - self.pending;
         if depth > self.best.depth {
             let quoted = self.stack.len().saturating_sub(PREFIX_QUOTED);
-            let prefix = self.stack[quoted..].iter().map(|frame| self.list.op[frame.node]).collect();
+            let prefix = self.stack[quoted..].iter().map(|frame| self.op(frame.pick)).collect();
             self.best = Refutation { depth, prefix, blocked: None, state: self.state.clone() };
         }
     }
@@ -179,7 +262,7 @@ struct EventList {
     prev: Vec<usize>,
     op: Vec<usize>,
     is_call: Vec<bool>,
-    /// For a call, its return node (or `NIL` for an op that never answered).
+    /// For a call, its return node.
     return_of: Vec<usize>,
 }
 
@@ -187,8 +270,8 @@ impl EventList {
     fn new(ops: &[ModelOp]) -> EventList {
         let mut events: Vec<(u64, bool, usize)> = Vec::with_capacity(ops.len() * 2);
         for (index, op) in ops.iter().enumerate() {
-            events.push((op.invoke_ns, false, index));
             if let Some(complete_ns) = op.complete_ns {
+                events.push((op.invoke_ns, false, index));
                 events.push((complete_ns, true, index));
             }
         }
@@ -218,16 +301,12 @@ impl EventList {
 
     fn lift(&mut self, call: usize) {
         self.unlink(call);
-        if self.return_of[call] != NIL {
-            self.unlink(self.return_of[call]);
-        }
+        self.unlink(self.return_of[call]);
     }
 
     /// Exactly reverses `lift`: the removed nodes kept their neighbours.
     fn unlift(&mut self, call: usize) {
-        if self.return_of[call] != NIL {
-            self.relink(self.return_of[call]);
-        }
+        self.relink(self.return_of[call]);
         self.relink(call);
     }
 
@@ -265,5 +344,9 @@ impl Bitset {
 
     fn remove(&mut self, bit: usize) {
         self.words[bit / 64] &= !(1 << (bit % 64));
+    }
+
+    fn contains(&self, bit: usize) -> bool {
+        self.words[bit / 64] & (1 << (bit % 64)) != 0
     }
 }

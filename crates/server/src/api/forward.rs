@@ -95,7 +95,7 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
             .into_response();
         }
         Err(e) => {
-            tracing::warn!(leader, %addr, error = %e, "forwarding to the leader failed");
+            tracing::warn!(leader, %addr, error = ?e, "forwarding to the leader failed");
             return ApiError::new(
                 ErrorCode::NoLeader,
                 format!("the leader (node {leader}) did not answer; the outcome is unknown, retry"),
