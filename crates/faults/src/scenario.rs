@@ -419,8 +419,19 @@ async fn membership_change(cluster: &mut Cluster, leader: usize) -> anyhow::Resu
     let leader_id = cluster.nodes[leader].id;
     cluster.admin(leader, "DELETE", &format!("/v1/cluster/members/{leader_id}"), None).await.ok();
     let other = (leader + 1) % 3;
-    let view = cluster.admin(other, "GET", "/v1/cluster", None).await?;
-    let voters = view["members"].as_array().map_or(0, |m| m.iter().filter(|m| m["role"] == "voter").count());
+    // The survivors elect a new leader first: until then the view is refused (503), as it is
+    // while the removal is still being committed. Retry, bounded in time.
+    let mut voters = 0;
+    for _ in 0..MEMBERSHIP_ATTEMPTS {
+        if let Ok(view) = cluster.admin(other, "GET", "/v1/cluster", None).await {
+            voters =
+                view["members"].as_array().map_or(0, |m| m.iter().filter(|m| m["role"] == "voter").count());
+            if voters == 2 {
+                break;
+            }
+        }
+        tokio::time::sleep(MEMBERSHIP_PAUSE).await;
+    }
     if voters != 2 {
         bail!("the fault did not happen: {voters} voters after removing node {leader_id}");
     }
@@ -428,9 +439,26 @@ async fn membership_change(cluster: &mut Cluster, leader: usize) -> anyhow::Resu
     // Add it back (its data dir still holds the old log): it catches up as a learner, then votes.
     cluster.restart(leader, None)?;
     let body = serde_json::json!({ "id": leader_id, "addr": addr });
-    cluster.admin(other, "POST", "/v1/cluster/members", Some(body)).await?;
+    let mut added = cluster.admin(other, "POST", "/v1/cluster/members", Some(body.clone())).await;
+    for _ in 0..MEMBERSHIP_ATTEMPTS {
+        // Retry only answers that prove nothing was done.
+        let retry = added.as_ref().is_err_and(|e| {
+            let e = e.to_string();
+            e.contains("leader_unreachable") || e.contains("membership_change_in_progress")
+        });
+        if !retry {
+            break;
+        }
+        tokio::time::sleep(MEMBERSHIP_PAUSE).await;
+        added = cluster.admin(other, "POST", "/v1/cluster/members", Some(body.clone())).await;
+    }
+    added?;
     Ok(format!("node {leader_id} (leader) removed while serving, then added back"))
 }
+
+/// How often, and how far apart, F8 retries a membership call that the cluster refused.
+const MEMBERSHIP_ATTEMPTS: u32 = 100;
+const MEMBERSHIP_PAUSE: Duration = Duration::from_millis(100);
 
 /// Runs every checker.
 async fn check(
