@@ -76,13 +76,7 @@ pub(crate) fn search(capacity: u64, ops: &[ModelOp], allowance: Allowance) -> (V
                 // an answered op is pending, so the scan meets a return before the end of the list.
                 assert_ne!(entry, NIL, "the scan passed the last return");
                 if search.list.is_call[entry] {
-                    let pick = Pick::Answered(entry);
-                    let successors = step(capacity, &search.state, &ops[search.op(pick)]);
-                    if search.descend(pick, successors, 0) {
-                        search.restart()
-                    } else {
-                        search.after(pick)
-                    }
+                    search.try_pick(capacity, Pick::Answered(entry))
                 } else {
                     Cursor::Unknown { at: 0, first_return: entry }
                 }
@@ -91,17 +85,7 @@ pub(crate) fn search(capacity: u64, ops: &[ModelOp], allowance: Allowance) -> (V
                 let limit = ops[search.list.op[first_return]].complete_ns.expect("a return has a time");
                 match search.unknown.get(at) {
                     Some(&op) if ops[op].invoke_ns <= limit => {
-                        let pick = Pick::Unknown { at, first_return };
-                        if search.linearized.contains(op) {
-                            search.after(pick)
-                        } else {
-                            let successors = step(capacity, &search.state, &ops[op]);
-                            if search.descend(pick, successors, 0) {
-                                search.restart()
-                            } else {
-                                search.after(pick)
-                            }
-                        }
+                        search.try_pick(capacity, Pick::Unknown { at, first_return })
                     }
                     // No candidate is left before the first return: its op cannot be placed.
                     _ => {
@@ -183,6 +167,19 @@ impl<'a> Search<'a> {
             Pick::Answered(node) => self.list.op[node],
             Pick::Unknown { at, .. } => self.unknown[at],
         }
+    }
+
+    /// Tries to linearize `pick` (unless it already is); the scan goes on from the start of the
+    /// list when it could, else after `pick`.
+    fn try_pick(&mut self, capacity: u64, pick: Pick) -> Cursor {
+        let op = self.op(pick);
+        if !self.linearized.contains(op) {
+            let successors = step(capacity, &self.state, &self.ops[op]);
+            if self.descend(pick, successors, 0) {
+                return self.restart();
+            }
+        }
+        self.after(pick)
     }
 
     /// The scan position at the start of the list (after a linearization).
