@@ -17,7 +17,8 @@ use crate::metrics::Metrics;
 use crate::proposer::Proposer;
 use crate::replica::Replica;
 
-/// Pause after a failed proposal, so that a node losing leadership does not spin.
+/// Pause after a failed proposal, or a due deadline with nothing to propose, so that the
+/// driver does not spin.
 const RETRY_DELAY: Duration = Duration::from_millis(20);
 
 /// What the driver needs.
@@ -54,7 +55,20 @@ impl ExpiryDriver {
                 }
             };
             tokio::select! {
-                () = sleep => self.expire_due().await,
+                () = sleep => {
+                    if !self.expire_due().await {
+                        // The deadline passed but nothing could be proposed (this node's promotion
+                        // lags its published leadership, or nothing was due after all). Going
+                        // round at once would spin on the same past deadline: on a real clock a
+                        // busy core, under the simulator's paused clock a livelock (time only
+                        // advances when every task waits). Wait for a change, at most a moment.
+                        tokio::select! {
+                            () = tokio::time::sleep(RETRY_DELAY) => {}
+                            () = self.wake.notified() => {}
+                            changed = self.leading.changed() => if changed.is_err() { return },
+                        }
+                    }
+                }
                 () = self.wake.notified() => {}
                 changed = self.leading.changed() => if changed.is_err() { return },
             }
@@ -68,14 +82,15 @@ impl ExpiryDriver {
         session.into_iter().chain(hold).min()
     }
 
-    async fn expire_due(&mut self) {
+    /// Proposes the expiries that are due; false when it proposed nothing.
+    async fn expire_due(&mut self) -> bool {
         // The decision belongs to this leadership: if the command is written in another term
         // (it waited in the proposer's queue across a re-election), it does nothing.
-        let Some(decided_term) = self.leading.borrow().map(|barrier| barrier.term) else { return };
+        let Some(decided_term) = self.leading.borrow().map(|barrier| barrier.term) else { return false };
         let (sessions, holds_due) = {
             let mut replica = self.replica.lock();
             if replica.lessor.promoted_term() != Some(decided_term) {
-                return;
+                return false;
             }
             let sessions = replica.lessor.take_expired(Instant::now(), EXPIRE_SESSIONS_PER_COMMAND_MAX);
             let now_ms = self.clock.now_ms(replica.state.now_ms());
@@ -105,5 +120,6 @@ impl ExpiryDriver {
                 }
             }
         }
+        !sessions.is_empty() || holds_due
     }
 }

@@ -49,20 +49,54 @@ pub fn with_env(settings: Settings) -> Settings {
     }
 }
 
+/// Wall time one seed may take before [`run_all`] declares it stuck. A seed normally takes a
+/// second or two (the clock is simulated); one that runs far longer is spinning without ever
+/// letting simulated time advance, a livelock that would otherwise hang the test suite.
+pub const SEED_WALL_TIME_MAX: Duration = Duration::from_secs(180);
+
 /// Runs `seeds` on `threads` threads (each seed on a runtime of its own), printing a summary
 /// line per seed as it ends; returns the runs in the order of `seeds`.
+///
+/// A seed still running after [`SEED_WALL_TIME_MAX`] ends the process with exit code 101 and
+/// a message naming the seed (a spinning thread cannot be stopped, and the test must not hang).
 pub fn run_all(seeds: &[u64], settings: &Settings, threads: usize) -> Vec<Run> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let runs = std::sync::Mutex::new(Vec::with_capacity(seeds.len()));
+    // The seed each thread is running, and since when.
+    let running = std::sync::Mutex::new(vec![None::<(u64, std::time::Instant)>; threads.max(1)]);
     std::thread::scope(|scope| {
-        for _ in 0..threads.max(1) {
-            scope.spawn(|| loop {
+        for slot in 0..threads.max(1) {
+            let (next, runs, running) = (&next, &runs, &running);
+            scope.spawn(move || loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(seed) = seeds.get(i) else { return };
+                running.lock().expect("running lock")[slot] = Some((*seed, std::time::Instant::now()));
                 let result = run(*seed, settings);
+                running.lock().expect("running lock")[slot] = None;
                 eprintln!("{}", result.summary());
                 runs.lock().expect("runs lock").push((i, result));
             });
+        }
+        // Watchdog: bounded by the seeds' count times the limit.
+        while runs.lock().expect("runs lock").len() < seeds.len() {
+            std::thread::sleep(Duration::from_millis(100));
+            let stuck = running
+                .lock()
+                .expect("running lock")
+                .iter()
+                .flatten()
+                .find(|(_, since)| since.elapsed() > SEED_WALL_TIME_MAX)
+                .copied();
+            if let Some((seed, _)) = stuck {
+                use std::io::Write;
+                // Straight to stderr: the test harness's capture would be lost with the exit.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "permit-sim: seed {seed} still running after {SEED_WALL_TIME_MAX:?} of wall time: a \
+                     livelock? Replay it with PERMIT_SIM_SEED={seed}"
+                );
+                std::process::exit(101);
+            }
         }
     });
     let mut runs = runs.into_inner().expect("runs lock");
