@@ -439,20 +439,22 @@ async fn membership_change(cluster: &mut Cluster, leader: usize) -> anyhow::Resu
     // Add it back (its data dir still holds the old log): it catches up as a learner, then votes.
     cluster.restart(leader, None)?;
     let body = serde_json::json!({ "id": leader_id, "addr": addr });
-    let mut added = cluster.admin(other, "POST", "/v1/cluster/members", Some(body.clone())).await;
-    for _ in 0..MEMBERSHIP_ATTEMPTS {
-        // Retry only answers that prove nothing was done.
-        let retry = added.as_ref().is_err_and(|e| {
-            let e = e.to_string();
-            e.contains("leader_unreachable") || e.contains("membership_change_in_progress")
-        });
-        if !retry {
-            break;
+    // Retry only answers that prove nothing was done.
+    let nothing_done = |e: &anyhow::Error| {
+        let e = e.to_string();
+        e.contains("leader_unreachable") || e.contains("membership_change_in_progress")
+    };
+    for attempt in 1..=MEMBERSHIP_ATTEMPTS {
+        match cluster.admin(other, "POST", "/v1/cluster/members", Some(body.clone())).await {
+            Err(e) if nothing_done(&e) && attempt < MEMBERSHIP_ATTEMPTS => {
+                tokio::time::sleep(MEMBERSHIP_PAUSE).await
+            }
+            added => {
+                added?;
+                break;
+            }
         }
-        tokio::time::sleep(MEMBERSHIP_PAUSE).await;
-        added = cluster.admin(other, "POST", "/v1/cluster/members", Some(body.clone())).await;
     }
-    added?;
     Ok(format!("node {leader_id} (leader) removed while serving, then added back"))
 }
 

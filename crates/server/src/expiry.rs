@@ -40,6 +40,12 @@ pub struct ExpiryDriver {
 impl ExpiryDriver {
     /// Runs until the node shuts down.
     pub async fn run(mut self) {
+        // Whether the last pass found its deadline passed but could propose nothing (this node's
+        // promotion lags its published leadership, or nothing was due after all). Sleeping until
+        // that same past deadline again would spin: on a real clock a busy core, under the
+        // simulator's paused clock a livelock (time only advances when every task waits). So
+        // the next deadline is then at least a moment away, unless something changes first.
+        let mut stalled = false;
         loop {
             if self.leading.borrow_and_update().is_none() {
                 if self.leading.changed().await.is_err() {
@@ -47,7 +53,10 @@ impl ExpiryDriver {
                 }
                 continue;
             }
-            let next = self.next_deadline();
+            let mut next = self.next_deadline();
+            if stalled {
+                next = next.map(|at| at.max(Instant::now() + RETRY_DELAY));
+            }
             let sleep = async {
                 match next {
                     Some(at) => tokio::time::sleep_until(at).await,
@@ -55,22 +64,14 @@ impl ExpiryDriver {
                 }
             };
             tokio::select! {
-                () = sleep => {
-                    if !self.expire_due().await {
-                        // The deadline passed but nothing could be proposed (this node's promotion
-                        // lags its published leadership, or nothing was due after all). Going
-                        // round at once would spin on the same past deadline: on a real clock a
-                        // busy core, under the simulator's paused clock a livelock (time only
-                        // advances when every task waits). Wait for a change, at most a moment.
-                        tokio::select! {
-                            () = tokio::time::sleep(RETRY_DELAY) => {}
-                            () = self.wake.notified() => {}
-                            changed = self.leading.changed() => if changed.is_err() { return },
-                        }
+                () = sleep => stalled = !self.expire_due().await,
+                () = self.wake.notified() => stalled = false,
+                changed = self.leading.changed() => {
+                    if changed.is_err() {
+                        return;
                     }
+                    stalled = false;
                 }
-                () = self.wake.notified() => {}
-                changed = self.leading.changed() => if changed.is_err() { return },
             }
         }
     }
