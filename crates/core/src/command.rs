@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Key, Name, SessionId};
+use crate::{Key, Name, SessionId, Token, TokenId};
 
 /// The commands of one log entry, applied in order, with the proposing leader's clock.
 ///
@@ -70,6 +70,33 @@ pub enum Command {
     },
     /// Releases holds whose `max_hold_ms` has run out by the batch's `now_ms`.
     ExpireHolds,
+    /// Opens a session that belongs to an access token: only that token may use it, and it
+    /// closes when the token is deleted. (Sessions made with auth off use `CreateSession`.)
+    CreateOwnedSession {
+        /// The new session's id.
+        id: SessionId,
+        /// Its TTL in milliseconds.
+        ttl_ms: u64,
+        /// Optional name for humans.
+        name: Option<String>,
+        /// The token that creates it.
+        owner: TokenId,
+        /// Refuse if the owner has this many live sessions already (the server's
+        /// `--sessions-per-token-max`, carried as a value so that every replica decides alike).
+        owner_sessions_max: u64,
+    },
+    /// Creates an access token. The id and the secret are random, chosen by the server.
+    CreateToken {
+        /// The new token's id ([`crate::ROOT_TOKEN_ID`] for the bootstrap of the root token).
+        id: TokenId,
+        /// The token.
+        token: Token,
+    },
+    /// Deletes an access token and closes every session it created.
+    DeleteToken {
+        /// The token.
+        id: TokenId,
+    },
 }
 
 /// An acquire or a campaign.

@@ -10,7 +10,9 @@
 //! in `docs/ARCHITECTURE.md`; the promises they make are in `docs/semantics.md`.
 #![deny(missing_docs)]
 
+mod acl;
 mod command;
+mod hex;
 pub mod limits;
 mod name;
 mod outcome;
@@ -21,6 +23,7 @@ mod state;
 mod verify;
 mod wait_queue;
 
+pub use acl::{root_rules, validate_token, Access, InvalidTokenId, Resource, Rule, Token, TokenId, ROOT_TOKEN_ID};
 pub use command::{Acquire, Batch, Command};
 pub use name::{InvalidName, Key, Kind, Name};
 pub use outcome::{Effect, Field, Limit, Outcome, Refusal};

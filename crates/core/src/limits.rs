@@ -35,6 +35,13 @@ pub const MAX_HOLD_MS_MAX: u64 = 604_800_000;
 /// Largest value a campaign may publish for its election, in bytes.
 pub const ELECTION_VALUE_BYTES_MAX: usize = 4096;
 
+/// Most access tokens that may exist at once.
+pub const TOKENS_MAX: usize = 10_000;
+/// Most rules one token may carry.
+pub const TOKEN_RULES_MAX: usize = 64;
+/// Longest token name, in bytes.
+pub const TOKEN_NAME_BYTES_MAX: usize = 128;
+
 /// Most sessions one `ExpireSessions` command may name, so one log entry stays small.
 pub const EXPIRE_SESSIONS_PER_COMMAND_MAX: usize = 1024;
 /// Most holds one `ExpireHolds` command releases; the expiry driver proposes again for the rest.

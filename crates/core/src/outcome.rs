@@ -46,6 +46,13 @@ pub enum Outcome {
     },
     /// The command changed nothing, for this reason.
     Refused(Refusal),
+    /// The access token exists now.
+    TokenCreated,
+    /// The access token is gone, and so are the sessions it had created.
+    TokenDeleted {
+        /// Sessions closed with it.
+        sessions_closed: u64,
+    },
 }
 
 /// Why a command changed nothing. Every variant is something a client can cause; bugs are
@@ -94,6 +101,13 @@ pub enum Refusal {
     /// A limit from [`crate::limits`] would be exceeded.
     #[error("limit reached: {0}")]
     LimitExceeded(Limit),
+    /// The access token does not exist (never created, or deleted).
+    #[error("access token not found")]
+    TokenNotFound,
+    /// An access token with this id or secret exists already, or the root token was created
+    /// before.
+    #[error("access token already exists")]
+    TokenExists,
 }
 
 /// Request fields that can be out of range.
@@ -111,6 +125,10 @@ pub enum Field {
     MaxHoldMs,
     /// `value` of a campaign.
     Value,
+    /// `name` of an access token.
+    TokenName,
+    /// `rules` of an access token.
+    Rules,
 }
 
 impl Field {
@@ -123,6 +141,8 @@ impl Field {
             Field::Permits => "permits",
             Field::MaxHoldMs => "max_hold_ms",
             Field::Value => "value",
+            Field::TokenName => "name",
+            Field::Rules => "rules",
         }
     }
 }
@@ -148,6 +168,12 @@ pub enum Limit {
     /// [`crate::limits::KEYS_PER_SESSION_MAX`].
     #[error("too many holds and waits in this session")]
     KeysPerSession,
+    /// [`crate::limits::TOKENS_MAX`].
+    #[error("too many access tokens")]
+    Tokens,
+    /// The per-token session cap the server carried in the command (`--sessions-per-token-max`).
+    #[error("this token has as many live sessions as it may")]
+    SessionsPerToken,
 }
 
 /// A change the shell must react to: wake a long-poll, arm an expiry timer.

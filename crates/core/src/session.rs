@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::Key;
+use crate::{Key, TokenId};
 
 /// A session id: 128 bits from a CSPRNG, chosen by the server before it proposes the session, so
 /// that the state machine stays deterministic. Its text form is 32 lowercase hex digits.
@@ -39,10 +39,7 @@ impl SessionId {
 
 impl fmt::Display for SessionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for byte in self.0 {
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
+        crate::hex::write(f, &self.0)
     }
 }
 
@@ -55,20 +52,7 @@ impl fmt::Debug for SessionId {
 impl FromStr for SessionId {
     type Err = InvalidSessionId;
     fn from_str(text: &str) -> Result<SessionId, InvalidSessionId> {
-        let digits = text.as_bytes();
-        if digits.len() != 32 {
-            return Err(InvalidSessionId);
-        }
-        let nibble = |d: u8| match d {
-            b'0'..=b'9' => Ok(d - b'0'),
-            b'a'..=b'f' => Ok(d - b'a' + 10),
-            _ => Err(InvalidSessionId),
-        };
-        let mut bytes = [0u8; 16];
-        for (i, byte) in bytes.iter_mut().enumerate() {
-            *byte = nibble(digits[2 * i])? << 4 | nibble(digits[2 * i + 1])?;
-        }
-        Ok(SessionId(bytes))
+        crate::hex::parse(text).map(SessionId).ok_or(InvalidSessionId)
     }
 }
 
@@ -84,6 +68,9 @@ pub struct Session {
     pub ttl_ms: u64,
     /// Log index of the entry that created the session.
     pub created_index: u64,
+    /// The token that created the session (`None` when auth was off): only it may use the
+    /// session.
+    pub owner: Option<TokenId>,
     /// Objects on which this session holds permits.
     pub holds: KeySet,
     /// Objects on which this session waits.

@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::semaphore::Semaphore;
-use crate::session::Session;
+use crate::session::{KeySet, Session};
 use crate::verify::InvariantViolation;
-use crate::{Key, SessionId, State};
+use crate::{Key, SessionId, State, Token, TokenId};
 
 /// The first byte of every snapshot. Bump it when the layout changes and keep a decoder for
 /// every older version that may sit on a disk.
-pub const SNAPSHOT_FORMAT_VERSION: u8 = 1;
+pub const SNAPSHOT_FORMAT_VERSION: u8 = 2;
 
 /// Why bytes are not a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -29,33 +29,81 @@ pub enum SnapshotError {
 
 /// Decoded as sorted vectors, which postcard encodes exactly like maps (a length, then the
 /// pairs): the maps are then built bottom-up in linear time instead of by a million inserts.
+/// Version 2 added session owners and access tokens.
+#[derive(Deserialize)]
+struct SnapshotV2 {
+    sessions: Vec<(SessionId, Session)>,
+    objects: Vec<(Key, Semaphore)>,
+    last_token: u64,
+    now_ms: u64,
+    applied_index: u64,
+    tokens: Vec<(TokenId, Token)>,
+    root_created: bool,
+}
+
+#[derive(Serialize)]
+struct SnapshotV2Ref<'a> {
+    sessions: &'a BTreeMap<SessionId, Session>,
+    objects: &'a BTreeMap<Key, Semaphore>,
+    last_token: u64,
+    now_ms: u64,
+    applied_index: u64,
+    tokens: &'a BTreeMap<TokenId, Token>,
+    root_created: bool,
+}
+
+/// Version 1: no tokens, sessions without owners.
 #[derive(Deserialize)]
 struct SnapshotV1 {
-    sessions: Vec<(SessionId, Session)>,
+    sessions: Vec<(SessionId, SessionV1)>,
     objects: Vec<(Key, Semaphore)>,
     last_token: u64,
     now_ms: u64,
     applied_index: u64,
 }
 
-#[derive(Serialize)]
-struct SnapshotV1Ref<'a> {
-    sessions: &'a BTreeMap<SessionId, Session>,
-    objects: &'a BTreeMap<Key, Semaphore>,
-    last_token: u64,
-    now_ms: u64,
-    applied_index: u64,
+#[derive(Deserialize)]
+struct SessionV1 {
+    name: Option<String>,
+    ttl_ms: u64,
+    created_index: u64,
+    holds: KeySet,
+    waits: KeySet,
+}
+
+impl From<SnapshotV1> for SnapshotV2 {
+    fn from(v1: SnapshotV1) -> SnapshotV2 {
+        let sessions = v1
+            .sessions
+            .into_iter()
+            .map(|(id, s)| {
+                let SessionV1 { name, ttl_ms, created_index, holds, waits } = s;
+                (id, Session { name, ttl_ms, created_index, owner: None, holds, waits })
+            })
+            .collect();
+        SnapshotV2 {
+            sessions,
+            objects: v1.objects,
+            last_token: v1.last_token,
+            now_ms: v1.now_ms,
+            applied_index: v1.applied_index,
+            tokens: Vec::new(),
+            root_created: false,
+        }
+    }
 }
 
 impl State {
     /// Encodes the state. Equal states give equal bytes.
     pub fn encode_snapshot(&self) -> Vec<u8> {
-        let view = SnapshotV1Ref {
+        let view = SnapshotV2Ref {
             sessions: &self.sessions,
             objects: &self.objects,
             last_token: self.last_token,
             now_ms: self.now_ms,
             applied_index: self.applied_index,
+            tokens: &self.tokens,
+            root_created: self.root_created,
         };
         postcard::to_extend(&view, vec![SNAPSHOT_FORMAT_VERSION]).expect("encoding to memory cannot fail")
     }
@@ -114,18 +162,31 @@ impl State {
 
     fn decode_unchecked(bytes: &[u8]) -> Result<State, SnapshotError> {
         let (&version, body) = bytes.split_first().ok_or(SnapshotError::UnsupportedVersion(0))?;
-        if version != SNAPSHOT_FORMAT_VERSION {
-            return Err(SnapshotError::UnsupportedVersion(version));
-        }
-        let v1: SnapshotV1 = postcard::from_bytes(body)?;
-        let mut state = State {
-            sessions: sorted_map(v1.sessions, "session")?,
-            objects: sorted_map(v1.objects, "object")?,
-            hold_deadlines: Default::default(),
-            last_token: v1.last_token,
-            now_ms: v1.now_ms,
-            applied_index: v1.applied_index,
+        let v2: SnapshotV2 = match version {
+            1 => postcard::from_bytes::<SnapshotV1>(body)?.into(),
+            SNAPSHOT_FORMAT_VERSION => postcard::from_bytes(body)?,
+            other => return Err(SnapshotError::UnsupportedVersion(other)),
         };
+        let mut state = State {
+            sessions: sorted_map(v2.sessions, "session")?,
+            objects: sorted_map(v2.objects, "object")?,
+            hold_deadlines: Default::default(),
+            last_token: v2.last_token,
+            now_ms: v2.now_ms,
+            applied_index: v2.applied_index,
+            tokens: sorted_map(v2.tokens, "token")?,
+            token_ids_by_secret: Default::default(),
+            sessions_per_owner: Default::default(),
+            root_created: v2.root_created,
+        };
+        for (id, token) in &state.tokens {
+            state.token_ids_by_secret.insert(token.secret_sha256, *id);
+        }
+        for session in state.sessions.values() {
+            if let Some(owner) = session.owner {
+                *state.sessions_per_owner.entry(owner).or_default() += 1;
+            }
+        }
         for (key, object) in &mut state.objects {
             object.queue.rebuild_index();
             for (session, hold) in &object.holders {
@@ -170,6 +231,8 @@ mod tests {
         last_token: u64,
         now_ms: u64,
         applied_index: u64,
+        tokens: Vec<(TokenId, Token)>,
+        root_created: bool,
     }
 
     fn state_with_sessions(count: u8) -> State {
@@ -190,6 +253,8 @@ mod tests {
             last_token: state.last_token,
             now_ms: state.now_ms,
             applied_index: state.applied_index,
+            tokens: state.tokens.iter().map(|(id, t)| (*id, t.clone())).collect(),
+            root_created: state.root_created,
         };
         postcard::to_extend(&raw, vec![SNAPSHOT_FORMAT_VERSION]).unwrap()
     }

@@ -8,7 +8,7 @@ use crate::limits::*;
 use crate::outcome::{Effect, Field, Limit, Outcome, Refusal};
 use crate::semaphore::{Hold, Semaphore, Waiter};
 use crate::session::{KeySet, Session};
-use crate::{Key, Kind, Name, SessionId};
+use crate::{Key, Kind, Name, SessionId, Token, TokenId};
 
 /// Every session and object, and the counters that order grants.
 ///
@@ -48,6 +48,14 @@ pub struct State {
     pub(crate) now_ms: u64,
     /// Log index of the last applied batch.
     pub(crate) applied_index: u64,
+    /// Access tokens by id.
+    pub(crate) tokens: BTreeMap<TokenId, Token>,
+    /// Derived index: token id by the SHA-256 of its secret.
+    pub(crate) token_ids_by_secret: BTreeMap<[u8; 32], TokenId>,
+    /// Derived index: live sessions per owning token (tokens without sessions are absent).
+    pub(crate) sessions_per_owner: BTreeMap<TokenId, u64>,
+    /// Whether the root token was ever created; the bootstrap happens once per cluster.
+    pub(crate) root_created: bool,
 }
 
 impl State {
@@ -95,8 +103,14 @@ impl State {
     ) -> Outcome {
         let result = match command {
             Command::CreateSession { id, ttl_ms, name } => {
-                self.create_session(index, *id, *ttl_ms, name, effects)
+                self.create_session(index, *id, *ttl_ms, name, None, effects)
             }
+            Command::CreateOwnedSession { id, ttl_ms, name, owner, owner_sessions_max } => {
+                self.check_owner(*owner, *owner_sessions_max)
+                    .and_then(|()| self.create_session(index, *id, *ttl_ms, name, Some(*owner), effects))
+            }
+            Command::CreateToken { id, token } => self.create_token(*id, token),
+            Command::DeleteToken { id } => self.delete_token(index, *id, effects),
             Command::CloseSession { id } => self.close_session(index, *id, effects),
             Command::ExpireSessions { ids, decided_term } if *decided_term == term => {
                 Ok(self.expire_sessions(index, ids, effects))
@@ -117,6 +131,7 @@ impl State {
         id: SessionId,
         ttl_ms: u64,
         name: &Option<String>,
+        owner: Option<TokenId>,
         effects: &mut Vec<Effect>,
     ) -> Result<Outcome, Refusal> {
         validate_ttl_ms(ttl_ms)?;
@@ -131,9 +146,13 @@ impl State {
             name: name.clone(),
             ttl_ms,
             created_index: index,
+            owner,
             holds: KeySet::default(),
             waits: KeySet::default(),
         };
+        if let Some(owner) = owner {
+            *self.sessions_per_owner.entry(owner).or_default() += 1;
+        }
         self.sessions.insert(id, session);
         effects.push(Effect::SessionCreated { id, ttl_ms });
         Ok(Outcome::SessionCreated)
@@ -164,8 +183,15 @@ impl State {
     }
 
     /// Cancels the session's waits, then releases its holds, granting to waiters behind them.
-    fn remove_session(&mut self, index: u64, id: SessionId, effects: &mut Vec<Effect>) {
+    pub(crate) fn remove_session(&mut self, index: u64, id: SessionId, effects: &mut Vec<Effect>) {
         let session = self.sessions.remove(&id).expect("caller checked the session exists");
+        if let Some(owner) = session.owner {
+            let count = self.sessions_per_owner.get_mut(&owner).expect("an owner's sessions are counted");
+            *count -= 1;
+            if *count == 0 {
+                self.sessions_per_owner.remove(&owner);
+            }
+        }
         for key in &session.waits {
             let object = self.objects.get_mut(key).expect("a wait's object exists");
             object.queue.remove(id).expect("a session's wait is queued");

@@ -94,6 +94,24 @@ impl State {
             listed_waits == wait_count,
             "{wait_count} waiters but sessions list {listed_waits}: a waiter is not live"
         );
+        self.verify_tokens()
+    }
+
+    /// Every session's owner is a live token, and the derived token indexes match.
+    fn verify_tokens(&self) -> Result<(), InvariantViolation> {
+        let mut per_owner = std::collections::BTreeMap::new();
+        for (id, session) in &self.sessions {
+            if let Some(owner) = session.owner {
+                ensure!(self.tokens.contains_key(&owner), "session {id} belongs to a deleted token {owner}");
+                *per_owner.entry(owner).or_insert(0u64) += 1;
+            }
+        }
+        ensure!(per_owner == self.sessions_per_owner, "sessions-per-token index out of date");
+        ensure!(self.token_ids_by_secret.len() == self.tokens.len(), "two tokens share a secret");
+        for (id, token) in &self.tokens {
+            ensure!(self.token_ids_by_secret.get(&token.secret_sha256) == Some(id), "secret index out of date");
+            ensure!(*id != crate::ROOT_TOKEN_ID || self.root_created, "root token without its bootstrap");
+        }
         Ok(())
     }
 }
