@@ -23,6 +23,7 @@
 //! outcome.
 #![deny(missing_docs)]
 
+mod acl;
 mod cluster;
 mod elections;
 mod run;
@@ -91,6 +92,9 @@ pub enum ClientCommand {
     /// Cluster membership: status, add, remove.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// Access tokens of a server started with `--auth`: create, list, delete, self.
+    #[command(subcommand)]
+    Acl(acl::AclCommand),
 }
 
 /// Runs `command` against the servers at `servers` (tried in order, with failover) and returns the
@@ -99,8 +103,15 @@ pub enum ClientCommand {
 /// # Errors
 ///
 /// Invalid server addresses, and any error of the server or the connection, with context.
-pub async fn execute(command: ClientCommand, servers: &[String]) -> anyhow::Result<i32> {
-    let client = Client::with_endpoints(servers).context("invalid --server")?;
+pub async fn execute(
+    command: ClientCommand,
+    servers: &[String],
+    auth_token: Option<&str>,
+) -> anyhow::Result<i32> {
+    let mut client = Client::with_endpoints(servers).context("invalid --server")?;
+    if let Some(secret) = auth_token {
+        client = client.auth_token(secret);
+    }
     match command {
         ClientCommand::Run(args) => run::run(&client, args).await,
         ClientCommand::Ls(args) => semaphores::ls(&client, args).await,
@@ -110,6 +121,7 @@ pub async fn execute(command: ClientCommand, servers: &[String]) -> anyhow::Resu
         ClientCommand::Elect(args) => elections::elect(&client, args).await,
         ClientCommand::Leader(args) => elections::leader(&client, args).await,
         ClientCommand::Cluster(command) => cluster::execute(&client, command).await,
+        ClientCommand::Acl(command) => acl::execute(&client, command).await,
     }
 }
 

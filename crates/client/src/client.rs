@@ -86,6 +86,20 @@ impl Client {
         Ok(Client { transport: Arc::new(Transport::new(&urls)?) })
     }
 
+    /// The same client, authenticating every request with this token's secret (for servers
+    /// started with `permit serve --auth`). Sessions opened through it belong to that token.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let secret = std::env::var("PERMIT_AUTH_TOKEN").unwrap_or_default();
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?.auth_token(secret);
+    /// # Ok::<(), permit_client::Error>(())
+    /// ```
+    pub fn auth_token(self, secret: impl Into<String>) -> Client {
+        Client { transport: Arc::new(self.transport.with_auth_token(secret.into())) }
+    }
+
     /// The endpoints, normalized (`http://host:port`).
     ///
     /// # Examples

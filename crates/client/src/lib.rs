@@ -51,6 +51,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod acl;
 mod client;
 mod cluster;
 mod elections;

@@ -116,6 +116,8 @@ pub(crate) struct Transport {
     endpoints: Vec<String>,
     /// Index of the endpoint that answered last; requests start there.
     preferred: AtomicUsize,
+    /// The secret sent as `Authorization: Bearer SECRET`, when the server has auth on.
+    auth_token: Option<String>,
 }
 
 impl Transport {
@@ -130,7 +132,17 @@ impl Transport {
             .tcp_nodelay(true)
             .build()
             .map_err(|error| Error::InvalidEndpoint { url: urls.join(","), reason: error.to_string() })?;
-        Ok(Transport { http, endpoints, preferred: AtomicUsize::new(0) })
+        Ok(Transport { http, endpoints, preferred: AtomicUsize::new(0), auth_token: None })
+    }
+
+    /// The same endpoints and connection pool, sending `auth_token` with every request.
+    pub fn with_auth_token(&self, auth_token: String) -> Transport {
+        Transport {
+            http: self.http.clone(),
+            endpoints: self.endpoints.clone(),
+            preferred: AtomicUsize::new(self.preferred.load(Ordering::Relaxed)),
+            auth_token: Some(auth_token),
+        }
     }
 
     pub fn endpoints(&self) -> &[String] {
@@ -183,6 +195,9 @@ impl Transport {
             url.query_pairs_mut().extend_pairs(&call.query);
         }
         let mut request = self.http.request(call.method.clone(), url).timeout(call.timeout);
+        if let Some(secret) = &self.auth_token {
+            request = request.bearer_auth(secret);
+        }
         if let Some(body) = &call.body {
             request = request.json(body);
         }

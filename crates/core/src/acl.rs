@@ -173,7 +173,10 @@ impl Token {
 
 /// The root token's rules: admin on every name of every resource.
 pub fn root_rules() -> Vec<Rule> {
-    Resource::ALL.iter().map(|&resource| Rule { resource, prefix: String::new(), access: Access::Admin }).collect()
+    Resource::ALL
+        .iter()
+        .map(|&resource| Rule { resource, prefix: String::new(), access: Access::Admin })
+        .collect()
 }
 
 /// Checks a token's name and rules against the limits.
@@ -374,7 +377,8 @@ mod tests {
         apply(&mut state, vec![crate::Command::DeleteToken { id: ROOT_TOKEN_ID }]);
         let mut again = token(root_rules());
         again.secret_sha256 = [9; 32];
-        let outcomes = apply(&mut state, vec![crate::Command::CreateToken { id: ROOT_TOKEN_ID, token: again }]);
+        let outcomes =
+            apply(&mut state, vec![crate::Command::CreateToken { id: ROOT_TOKEN_ID, token: again }]);
         assert_eq!(outcomes[0], Outcome::Refused(Refusal::TokenExists));
         assert!(state.root_created());
     }
@@ -394,7 +398,11 @@ mod tests {
         assert!(validate_token("", &[]).is_err());
         assert!(validate_token(&"x".repeat(TOKEN_NAME_BYTES_MAX + 1), &[]).is_err());
         assert!(validate_token("a\nb", &[]).is_err());
-        let rule = Rule { resource: Resource::Session, prefix: "p".repeat(NAME_BYTES_MAX + 1), access: Access::Read };
+        let rule = Rule {
+            resource: Resource::Session,
+            prefix: "p".repeat(NAME_BYTES_MAX + 1),
+            access: Access::Read,
+        };
         assert!(validate_token("ci", &[rule]).is_err());
         let many = vec![root_rules()[0].clone(); TOKEN_RULES_MAX + 1];
         assert!(validate_token("ci", &many).is_err());

@@ -23,7 +23,9 @@ mod state;
 mod verify;
 mod wait_queue;
 
-pub use acl::{root_rules, validate_token, Access, InvalidTokenId, Resource, Rule, Token, TokenId, ROOT_TOKEN_ID};
+pub use acl::{
+    root_rules, validate_token, Access, InvalidTokenId, Resource, Rule, Token, TokenId, ROOT_TOKEN_ID,
+};
 pub use command::{Acquire, Batch, Command};
 pub use name::{InvalidName, Key, Kind, Name};
 pub use outcome::{Effect, Field, Limit, Outcome, Refusal};

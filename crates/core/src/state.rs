@@ -105,10 +105,9 @@ impl State {
             Command::CreateSession { id, ttl_ms, name } => {
                 self.create_session(index, *id, *ttl_ms, name, None, effects)
             }
-            Command::CreateOwnedSession { id, ttl_ms, name, owner, owner_sessions_max } => {
-                self.check_owner(*owner, *owner_sessions_max)
-                    .and_then(|()| self.create_session(index, *id, *ttl_ms, name, Some(*owner), effects))
-            }
+            Command::CreateOwnedSession { id, ttl_ms, name, owner, owner_sessions_max } => self
+                .check_owner(*owner, *owner_sessions_max)
+                .and_then(|()| self.create_session(index, *id, *ttl_ms, name, Some(*owner), effects)),
             Command::CreateToken { id, token } => self.create_token(*id, token),
             Command::DeleteToken { id } => self.delete_token(index, *id, effects),
             Command::CloseSession { id } => self.close_session(index, *id, effects),

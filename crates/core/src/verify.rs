@@ -109,7 +109,10 @@ impl State {
         ensure!(per_owner == self.sessions_per_owner, "sessions-per-token index out of date");
         ensure!(self.token_ids_by_secret.len() == self.tokens.len(), "two tokens share a secret");
         for (id, token) in &self.tokens {
-            ensure!(self.token_ids_by_secret.get(&token.secret_sha256) == Some(id), "secret index out of date");
+            ensure!(
+                self.token_ids_by_secret.get(&token.secret_sha256) == Some(id),
+                "secret index out of date"
+            );
             ensure!(*id != crate::ROOT_TOKEN_ID || self.root_created, "root token without its bootstrap");
         }
         Ok(())

@@ -22,6 +22,10 @@ struct Cli {
         default_value = "http://127.0.0.1:7376"
     )]
     server: Vec<String>,
+    /// The secret of an access token, for servers started with --auth (sent as
+    /// `Authorization: Bearer SECRET`).
+    #[arg(long, global = true, env = "PERMIT_AUTH_TOKEN", hide_env_values = true)]
+    auth_token: Option<String>,
     #[command(subcommand)]
     command: TopCommand,
 }
@@ -54,6 +58,46 @@ struct ServeArgs {
     /// Do not form a cluster: wait to be added (`permit cluster add ID ADDR`) or initialised.
     #[arg(long, conflicts_with = "peers")]
     join: bool,
+    #[command(flatten)]
+    auth: AuthArgs,
+}
+
+/// Client authentication and abuse limits (docs/security.md).
+#[derive(Args)]
+struct AuthArgs {
+    /// Require `Authorization: Bearer SECRET` on every client request and enforce the tokens'
+    /// rules. On the first start of a cluster the root token is created from PERMIT_ROOT_TOKEN,
+    /// --root-token-file, or a new secret written to DATA_DIR/root-token (mode 0600).
+    #[arg(long)]
+    auth: bool,
+    /// File holding the root token's secret for the first start with --auth.
+    #[arg(long, requires = "auth")]
+    root_token_file: Option<PathBuf>,
+    /// Most live sessions one token may have.
+    #[arg(long, default_value_t = 10_000)]
+    sessions_per_token_max: u64,
+    /// Most long-polls (blocking acquires, campaigns, watches) one token may have open on a node.
+    #[arg(long, default_value_t = 1_000)]
+    long_polls_per_token_max: u32,
+    /// Serve /metrics without a token even with --auth.
+    #[arg(long)]
+    metrics_public: bool,
+    /// Listen on a non-loopback address without --auth (anyone who reaches the port can do
+    /// anything).
+    #[arg(long)]
+    allow_unauthenticated: bool,
+}
+
+impl AuthArgs {
+    /// The root secret from PERMIT_ROOT_TOKEN or --root-token-file, if either is given.
+    fn root_token(&self) -> anyhow::Result<Option<String>> {
+        if let Some(path) = &self.root_token_file {
+            let secret = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read --root-token-file {}: {e}", path.display()))?;
+            return Ok(Some(secret.trim().to_owned()));
+        }
+        Ok(std::env::var("PERMIT_ROOT_TOKEN").ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()))
+    }
 }
 
 fn parse_peer(text: &str) -> Result<(u64, String), String> {
@@ -90,12 +134,22 @@ fn main() -> anyhow::Result<()> {
                 peers: args.peers.into_iter().collect::<BTreeMap<_, _>>(),
                 snapshot_logs: args.snapshot_logs,
                 join: args.join,
+                auth: args.auth.auth,
+                root_token: if args.auth.auth { args.auth.root_token()? } else { None },
+                sessions_per_token_max: args.auth.sessions_per_token_max,
+                long_polls_per_token_max: args.auth.long_polls_per_token_max,
+                metrics_public: args.auth.metrics_public,
+                allow_unauthenticated: args.auth.allow_unauthenticated,
                 ..permit_server::Config::default()
             };
             runtime.block_on(permit_server::serve(config, permit_server::shutdown_signal()))
         }
         TopCommand::Client(command) => {
-            let code = match runtime.block_on(permit_cli::execute(command, &cli.server)) {
+            let code = match runtime.block_on(permit_cli::execute(
+                command,
+                &cli.server,
+                cli.auth_token.as_deref(),
+            )) {
                 Ok(code) => code,
                 Err(error) => {
                     eprintln!("permit: {error:#}");

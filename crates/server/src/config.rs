@@ -27,6 +27,19 @@ pub struct Config {
     /// Start without forming a cluster: wait to be added to one (`permit cluster add`) or
     /// initialised (`POST /v1/cluster/init`).
     pub join: bool,
+    /// Client authentication and ACLs (`--auth`).
+    pub auth: bool,
+    /// The root token's secret for the bootstrap (`PERMIT_ROOT_TOKEN`, `--root-token-file`);
+    /// `None` generates one into `DATA_DIR/root-token`.
+    pub root_token: Option<String>,
+    /// Most live sessions one token may have (`--sessions-per-token-max`).
+    pub sessions_per_token_max: u64,
+    /// Most long-polls one token may have open on this node (`--long-polls-per-token-max`).
+    pub long_polls_per_token_max: u32,
+    /// `/metrics` without a token even with `--auth` (`--metrics-public`).
+    pub metrics_public: bool,
+    /// Listen on a non-loopback address without `--auth` (`--allow-unauthenticated`).
+    pub allow_unauthenticated: bool,
 }
 
 /// `permit serve`'s default address.
@@ -43,6 +56,12 @@ impl Default for Config {
             election_timeout_ms: (500, 1000),
             snapshot_logs: 10_000,
             join: false,
+            auth: false,
+            root_token: None,
+            sessions_per_token_max: 10_000,
+            long_polls_per_token_max: 1_000,
+            metrics_public: false,
+            allow_unauthenticated: false,
         }
     }
 }
@@ -60,6 +79,19 @@ impl Config {
         anyhow::ensure!(self.snapshot_logs >= 10, "snapshot interval must be at least 10 entries");
         anyhow::ensure!(!self.join || self.peers.is_empty(), "--join and --peers exclude each other");
         anyhow::ensure!(self.node_id > 0, "node ids start at 1");
+        anyhow::ensure!(
+            self.auth || self.allow_unauthenticated || self.listen.ip().is_loopback(),
+            "listening on {} without --auth lets anyone on the network hold, release and reconfigure \
+             everything: add --auth, or --allow-unauthenticated to mean it",
+            self.listen.ip()
+        );
+        anyhow::ensure!(
+            self.root_token.as_ref().is_none_or(|s| s.len() >= crate::auth::ROOT_SECRET_BYTES_MIN),
+            "the root token's secret must be at least {} bytes",
+            crate::auth::ROOT_SECRET_BYTES_MIN
+        );
+        anyhow::ensure!(self.sessions_per_token_max >= 1, "--sessions-per-token-max must be at least 1");
+        anyhow::ensure!(self.long_polls_per_token_max >= 1, "--long-polls-per-token-max must be at least 1");
         if !self.peers.is_empty() {
             anyhow::ensure!(
                 self.peers.contains_key(&self.node_id),

@@ -7,6 +7,7 @@
 //! on the leader. See `docs/ARCHITECTURE.md` for the map.
 
 pub mod api;
+pub mod auth;
 pub mod bugs;
 pub mod clock;
 pub mod config;
@@ -49,6 +50,11 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'stat
         stdout.flush()?;
     }
     tracing::info!(%addr, data_dir = %node.config.data_dir.display(), "serving");
+    if !node.config.auth && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "auth is off: anyone who reaches this address can use and reconfigure everything");
+    } else if !node.config.auth {
+        tracing::info!("auth is off (--auth turns it on); only this machine can reach the server");
+    }
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let stopper = node.clone();
     tokio::spawn(async move {

@@ -50,6 +50,8 @@ pub struct Node {
     pub http: reqwest::Client,
     /// This node's leadership, once its barrier is committed (see `leadership`).
     pub leading: watch::Receiver<crate::leadership::Leading>,
+    /// Open long-polls per token, for `--long-polls-per-token-max`.
+    pub long_polls: Arc<crate::auth::LongPolls>,
     /// Becomes true when the node starts shutting down; long-polls return early.
     pub shutdown: watch::Receiver<bool>,
     shutdown_tx: watch::Sender<bool>,
@@ -136,7 +138,7 @@ impl Node {
         };
         tokio::spawn(driver.run());
         let (shutdown_tx, shutdown) = watch::channel(false);
-        Ok(Arc::new(Node {
+        let node = Arc::new(Node {
             id: config.node_id,
             addr,
             raft,
@@ -151,9 +153,14 @@ impl Node {
                 .local_address(Some(addr.ip()).filter(|ip| !ip.is_unspecified()))
                 .pool_max_idle_per_host(32)
                 .build()?,
+            long_polls: Arc::default(),
             shutdown,
             shutdown_tx,
-        }))
+        });
+        if node.config.auth {
+            tokio::spawn(crate::auth::bootstrap_root(node.clone()));
+        }
+        Ok(node)
     }
 
     /// Proposes a command and waits until it is applied.

@@ -98,8 +98,9 @@ error_codes! {
     SemaphoreBusy = "semaphore_busy", 409;
     /// The wait ended without a grant: the session released it, or the capacity shrank below it.
     WaitCancelled = "wait_cancelled", 409;
-    /// A documented limit (sessions, objects, waiters, holds per session) was reached.
-    LimitExceeded = "limit_exceeded", 409;
+    /// A documented limit (sessions, objects, waiters, holds per session, sessions or long-polls
+    /// per token) was reached. The answer carries `Retry-After`.
+    LimitExceeded = "limit_exceeded", 429;
     /// No leader is reachable (election in progress, or no quorum). A write's outcome is
     /// unknown: retry it (acquire is idempotent per session and semaphore).
     NoLeader = "no_leader", 503;
@@ -116,6 +117,14 @@ error_codes! {
     /// This node could not deliver the request to a leader (none elected, or it did not accept
     /// the connection): nothing was done. Retry, here or on another node.
     LeaderUnreachable = "leader_unreachable", 503;
+    /// Auth is on and the request has no valid `Authorization: Bearer SECRET` (missing,
+    /// malformed, or an unknown or deleted token).
+    Unauthenticated = "unauthenticated", 401;
+    /// The token lacks the permission the message names, or the session belongs to another
+    /// token.
+    PermissionDenied = "permission_denied", 403;
+    /// The access token does not exist.
+    TokenNotFound = "token_not_found", 404;
 }
 
 #[cfg(feature = "openapi")]
@@ -160,7 +169,8 @@ mod tests {
         invalid_name invalid_argument not_found method_not_allowed session_not_found \
         semaphore_not_found unavailable permits_exceed_capacity permits_mismatch semaphore_busy \
         wait_cancelled limit_exceeded no_leader shutting_down internal timeout already_initialized \
-        membership_change_in_progress leader_unreachable";
+        membership_change_in_progress leader_unreachable unauthenticated permission_denied \
+        token_not_found";
 
     #[test]
     fn error_codes_match_the_published_list() {

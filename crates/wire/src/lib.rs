@@ -451,3 +451,111 @@ pub struct StateDigest {
     /// FNV-1a hash of the state's snapshot bytes at that index.
     pub digest: u64,
 }
+
+/// Request header carrying a client's credential: `Authorization: Bearer SECRET`.
+pub const AUTHORIZATION_SCHEME: &str = "Bearer";
+
+/// What an access rule grants access to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum AclResource {
+    /// Semaphores, by name.
+    Semaphore,
+    /// Elections, by name.
+    Election,
+    /// Sessions, by the session's name (`""` when it has none).
+    Session,
+    /// Access tokens (prefix `""`).
+    Acl,
+    /// Membership, cluster status, debug routes and metrics (prefix `""`).
+    Cluster,
+}
+
+/// How much an access rule grants; each level includes the ones before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum AclAccess {
+    /// GET, watch, validate.
+    Read,
+    /// Acquire, release, campaign, resign with the token's own sessions; create on acquire.
+    Write,
+    /// Write, plus set capacity, delete, and revoke another session's hold.
+    Admin,
+}
+
+/// One access rule: `access` to every name of `resource` that starts with `prefix`. For a name,
+/// the matching rule with the longest prefix decides.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AclRule {
+    /// What kind of thing.
+    pub resource: AclResource,
+    /// Names that start with this; `""` matches every name.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(max_length = 128))]
+    pub prefix: String,
+    /// How much.
+    pub access: AclAccess,
+}
+
+/// `POST /v1/acl/tokens`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateTokenRequest {
+    /// A name for humans, 1-128 bytes.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 128))]
+    pub name: String,
+    /// The grants (at most 64).
+    #[cfg_attr(feature = "openapi", schema(max_items = 64))]
+    pub rules: Vec<AclRule>,
+}
+
+/// An access token, without its secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct TokenView {
+    /// The token's public id (32 hex digits); the root token's is all zeros.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// Its grants.
+    pub rules: Vec<AclRule>,
+    /// Live sessions it created.
+    pub sessions: u64,
+}
+
+/// `201` answer to `POST /v1/acl/tokens`: the only time the secret is shown.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct TokenCreated {
+    /// The token's public id.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// The secret to send as `Authorization: Bearer SECRET`. Only its hash is stored.
+    pub secret: String,
+    /// Its grants.
+    pub rules: Vec<AclRule>,
+}
+
+/// `GET /v1/acl/tokens`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct TokenList {
+    /// Every token, ordered by id.
+    pub tokens: Vec<TokenView>,
+}
+
+/// `POST /v1/semaphores/{name}/revoke` and `POST /v1/elections/{name}/revoke`: an admin ends
+/// another session's hold (or wait) on the object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RevokeRequest {
+    /// The session whose hold to end.
+    pub session: String,
+}

@@ -39,6 +39,15 @@ impl Api {
         Api { http: reqwest::Client::builder().no_proxy().build().unwrap(), url: url.to_owned() }
     }
 
+    /// A client of the node at `url` that sends `Authorization: Bearer SECRET`.
+    pub fn with_token(url: &str, secret: &str) -> Api {
+        let mut headers = reqwest::header::HeaderMap::new();
+        let value = format!("Bearer {secret}").parse().expect("header value");
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+        let http = reqwest::Client::builder().no_proxy().default_headers(headers).build().unwrap();
+        Api { http, url: url.to_owned() }
+    }
+
     pub async fn send(&self, method: &str, path: &str, body: Option<Value>) -> Answer {
         let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
         let mut request =

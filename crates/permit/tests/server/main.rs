@@ -3,6 +3,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod auth;
 mod durability;
 mod elections;
 mod errors;

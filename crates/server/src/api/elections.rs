@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use permit_core::{validate_acquire, Acquire, Key, Name};
 use permit_wire::{
     CampaignRequest, CampaignResponse, ElectionView, ErrorBody, LeaderView, ReleaseRequest, ReleaseResponse,
-    INDEX_HEADER,
+    RevokeRequest, INDEX_HEADER,
 };
 
 use super::error::ApiError;
@@ -16,6 +16,7 @@ use super::extract::{parse_name, parse_session, Json, Query};
 use super::grant::{self, capped_wait, Grant};
 use super::semaphores::release_key;
 use super::watch::{blocking_read, ReadParams};
+use crate::auth::Caller;
 use crate::node::Node;
 
 /// Campaign to lead: the session becomes leader when nobody leads and no earlier candidate waits.
@@ -27,12 +28,15 @@ use crate::node::Node;
               (status = "4XX", body = ErrorBody)))]
 pub async fn campaign(
     State(node): State<Arc<Node>>,
+    caller: Caller,
     Path(name): Path<String>,
     Json(request): Json<CampaignRequest>,
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
     let session = parse_session(&request.session)?;
+    caller.check_owns(&node, session)?;
     let wait_ms = capped_wait(request.wait_ms);
+    let _poll = (wait_ms > 0).then(|| caller.long_poll(&node)).transpose()?;
     let acquire = Acquire {
         key: Key::election(name),
         session,
@@ -78,10 +82,12 @@ fn read_view(node: &Node, name: &Name) -> (ElectionView, u64) {
     responses((status = 200, body = ElectionView, headers(("permit-index" = u64))), (status = "4XX", body = ErrorBody)))]
 pub async fn get(
     State(node): State<Arc<Node>>,
+    caller: Caller,
     Path(name): Path<String>,
     Query(params): Query<ReadParams>,
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
+    let _poll = params.index.map(|_| caller.long_poll(&node)).transpose()?;
     let (view, index) = blocking_read(&node, &params, |node| Ok(read_view(node, &name))).await?;
     Ok(([(HeaderName::from_static(INDEX_HEADER), index.to_string())], axum::Json(view)).into_response())
 }
@@ -92,9 +98,23 @@ pub async fn get(
     responses((status = 200, body = ReleaseResponse), (status = "4XX", body = ErrorBody)))]
 pub async fn resign(
     State(node): State<Arc<Node>>,
+    caller: Caller,
     Path(name): Path<String>,
     Json(request): Json<ReleaseRequest>,
 ) -> Result<axum::Json<ReleaseResponse>, ApiError> {
     let key = Key::election(parse_name(&name)?);
-    release_key(&node, key, &request.session).await
+    release_key(&node, key, &request.session, Some(&caller)).await
+}
+
+/// End another session's leadership or candidacy: an admin's answer to a stuck leader.
+#[utoipa::path(post, path = "/v1/elections/{name}/revoke", tag = "elections", request_body = RevokeRequest,
+    params(("name" = String, Path, description = "Election name")),
+    responses((status = 200, body = ReleaseResponse), (status = "4XX", body = ErrorBody)))]
+pub async fn revoke(
+    State(node): State<Arc<Node>>,
+    Path(name): Path<String>,
+    Json(request): Json<RevokeRequest>,
+) -> Result<axum::Json<ReleaseResponse>, ApiError> {
+    let key = Key::election(parse_name(&name)?);
+    release_key(&node, key, &request.session, None).await
 }

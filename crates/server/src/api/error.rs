@@ -8,6 +8,9 @@ use permit_wire::{ErrorBody, ErrorCode, ErrorDetail};
 
 use crate::proposer::ProposeError;
 
+/// `Retry-After` on a 429: a client over a per-token cap tries again this many seconds later.
+const RETRY_AFTER_SECONDS: &str = "1";
+
 /// An error answer: `{"error": {"code", "message"}}` with the code's HTTP status.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -39,8 +42,16 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status =
             StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let retry = status == StatusCode::TOO_MANY_REQUESTS;
         let body = ErrorBody { error: ErrorDetail { code: self.code, message: self.message } };
-        (status, axum::Json(body)).into_response()
+        let mut response = (status, axum::Json(body)).into_response();
+        if retry {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
+        }
+        response
     }
 }
 
@@ -57,8 +68,15 @@ impl From<Refusal> for ApiError {
             Refusal::SemaphoreBusy => ErrorCode::SemaphoreBusy,
             Refusal::InvalidArgument { .. } => ErrorCode::InvalidArgument,
             Refusal::LimitExceeded(
-                Limit::Sessions | Limit::Objects | Limit::WaitersPerObject | Limit::KeysPerSession,
+                Limit::Sessions
+                | Limit::Objects
+                | Limit::WaitersPerObject
+                | Limit::KeysPerSession
+                | Limit::Tokens
+                | Limit::SessionsPerToken,
             ) => ErrorCode::LimitExceeded,
+            Refusal::TokenNotFound => ErrorCode::TokenNotFound,
+            Refusal::TokenExists => ErrorCode::Internal,
         };
         ApiError::new(code, message)
     }

@@ -1,5 +1,6 @@
 //! The HTTP API: routes, error mapping, limits and request metrics. One file per resource.
 
+mod acl;
 mod cluster;
 mod elections;
 mod error;
@@ -41,9 +42,14 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/semaphores/{name}/acquire", post(semaphores::acquire))
         .route("/v1/semaphores/{name}/release", post(semaphores::release))
         .route("/v1/semaphores/{name}/validate", post(semaphores::validate))
+        .route("/v1/semaphores/{name}/revoke", post(semaphores::revoke))
         .route("/v1/elections/{name}", get(elections::get))
         .route("/v1/elections/{name}/campaign", post(elections::campaign))
         .route("/v1/elections/{name}/resign", post(elections::resign))
+        .route("/v1/elections/{name}/revoke", post(elections::revoke))
+        .route("/v1/acl/tokens", post(acl::create).get(acl::list))
+        .route("/v1/acl/tokens/self", get(acl::current))
+        .route("/v1/acl/tokens/{id}", axum::routing::delete(acl::delete))
         .route("/v1/cluster", get(cluster::status))
         .route("/v1/cluster/init", post(cluster::init))
         .route("/v1/cluster/members", post(cluster::add))
@@ -52,6 +58,8 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/debug/digest", get(system::digest))
         .route("/v1/openapi.json", get(system::openapi))
         .route("/metrics", get(system::metrics))
+        // Only on matched routes and methods: 404 and 405 answers need no token.
+        .route_layer(middleware::from_fn_with_state(node.clone(), crate::auth::authenticate))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX));
     let peer = Router::new()
         .route("/raft/append", post(raft::append))

@@ -6,13 +6,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use permit_core::{
-    validate_acquire, validate_capacity, Acquire, Command, Key, Kind, Name, Outcome, Semaphore,
-    State as CoreState,
+    validate_acquire, validate_capacity, Access, Acquire, Command, Key, Kind, Name, Outcome, Resource,
+    Semaphore, State as CoreState,
 };
 use permit_wire::{
     AcquireRequest, AcquireResponse, ErrorBody, ErrorCode, HolderView, PutSemaphoreRequest, ReleaseRequest,
-    ReleaseResponse, SemaphoreList, SemaphoreSummary, SemaphoreView, ValidateRequest, ValidateResponse,
-    WaiterView, INDEX_HEADER,
+    ReleaseResponse, RevokeRequest, SemaphoreList, SemaphoreSummary, SemaphoreView, ValidateRequest,
+    ValidateResponse, WaiterView, INDEX_HEADER,
 };
 use serde::Deserialize;
 
@@ -20,6 +20,7 @@ use super::error::ApiError;
 use super::extract::{parse_name, parse_session, Json, Query};
 use super::grant::{self, capped_wait, Grant};
 use super::watch::{blocking_read, ReadParams};
+use crate::auth::Caller;
 use crate::node::Node;
 
 /// Default and largest page of `GET /v1/semaphores`.
@@ -107,10 +108,12 @@ pub async fn put(
     responses((status = 200, body = SemaphoreView, headers(("permit-index" = u64))), (status = 404, body = ErrorBody)))]
 pub async fn get(
     State(node): State<Arc<Node>>,
+    caller: Caller,
     Path(name): Path<String>,
     Query(params): Query<ReadParams>,
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
+    let _poll = params.index.map(|_| caller.long_poll(&node)).transpose()?;
     let (view, index) = blocking_read(&node, &params, |node| read_view(node, &name)).await?;
     Ok((index_header(index), axum::Json(view)).into_response())
 }
@@ -133,6 +136,7 @@ pub struct ListParams {
     responses((status = 200, body = SemaphoreList), (status = "4XX", body = ErrorBody)))]
 pub async fn list(
     State(node): State<Arc<Node>>,
+    caller: Caller,
     Query(params): Query<ListParams>,
 ) -> Result<axum::Json<SemaphoreList>, ApiError> {
     let after = params.after.as_deref().map(parse_name).transpose()?;
@@ -150,6 +154,7 @@ pub async fn list(
     let mut page = replica.state.objects_after(Kind::Semaphore, after.as_ref());
     let semaphores: Vec<SemaphoreSummary> = page
         .by_ref()
+        .filter(|(key, _)| caller.can(Resource::Semaphore, key.name.as_str(), Access::Read))
         .take(limit)
         .map(|(key, object)| SemaphoreSummary {
             name: key.name.to_string(),
@@ -190,12 +195,15 @@ pub async fn delete(State(node): State<Arc<Node>>, Path(name): Path<String>) -> 
               (status = "4XX", body = ErrorBody)))]
 pub async fn acquire(
     State(node): State<Arc<Node>>,
+    caller: Caller,
     Path(name): Path<String>,
     Json(request): Json<AcquireRequest>,
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
     let session = parse_session(&request.session)?;
+    caller.check_owns(&node, session)?;
     let wait_ms = capped_wait(request.wait_ms);
+    let _poll = (wait_ms > 0).then(|| caller.long_poll(&node)).transpose()?;
     let acquire = Acquire {
         key: Key::semaphore(name),
         session,
@@ -222,20 +230,40 @@ pub async fn acquire(
     responses((status = 200, body = ReleaseResponse), (status = "4XX", body = ErrorBody)))]
 pub async fn release(
     State(node): State<Arc<Node>>,
+    caller: Caller,
     Path(name): Path<String>,
     Json(request): Json<ReleaseRequest>,
 ) -> Result<axum::Json<ReleaseResponse>, ApiError> {
     let key = Key::semaphore(parse_name(&name)?);
-    release_key(&node, key, &request.session).await
+    release_key(&node, key, &request.session, Some(&caller)).await
 }
 
-/// Releases `session`'s hold or wait on `key` (shared with elections' resign).
+/// End another session's hold (or wait) on the semaphore: an admin's answer to a stuck holder.
+/// The session lives on; its client sees the hold gone at its next call.
+#[utoipa::path(post, path = "/v1/semaphores/{name}/revoke", tag = "semaphores", request_body = RevokeRequest,
+    params(("name" = String, Path, description = "Semaphore name")),
+    responses((status = 200, body = ReleaseResponse), (status = "4XX", body = ErrorBody)))]
+pub async fn revoke(
+    State(node): State<Arc<Node>>,
+    Path(name): Path<String>,
+    Json(request): Json<RevokeRequest>,
+) -> Result<axum::Json<ReleaseResponse>, ApiError> {
+    let key = Key::semaphore(parse_name(&name)?);
+    release_key(&node, key, &request.session, None).await
+}
+
+/// Releases `session`'s hold or wait on `key` (shared with elections' resign and the revokes).
+/// With a `caller`, the session must be the caller's; `None` is an admin's revoke.
 pub async fn release_key(
     node: &Node,
     key: Key,
     session: &str,
+    caller: Option<&Caller>,
 ) -> Result<axum::Json<ReleaseResponse>, ApiError> {
     let session = parse_session(session)?;
+    if let Some(caller) = caller {
+        caller.check_owns(node, session)?;
+    }
     match node.propose(Command::Release { key, session }).await? {
         Outcome::Released { permits } => Ok(axum::Json(ReleaseResponse { released: permits })),
         Outcome::Refused(refusal) => Err(refusal.into()),

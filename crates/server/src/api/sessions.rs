@@ -15,7 +15,9 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::extract::{parse_session, Json};
+use crate::auth::Caller;
 use crate::node::Node;
+use permit_core::{Access, Resource};
 
 /// Attempts to draw an unused session id; a collision of 128 random bits is a broken RNG.
 const SESSION_ID_ATTEMPTS: usize = 3;
@@ -25,14 +27,26 @@ const SESSION_ID_ATTEMPTS: usize = 3;
     responses((status = 201, body = SessionCreated), (status = "4XX", body = ErrorBody)))]
 pub async fn create(
     State(node): State<Arc<Node>>,
+    caller: Caller,
     Json(request): Json<CreateSessionRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let ttl_ms = request.ttl_ms.unwrap_or(SESSION_TTL_MS_DEFAULT);
     validate_ttl_ms(ttl_ms)?;
     validate_session_name(request.name.as_deref())?;
+    caller.require(Resource::Session, request.name.as_deref().unwrap_or(""), Access::Write)?;
     for _ in 0..SESSION_ID_ATTEMPTS {
         let id = SessionId::from_bytes(rand::random());
-        let command = Command::CreateSession { id, ttl_ms, name: request.name.clone() };
+        let name = request.name.clone();
+        let command = match caller.token_id() {
+            None => Command::CreateSession { id, ttl_ms, name },
+            Some(owner) => Command::CreateOwnedSession {
+                id,
+                ttl_ms,
+                name,
+                owner,
+                owner_sessions_max: node.config.sessions_per_token_max,
+            },
+        };
         match node.propose(command).await? {
             Outcome::SessionCreated => {
                 return Ok((StatusCode::CREATED, axum::Json(SessionCreated { id: id.to_string(), ttl_ms })));
@@ -51,6 +65,7 @@ pub async fn create(
     responses((status = 200, body = KeepaliveResponse), (status = 404, body = ErrorBody)))]
 pub async fn keepalive(
     State(node): State<Arc<Node>>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<axum::Json<KeepaliveResponse>, ApiError> {
     let id = parse_session(&id)?;
@@ -58,6 +73,7 @@ pub async fn keepalive(
     // not honour. The successor extended every deadline when it took over, before this point.
     node.ensure_linearizable().await?;
     let mut replica = node.replica.lock();
+    caller.owns(&replica.state, id)?;
     let ttl_ms = replica.state.session(id).ok_or_else(ApiError::session_not_found)?.ttl_ms;
     if !replica.lessor.keepalive(id, Instant::now()) {
         return Err(ApiError::session_not_found());
@@ -71,11 +87,13 @@ pub async fn keepalive(
     responses((status = 200, body = SessionView), (status = 404, body = ErrorBody)))]
 pub async fn get(
     State(node): State<Arc<Node>>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<axum::Json<SessionView>, ApiError> {
     let id = parse_session(&id)?;
     node.ensure_linearizable().await?;
     let replica = node.replica.lock();
+    caller.owns_or(&replica.state, id, Access::Read)?;
     let session = replica.state.session(id).ok_or_else(ApiError::session_not_found)?;
     let kind = |kind: Kind| match kind {
         Kind::Semaphore => ObjectKind::Semaphore,
@@ -120,8 +138,13 @@ pub async fn get(
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions",
     params(("id" = String, Path, description = "Session id")),
     responses((status = 204), (status = 404, body = ErrorBody)))]
-pub async fn close(State(node): State<Arc<Node>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+pub async fn close(
+    State(node): State<Arc<Node>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
     let id = parse_session(&id)?;
+    caller.owns_or(&node.replica.lock().state, id, Access::Admin)?;
     match node.propose(Command::CloseSession { id }).await? {
         Outcome::SessionClosed => Ok(StatusCode::NO_CONTENT),
         Outcome::Refused(refusal) => Err(refusal.into()),

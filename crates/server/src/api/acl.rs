@@ -1,0 +1,143 @@
+//! `/v1/acl/tokens`: create, list, inspect and delete access tokens (with `--auth`).
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use permit_core::{validate_token, Access, Command, Outcome, Resource, Rule, Token, TokenId, ROOT_TOKEN_ID};
+use permit_wire::{
+    AclAccess, AclResource, AclRule, CreateTokenRequest, ErrorBody, ErrorCode, TokenCreated, TokenList,
+    TokenView,
+};
+
+use super::error::ApiError;
+use super::extract::Json;
+use crate::auth::{new_secret, secret_sha256, Caller};
+use crate::node::Node;
+
+/// Attempts to draw an unused token id; a collision of 128 random bits is a broken RNG.
+const TOKEN_ID_ATTEMPTS: usize = 3;
+
+/// Create a token. The answer is the only time its secret is shown; the server keeps only a
+/// SHA-256 of it. Needs `acl` admin.
+#[utoipa::path(post, path = "/v1/acl/tokens", tag = "acl", request_body = CreateTokenRequest,
+    responses((status = 201, body = TokenCreated), (status = "4XX", body = ErrorBody)))]
+pub async fn create(
+    State(node): State<Arc<Node>>,
+    Json(request): Json<CreateTokenRequest>,
+) -> Result<impl IntoResponse, ApiError> {
+    let rules: Vec<Rule> = request.rules.iter().map(rule_from_wire).collect();
+    validate_token(&request.name, &rules)?;
+    for _ in 0..TOKEN_ID_ATTEMPTS {
+        let id = TokenId::from_bytes(rand::random());
+        if id == ROOT_TOKEN_ID {
+            continue;
+        }
+        let secret = new_secret();
+        let token =
+            Token { name: request.name.clone(), secret_sha256: secret_sha256(&secret), rules: rules.clone() };
+        match node.propose(Command::CreateToken { id, token }).await? {
+            Outcome::TokenCreated => {
+                let created =
+                    TokenCreated { id: id.to_string(), name: request.name, secret, rules: request.rules };
+                return Ok((StatusCode::CREATED, axum::Json(created)));
+            }
+            Outcome::Refused(permit_core::Refusal::TokenExists) => continue,
+            Outcome::Refused(refusal) => return Err(refusal.into()),
+            other => return Err(ApiError::internal(other)),
+        }
+    }
+    Err(ApiError::internal("token id collisions"))
+}
+
+/// Every token, without secrets. Needs `acl` read.
+#[utoipa::path(get, path = "/v1/acl/tokens", tag = "acl",
+    responses((status = 200, body = TokenList), (status = "4XX", body = ErrorBody)))]
+pub async fn list(State(node): State<Arc<Node>>) -> Result<axum::Json<TokenList>, ApiError> {
+    node.ensure_linearizable().await?;
+    let replica = node.replica.lock();
+    let state = &replica.state;
+    let tokens = state.tokens().map(|(id, token)| view(*id, token, state.sessions_of(*id))).collect();
+    Ok(axum::Json(TokenList { tokens }))
+}
+
+/// The token the request was made with. Any valid token may ask.
+#[utoipa::path(get, path = "/v1/acl/tokens/self", tag = "acl",
+    responses((status = 200, body = TokenView), (status = "4XX", body = ErrorBody)))]
+pub async fn current(
+    State(node): State<Arc<Node>>,
+    caller: Caller,
+) -> Result<axum::Json<TokenView>, ApiError> {
+    match caller {
+        Caller::Anyone => {
+            Err(ApiError::new(ErrorCode::InvalidArgument, "auth is off: requests carry no token"))
+        }
+        Caller::Token { id, token } => {
+            let sessions = node.replica.lock().state.sessions_of(id);
+            Ok(axum::Json(view(id, &token, sessions)))
+        }
+    }
+}
+
+/// Delete a token: from the moment it is applied, every node refuses it, and every session it
+/// created is closed (holds released, waits cancelled). Needs `acl` admin.
+#[utoipa::path(delete, path = "/v1/acl/tokens/{id}", tag = "acl",
+    params(("id" = String, Path, description = "Token id (32 hex digits)")),
+    responses((status = 204), (status = "4XX", body = ErrorBody)))]
+pub async fn delete(State(node): State<Arc<Node>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    let id: TokenId = id.parse().map_err(|_| token_not_found())?;
+    match node.propose(Command::DeleteToken { id }).await? {
+        Outcome::TokenDeleted { sessions_closed } => {
+            tracing::info!(token = %id, sessions_closed, "token deleted");
+            Ok(StatusCode::NO_CONTENT)
+        }
+        Outcome::Refused(refusal) => Err(refusal.into()),
+        other => Err(ApiError::internal(other)),
+    }
+}
+
+fn token_not_found() -> ApiError {
+    ApiError::new(ErrorCode::TokenNotFound, "no token with this id (ids are 32 hex digits)")
+}
+
+fn view(id: TokenId, token: &Token, sessions: u64) -> TokenView {
+    TokenView {
+        id: id.to_string(),
+        name: token.name.clone(),
+        rules: token.rules.iter().map(rule_to_wire).collect(),
+        sessions,
+    }
+}
+
+fn rule_from_wire(rule: &AclRule) -> Rule {
+    let resource = match rule.resource {
+        AclResource::Semaphore => Resource::Semaphore,
+        AclResource::Election => Resource::Election,
+        AclResource::Session => Resource::Session,
+        AclResource::Acl => Resource::Acl,
+        AclResource::Cluster => Resource::Cluster,
+    };
+    let access = match rule.access {
+        AclAccess::Read => Access::Read,
+        AclAccess::Write => Access::Write,
+        AclAccess::Admin => Access::Admin,
+    };
+    Rule { resource, prefix: rule.prefix.clone(), access }
+}
+
+fn rule_to_wire(rule: &Rule) -> AclRule {
+    let resource = match rule.resource {
+        Resource::Semaphore => AclResource::Semaphore,
+        Resource::Election => AclResource::Election,
+        Resource::Session => AclResource::Session,
+        Resource::Acl => AclResource::Acl,
+        Resource::Cluster => AclResource::Cluster,
+    };
+    let access = match rule.access {
+        Access::Read => AclAccess::Read,
+        Access::Write => AclAccess::Write,
+        Access::Admin => AclAccess::Admin,
+    };
+    AclRule { resource, prefix: rule.prefix.clone(), access }
+}

@@ -1,0 +1,383 @@
+//! Who is asking, and may they: authentication and authorisation of client requests.
+//!
+//! With `--auth`, every client request carries `Authorization: Bearer SECRET`. The middleware
+//! [`authenticate`] hashes the secret (SHA-256), finds the token in the replicated state, checks
+//! the route's [`Need`] (from [`need`], the one table of every route's permission) and hands the
+//! handler a [`Caller`]. Handlers then check what only they can see: that a session named in the
+//! request belongs to the caller's token. Without `--auth` every request is [`Caller::Anyone`].
+//!
+//! Authorisation runs on the node that executes the request: a follower forwards writes to the
+//! leader with the `Authorization` header, and the leader decides on its own state.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+pub use permit_core::{Access, Resource};
+use permit_core::{SessionId, State as CoreState, Token, TokenId};
+use permit_wire::{ErrorCode, AUTHORIZATION_SCHEME};
+use sha2::{Digest, Sha256};
+
+use crate::api::ApiError;
+use crate::node::Node;
+
+/// The identity a request was made with.
+#[derive(Clone, Debug)]
+pub enum Caller {
+    /// Auth is off: everyone may do everything, and sessions have no owner.
+    Anyone,
+    /// A valid token.
+    Token {
+        /// Its public id.
+        id: TokenId,
+        /// The token, as the state held it when the request arrived.
+        token: Token,
+    },
+}
+
+/// What a route needs from its caller, before the handler looks at the body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// Nothing: health, the OpenAPI spec, peer RPC (which the peer channel checks).
+    Open,
+    /// Any valid token; the handler checks the rest (a session's owner, a list's filter).
+    Authenticated,
+    /// This access to the object named by the route's `{name}`.
+    Named(Resource, Access),
+    /// This access to the resource as a whole (name `""`).
+    Global(Resource, Access),
+    /// This access to a name the request body carries (a new session's name): the middleware
+    /// only authenticates, the handler checks the name.
+    InBody(Resource, Access),
+}
+
+/// The permission each route needs. `None` for a route missing from this table: such a route is
+/// refused to everyone (deny by default), and the route-matrix test fails, so a new route cannot
+/// skip authorisation silently.
+pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> {
+    use Access::{Admin, Read, Write};
+    use Need::{Authenticated, Global, InBody, Named, Open};
+    use Resource::{Acl, Cluster, Election, Semaphore};
+    let need = match (method.as_str(), route) {
+        ("GET", "/v1/health" | "/v1/openapi.json") => Open,
+        (_, route) if route.starts_with("/raft/") => Open,
+        ("GET", "/metrics") if metrics_public => Open,
+        ("GET", "/metrics") => Global(Cluster, Read),
+        ("POST", "/v1/sessions") => InBody(Resource::Session, Write),
+        ("GET" | "DELETE", "/v1/sessions/{id}") => Authenticated,
+        ("POST", "/v1/sessions/{id}/keepalive") => Authenticated,
+        ("GET", "/v1/semaphores") => Authenticated,
+        ("GET", "/v1/semaphores/{name}") => Named(Semaphore, Read),
+        ("PUT" | "DELETE", "/v1/semaphores/{name}") => Named(Semaphore, Admin),
+        ("POST", "/v1/semaphores/{name}/acquire" | "/v1/semaphores/{name}/release") => {
+            Named(Semaphore, Write)
+        }
+        ("POST", "/v1/semaphores/{name}/validate") => Named(Semaphore, Read),
+        ("POST", "/v1/semaphores/{name}/revoke") => Named(Semaphore, Admin),
+        ("GET", "/v1/elections/{name}") => Named(Election, Read),
+        ("POST", "/v1/elections/{name}/campaign" | "/v1/elections/{name}/resign") => Named(Election, Write),
+        ("POST", "/v1/elections/{name}/revoke") => Named(Election, Admin),
+        ("GET", "/v1/cluster") => Global(Cluster, Read),
+        ("POST", "/v1/cluster/init" | "/v1/cluster/members") => Global(Cluster, Admin),
+        ("DELETE", "/v1/cluster/members/{id}") => Global(Cluster, Admin),
+        ("GET", "/v1/debug/digest") => Global(Cluster, Admin),
+        ("GET", "/v1/acl/tokens/self") => Authenticated,
+        ("GET", "/v1/acl/tokens") => Global(Acl, Read),
+        ("POST", "/v1/acl/tokens") => Global(Acl, Admin),
+        ("DELETE", "/v1/acl/tokens/{id}") => Global(Acl, Admin),
+        _ => return None,
+    };
+    Some(need)
+}
+
+impl Caller {
+    /// Whether the caller has `access` to `name` of `resource`.
+    pub fn can(&self, resource: Resource, name: &str, access: Access) -> bool {
+        match self {
+            Caller::Anyone => true,
+            Caller::Token { token, .. } => token.allows(resource, name, access),
+        }
+    }
+
+    /// Like [`Caller::can`], as a typed 403 naming the missing permission.
+    ///
+    /// # Errors
+    /// `permission_denied`.
+    pub fn require(&self, resource: Resource, name: &str, access: Access) -> Result<(), ApiError> {
+        if self.can(resource, name, access) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            ErrorCode::PermissionDenied,
+            format!("this token lacks {} access to {} {name:?}", access.as_str(), resource.as_str()),
+        ))
+    }
+
+    /// The caller's token id, when auth is on.
+    pub fn token_id(&self) -> Option<TokenId> {
+        match self {
+            Caller::Anyone => None,
+            Caller::Token { id, .. } => Some(*id),
+        }
+    }
+
+    /// Whether the session (if it exists) belongs to the caller. Knowing a session id grants
+    /// nothing: acquire, release, campaign, resign and keepalive need the owning token. A missing
+    /// session passes, so that the handler answers `session_not_found` as it would without auth.
+    ///
+    /// # Errors
+    /// `permission_denied` for a session of another token (or one made while auth was off).
+    pub fn owns(&self, state: &CoreState, session: SessionId) -> Result<(), ApiError> {
+        let Caller::Token { id, .. } = self else { return Ok(()) };
+        match state.session(session) {
+            Some(found) if found.owner != Some(*id) => Err(ApiError::new(
+                ErrorCode::PermissionDenied,
+                "the session belongs to another token; only the token that created it may use it",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Like [`Caller::owns`], or `access` to sessions of the session's name (an admin closing
+    /// or inspecting someone else's session).
+    ///
+    /// # Errors
+    /// `permission_denied`.
+    pub fn owns_or(&self, state: &CoreState, session: SessionId, access: Access) -> Result<(), ApiError> {
+        let owned = self.owns(state, session);
+        let name = state.session(session).and_then(|s| s.name.as_deref()).unwrap_or("");
+        if owned.is_err() && self.can(Resource::Session, name, access) {
+            return Ok(());
+        }
+        owned
+    }
+}
+
+impl Caller {
+    /// [`Caller::owns`] on the node's applied state.
+    ///
+    /// # Errors
+    /// `permission_denied`.
+    pub fn check_owns(&self, node: &Node, session: SessionId) -> Result<(), ApiError> {
+        match self {
+            Caller::Anyone => Ok(()),
+            Caller::Token { .. } => self.owns(&node.replica.lock().state, session),
+        }
+    }
+
+    /// A place for one long-poll of this caller on `node` (see [`LongPolls`]).
+    ///
+    /// # Errors
+    /// `limit_exceeded`.
+    pub fn long_poll(&self, node: &Node) -> Result<LongPoll, ApiError> {
+        node.long_polls.enter(self, node.config.long_polls_per_token_max)
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Caller, ApiError> {
+        parts.extensions.get::<Caller>().cloned().ok_or_else(|| ApiError::internal("no caller"))
+    }
+}
+
+/// SHA-256 of a secret, as tokens store it.
+pub fn secret_sha256(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// A new secret: 256 bits from the OS's CSPRNG, as 64 hex digits.
+pub fn new_secret() -> String {
+    let bytes: [u8; 32] = rand::random();
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Shortest secret the server accepts for the root token, in bytes.
+pub const ROOT_SECRET_BYTES_MIN: usize = 16;
+
+/// Middleware: finds the caller and checks the route's [`Need`].
+pub async fn authenticate(State(node): State<Arc<Node>>, mut request: Request, next: Next) -> Response {
+    let Some(route) = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()) else {
+        return next.run(request).await; // unmatched: the fallback answers 404 / 405
+    };
+    let caller = match check(&node, &mut request, &route).await {
+        Ok(caller) => caller,
+        Err(error) => return error.into_response(),
+    };
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
+async fn check(node: &Node, request: &mut Request, route: &str) -> Result<Caller, ApiError> {
+    let config = &node.config;
+    let Some(need) = need(request.method(), route, config.metrics_public) else {
+        return Err(ApiError::new(ErrorCode::PermissionDenied, "this route has no access rule"));
+    };
+    if !config.auth || need == Need::Open {
+        return Ok(Caller::Anyone);
+    }
+    let caller = identify(node, request)?;
+    match need {
+        Need::Open | Need::Authenticated | Need::InBody(..) => {}
+        Need::Global(resource, access) => caller.require(resource, "", access)?,
+        Need::Named(resource, access) => {
+            let (mut parts, body) = std::mem::take(request).into_parts();
+            let params = RawPathParams::from_request_parts(&mut parts, &()).await;
+            *request = Request::from_parts(parts, body);
+            let params = params.map_err(|_| ApiError::internal("no path parameters"))?;
+            let name = params.iter().find(|(key, _)| *key == "name").map_or("", |(_, value)| value);
+            caller.require(resource, name, access)?;
+        }
+    }
+    Ok(caller)
+}
+
+fn identify(node: &Node, request: &Request) -> Result<Caller, ApiError> {
+    let unauthenticated = |why: &str| ApiError::new(ErrorCode::Unauthenticated, why.to_owned());
+    let header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .ok_or_else(|| unauthenticated("auth is on: send `Authorization: Bearer SECRET`"))?;
+    let secret = header
+        .to_str()
+        .ok()
+        .and_then(|value| value.strip_prefix(AUTHORIZATION_SCHEME))
+        .and_then(|rest| rest.strip_prefix(' '))
+        .map(str::trim)
+        .filter(|secret| !secret.is_empty())
+        .ok_or_else(|| unauthenticated("malformed Authorization header: expected `Bearer SECRET`"))?;
+    let hash = secret_sha256(secret);
+    let replica = node.replica.lock();
+    let (id, token) =
+        replica.state.token_by_secret(&hash).ok_or_else(|| unauthenticated("unknown or deleted token"))?;
+    Ok(Caller::Token { id, token: token.clone() })
+}
+
+/// Counts each token's open long-polls, to cap them (`--long-polls-per-token-max`).
+#[derive(Debug, Default)]
+pub struct LongPolls {
+    open: Mutex<HashMap<TokenId, u32>>,
+}
+
+/// One open long-poll; dropping it frees the place.
+#[derive(Debug)]
+pub struct LongPoll {
+    polls: Option<(Arc<LongPolls>, TokenId)>,
+}
+
+impl LongPolls {
+    /// Takes a place for one long-poll of `caller`, or refuses when its token has `max` open.
+    ///
+    /// # Errors
+    /// `limit_exceeded` (429 with `Retry-After`).
+    pub fn enter(self: &Arc<LongPolls>, caller: &Caller, max: u32) -> Result<LongPoll, ApiError> {
+        let Some(id) = caller.token_id() else { return Ok(LongPoll { polls: None }) };
+        let mut open = self.open.lock().expect("long-poll counts lock");
+        let count = open.entry(id).or_default();
+        if *count >= max {
+            return Err(ApiError::new(
+                ErrorCode::LimitExceeded,
+                format!("this token has {max} long-polls open already (--long-polls-per-token-max)"),
+            ));
+        }
+        *count += 1;
+        Ok(LongPoll { polls: Some((self.clone(), id)) })
+    }
+}
+
+impl Drop for LongPoll {
+    fn drop(&mut self) {
+        if let Some((polls, id)) = self.polls.take() {
+            let mut open = polls.open.lock().expect("long-poll counts lock");
+            if let Some(count) = open.get_mut(&id) {
+                *count -= 1;
+                if *count == 0 {
+                    open.remove(&id);
+                }
+            }
+        }
+    }
+}
+
+/// Name of the file in the data dir that holds a generated root secret.
+pub const ROOT_TOKEN_FILE: &str = "root-token";
+
+/// Creates the root token once per cluster: when this node leads and the replicated state has
+/// never had one. The secret is the configured one (`PERMIT_ROOT_TOKEN`, `--root-token-file`)
+/// or one generated into `DATA_DIR/root-token` (mode 0600). Ends when the root exists.
+pub async fn bootstrap_root(node: Arc<Node>) {
+    let mut leading = node.leading.clone();
+    let mut shutdown = node.shutdown.clone();
+    loop {
+        if node.replica.lock().state.root_created() || *shutdown.borrow() {
+            return;
+        }
+        if leading.borrow_and_update().is_some() {
+            match propose_root(&node).await {
+                Ok(()) => return,
+                Err(error) => tracing::warn!(%error, "root token not created yet; will retry"),
+            }
+        }
+        tokio::select! {
+            changed = leading.changed() => if changed.is_err() { return },
+            _ = shutdown.changed() => {}
+            () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+async fn propose_root(node: &Node) -> anyhow::Result<()> {
+    let (secret, file) = match &node.config.root_token {
+        Some(secret) => (secret.clone(), None),
+        None => {
+            let path = node.config.data_dir.join(ROOT_TOKEN_FILE);
+            (read_or_create_secret(&path)?, Some(path))
+        }
+    };
+    let token = Token {
+        name: "root".to_owned(),
+        secret_sha256: secret_sha256(&secret),
+        rules: permit_core::root_rules(),
+    };
+    let command = permit_core::Command::CreateToken { id: permit_core::ROOT_TOKEN_ID, token };
+    match node.propose(command).await.map_err(|e| anyhow::anyhow!("{e:?}"))? {
+        permit_core::Outcome::TokenCreated => match file {
+            Some(path) => {
+                tracing::info!(path = %path.display(), "root token created; its secret is in this file")
+            }
+            None => tracing::info!("root token created from the configured secret"),
+        },
+        permit_core::Outcome::Refused(permit_core::Refusal::TokenExists) => {}
+        other => anyhow::bail!("unexpected outcome {other:?}"),
+    }
+    Ok(())
+}
+
+/// The secret in `path`, or a new one written there (mode 0600, fsynced) if it does not exist.
+fn read_or_create_secret(path: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::read_to_string(path) {
+        Ok(secret) if secret.trim().len() >= ROOT_SECRET_BYTES_MIN => return Ok(secret.trim().to_owned()),
+        Ok(_) => {
+            anyhow::bail!("{} holds no secret of at least {ROOT_SECRET_BYTES_MIN} bytes", path.display())
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => anyhow::bail!("cannot read {}: {error}", path.display()),
+    }
+    let secret = new_secret();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", path.display()))?;
+    file.write_all(format!("{secret}\n").as_bytes())?;
+    file.sync_all()?;
+    Ok(secret)
+}
