@@ -13,10 +13,25 @@ pub struct Api {
     pub url: String,
 }
 
+/// The secret every new [`Api`] sends as `Authorization: Bearer`, for the parts that measure a
+/// server with `--auth` (set and cleared by the `auth` part only; parts run one at a time).
+static AUTH_TOKEN: std::sync::RwLock<Option<String>> = std::sync::RwLock::new(None);
+
+/// Makes every [`Api`] created from now on authenticate with `secret` (`None`: no header).
+pub fn set_auth_token(secret: Option<String>) {
+    *AUTH_TOKEN.write().expect("auth token lock") = secret;
+}
+
 impl Api {
     /// A client of `url` with a pool of its own.
     pub fn new(url: &str) -> Api {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(secret) = AUTH_TOKEN.read().expect("auth token lock").as_deref() {
+            headers
+                .insert(reqwest::header::AUTHORIZATION, format!("Bearer {secret}").parse().expect("header"));
+        }
         let http = reqwest::Client::builder()
+            .default_headers(headers)
             .no_proxy()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(1)
@@ -31,6 +46,16 @@ impl Api {
         let status = answer.status().as_u16();
         let bytes = answer.bytes().await?;
         Ok((status, if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes)? }))
+    }
+
+    /// POSTs `body` to `path`: the status and the JSON answer.
+    pub async fn post_json(&self, path: &str, body: Value) -> anyhow::Result<(u16, Value)> {
+        self.post(path, body).await
+    }
+
+    /// GETs `path` and returns only the status.
+    pub async fn get_status(&self, path: &str) -> anyhow::Result<u16> {
+        Ok(self.http.get(format!("{}{path}", self.url)).send().await?.status().as_u16())
     }
 
     /// Opens a session.

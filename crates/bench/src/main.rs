@@ -8,6 +8,7 @@
 //! Every figure is a median over `--runs` runs; ratios are to floors measured in the same run.
 
 mod api;
+mod auth;
 mod floors;
 mod server;
 mod stats;
@@ -32,7 +33,7 @@ struct Args {
     /// Length of each timed workload run.
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
-    /// Parts to run: floors,w1,w2,w3,w4,cluster,scale,failover,big (default: all but big).
+    /// Parts to run: floors,w1,w2,w3,w4,auth,cluster,scale,failover,big (default: all but big).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sessions (and semaphores) in the small scale step; the large step is 10x.
@@ -211,6 +212,35 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 Some(("<= 20 ms".into(), over <= 20.0)),
             );
         }
+    }
+
+    if wants(&args, "auth") {
+        let cost = auth::measure(&bin, work.path(), args.runs, duration).await?;
+        println!("auth (single node, plain and --auth servers in alternation)");
+        let w1_ratio = cost.w1_auth_p50 / cost.w1_plain_p50;
+        report.add("W1 acquire p50, no auth", format!("{:.3} ms", cost.w1_plain_p50), None);
+        report.add(
+            "W1 acquire p50, --auth",
+            format!("{:.3} ms ({w1_ratio:.2}x)", cost.w1_auth_p50),
+            Some(("<= 1.05x no auth".into(), w1_ratio <= 1.05)),
+        );
+        report.add("W2 cycles, no auth", format!("{:.0} /s", cost.w2_plain_rate), None);
+        report.add(
+            "W2 cycles, --auth",
+            format!("{:.0} /s ({:.2}x)", cost.w2_auth_rate, cost.w2_auth_rate / cost.w2_plain_rate),
+            None,
+        );
+        let flooded = cost.w1_flooded_p50 / cost.w1_auth_p50;
+        report.add(
+            "W1 acquire p50 while 32 clients of another token flood sessions",
+            format!("{:.3} ms ({flooded:.2}x)", cost.w1_flooded_p50),
+            Some(("<= 2x unloaded".into(), flooded <= 2.0)),
+        );
+        report.add(
+            "  flood requests (mostly 429 at the cap)",
+            format!("{:.0} /s", cost.flood_requests_per_second),
+            None,
+        );
     }
 
     if wants(&args, "cluster") || wants(&args, "failover") {
