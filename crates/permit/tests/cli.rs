@@ -17,6 +17,7 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(20);
 /// Exit codes documented by `permit run --help`.
 const EXIT_ERROR: i32 = 1;
 const EXIT_NO_LEADER: i32 = 3;
+const EXIT_UNREACHABLE: i32 = 74;
 const EXIT_TIMEOUT: i32 = 75;
 const EXIT_LOST: i32 = 76;
 const EXIT_NOT_FOUND: i32 = 127;
@@ -341,10 +342,10 @@ async fn elect_runs_the_command_while_leading_and_leader_prints_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unreachable_server_is_an_error() {
+async fn unreachable_server_exits_74() {
     let server = Server::start();
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let output = permit(&server, &["--server", &format!("http://{closed}"), "ls"]).await;
-    assert_eq!(output.code, EXIT_ERROR);
+    assert_eq!(output.code, EXIT_UNREACHABLE);
     assert!(output.stderr.contains("cannot list semaphores"), "{}", output.stderr);
 }
