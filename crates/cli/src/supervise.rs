@@ -295,3 +295,40 @@ fn exit_code(status: ExitStatus) -> i32 {
         (None, None) => EXIT_ERROR,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether process `pid` runs (exists and is not a zombie).
+    fn alive(pid: i32) -> bool {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+        let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+        !matches!(state, Some('Z' | 'X') | None)
+    }
+
+    /// The parent-death signal fires when the *thread* that forked the child ends: a command
+    /// started from a short-lived thread must outlive that thread.
+    #[test]
+    fn the_command_outlives_the_thread_that_asked_for_it() {
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let job = Job {
+            command: vec!["sleep".into(), "30".into()],
+            kill_after: Duration::from_secs(1),
+            foreground: false,
+        };
+        let handle = runtime.handle().clone();
+        let started = std::thread::spawn(move || handle.block_on(spawn(&job, &[]))).join().unwrap();
+        let Ok(running) = started else { panic!("sleep did not start") };
+        // The asking thread is gone; a signal tied to it would arrive within this window.
+        let watch_until = std::time::Instant::now() + Duration::from_millis(300);
+        while std::time::Instant::now() < watch_until {
+            assert!(alive(running.pid), "the command died with the thread that started it");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        running.signal(libc::SIGKILL);
+        let mut child = running.child;
+        runtime.block_on(child.wait()).unwrap();
+    }
+}
