@@ -177,15 +177,13 @@ impl Hold {
             Some(job) => self.supervise(job, &session, &held, &env, &mut signals).await,
             None => Ok(self.hold_until_signal(&session, &held, &mut signals).await),
         };
+        // Do not wait on retries against a server that may be gone: after a lost hold, try for
+        // a moment; otherwise at most until the session would expire anyway.
         let lost = outcome.as_ref().is_ok_and(|outcome| outcome.lost);
-        let cleanup = self.clean_up(session, held);
-        if lost {
-            // Do not wait on retries against a server that may be gone.
-            if tokio::time::timeout(LOST_CLEANUP_TIMEOUT, cleanup).await.is_err() {
-                eprintln!("permit: could not close the session in time; it expires after its TTL");
-            }
-        } else {
-            cleanup.await;
+        let left = session.deadline().saturating_duration_since(tokio::time::Instant::now());
+        let bound = if lost { LOST_CLEANUP_TIMEOUT } else { left.max(LOST_CLEANUP_TIMEOUT) };
+        if tokio::time::timeout(bound, self.clean_up(session, held)).await.is_err() {
+            eprintln!("permit: could not release and close the session in time; it expires after its TTL");
         }
         outcome.map(|outcome| outcome.code)
     }

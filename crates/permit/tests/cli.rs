@@ -542,3 +542,29 @@ fn help_texts_have_one_exit_code_table_each_and_serve_lists_no_client_flags() {
     assert!(!help(&["serve"]).contains("--server"), "serve lists client flags");
     assert!(!help(&[]).contains("Glue"), "a developer note in the help");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_to_a_file_carry_no_colours() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let mut serve = Command::new(permit_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let logged = common::eventually(STEP_TIMEOUT, async || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.contains("INFO"))
+    })
+    .await;
+    serve.start_kill().unwrap();
+    serve.wait().await.unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(logged, "no info line: {text}");
+    assert!(!text.contains('\u{1b}'), "ANSI escapes in a log file: {text:?}");
+}
