@@ -2,6 +2,7 @@
 //! changes).
 
 use std::ffi::OsString;
+use std::io::Write as _;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -33,7 +34,8 @@ pub struct ElectArgs {
     /// Keep the command in this terminal's process group and signal only it.
     #[arg(long)]
     pub foreground: bool,
-    /// Session name shown by the API (default: `permit elect` with the process id).
+    /// Session name, shown with the leader in the server's answers (default: `permit elect`, the
+    /// election and this process id).
     #[arg(long)]
     pub name: Option<String>,
     /// The command and its arguments, after `--`. It sees PERMIT_TOKEN (the leadership's
@@ -124,11 +126,13 @@ async fn watch_leader(client: &Client, args: &LeaderArgs) -> anyhow::Result<i32>
     loop {
         let leader = view.leader.as_ref().map(|leader| (leader.session.clone(), leader.token));
         if printed.as_ref() != Some(&leader) {
-            if args.json {
-                println!("{}", serde_json::to_string(&view)?);
+            let line = if args.json {
+                serde_json::to_string(&view)?
             } else {
-                println!("{}", view.leader.as_ref().map_or("", |leader| leader.value.as_str()));
-            }
+                view.leader.as_ref().map_or_else(String::new, |leader| leader.value.clone())
+            };
+            // Not println!: a reader that went away ends the watch with an error, not a panic.
+            writeln!(std::io::stdout(), "{line}").context("cannot write to stdout")?;
             printed = Some(leader);
         }
         view = tokio::select! {

@@ -4,6 +4,7 @@
 
 use std::ffi::OsString;
 use std::future::Future;
+use std::io::Write as _;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -229,7 +230,10 @@ impl Hold {
     /// `permit lock`: prints the token (one line on stdout, for scripts), then holds until a
     /// signal (exit 0) or until the hold is lost (exit 76).
     async fn hold_until_signal(&self, session: &Session, held: &Held, signals: &mut Signals) -> Outcome {
-        println!("{}", held.token());
+        // Not println!: a closed stdout (`permit lock x | head -0`) must not end the hold.
+        if let Err(error) = writeln!(std::io::stdout(), "{}", held.token()) {
+            eprintln!("permit: cannot print the token ({error})");
+        }
         eprintln!(
             "permit: holding {} (token {}, session {}); Ctrl-C or SIGTERM releases",
             self.what,
