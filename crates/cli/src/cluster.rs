@@ -20,6 +20,7 @@ pub enum ClusterCommand {
 
 /// `permit cluster status`.
 #[derive(Debug, Args)]
+#[command(after_help = crate::EXIT_CODES_COMMON)]
 pub struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -28,6 +29,7 @@ pub struct StatusArgs {
 
 /// `permit cluster add`.
 #[derive(Debug, Args)]
+#[command(after_help = crate::EXIT_CODES_COMMON)]
 pub struct AddArgs {
     /// The new node's id.
     id: u64,
@@ -40,6 +42,7 @@ pub struct AddArgs {
 
 /// `permit cluster remove`.
 #[derive(Debug, Args)]
+#[command(after_help = crate::EXIT_CODES_COMMON)]
 pub struct RemoveArgs {
     /// The node to remove.
     id: u64,

@@ -1,18 +1,20 @@
-//! `permit elect` (run a command while leading) and `permit leader` (who leads).
+//! `permit elect` (run a command while leading) and `permit leader` (who leads, once or as it
+//! changes).
 
 use std::ffi::OsString;
+use std::io::Write as _;
 use std::time::Duration;
 
 use anyhow::Context;
 use permit_client::Client;
 
 use crate::run::{Held, Hold};
-use crate::supervise::Job;
-use crate::{parse_duration, EXIT_CODES_HELP, EXIT_NO_LEADER, TTL_DEFAULT};
+use crate::supervise::{Job, Signals};
+use crate::{parse_duration, EXIT_CODES_ELECT, EXIT_CODES_LEADER, EXIT_NO_LEADER, TTL_DEFAULT};
 
 /// `permit elect <name> --value V [--ttl 10s] [--timeout D] -- CMD ARGS...`
 #[derive(clap::Args, Debug)]
-#[command(after_help = EXIT_CODES_HELP)]
+#[command(after_help = EXIT_CODES_ELECT)]
 pub struct ElectArgs {
     /// The election: 1-128 bytes of [A-Za-z0-9._:-].
     pub election: String,
@@ -32,7 +34,8 @@ pub struct ElectArgs {
     /// Keep the command in this terminal's process group and signal only it.
     #[arg(long)]
     pub foreground: bool,
-    /// Session name shown by the API (default: `permit elect` with the process id).
+    /// Session name, shown with the leader in the server's answers (default: `permit elect`, the
+    /// election and this process id).
     #[arg(long)]
     pub name: Option<String>,
     /// The command and its arguments, after `--`. It sees PERMIT_TOKEN (the leadership's
@@ -41,15 +44,24 @@ pub struct ElectArgs {
     pub command: Vec<OsString>,
 }
 
-/// `permit leader <name> [--json]`
+/// `permit leader <name> [--json] [--watch]`
 #[derive(clap::Args, Debug)]
+#[command(after_help = EXIT_CODES_LEADER)]
 pub struct LeaderArgs {
     /// The election.
     pub election: String,
-    /// Print the election as JSON (`{name, leader: {session, value, token} | null, ...}`).
+    /// Print the election as JSON (`{name, leader: {session, value, token} | null, ...}`); with
+    /// --watch, one object per line.
     #[arg(long)]
     pub json: bool,
+    /// Keep running and print the leader again each time it changes (an empty line when nobody
+    /// leads), until Ctrl-C or SIGTERM.
+    #[arg(long)]
+    pub watch: bool,
 }
+
+/// How long one blocking read of `permit leader --watch` asks the server to wait.
+const WATCH_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs `permit elect`.
 pub(crate) async fn elect(client: &Client, args: ElectArgs) -> anyhow::Result<i32> {
@@ -60,7 +72,7 @@ pub(crate) async fn elect(client: &Client, args: ElectArgs) -> anyhow::Result<i3
         ttl: args.ttl,
         session_name: name,
         timeout: args.timeout,
-        job: Job { command: args.command, kill_after: args.kill_after, foreground: args.foreground },
+        job: Some(Job { command: args.command, kill_after: args.kill_after, foreground: args.foreground }),
     };
     let (election, value, timeout) = (args.election, args.value, args.timeout);
     hold.run(client, |session| async move {
@@ -74,8 +86,12 @@ pub(crate) async fn elect(client: &Client, args: ElectArgs) -> anyhow::Result<i3
     .await
 }
 
-/// Runs `permit leader`: prints the leader's value (or the election as JSON).
+/// Runs `permit leader`: prints the leader's value (or the election as JSON), once or, with
+/// `--watch`, at every change.
 pub(crate) async fn leader(client: &Client, args: LeaderArgs) -> anyhow::Result<i32> {
+    if args.watch {
+        return watch_leader(client, &args).await;
+    }
     let view = client
         .get_election(&args.election)
         .await
@@ -94,4 +110,34 @@ pub(crate) async fn leader(client: &Client, args: LeaderArgs) -> anyhow::Result<
         eprintln!("(session {}, token {})", leader.session, leader.token);
     }
     Ok(0)
+}
+
+/// Runs `permit leader --watch`: prints the leader, then again whenever it changes (another
+/// session, or a new term of the same session), using the server's blocking reads, until a
+/// signal.
+async fn watch_leader(client: &Client, args: &LeaderArgs) -> anyhow::Result<i32> {
+    let mut signals = Signals::catch().context("cannot catch signals")?;
+    let read_failed = || format!("cannot read election {}", args.election);
+    let mut view = tokio::select! {
+        view = client.get_election(&args.election) => view.with_context(read_failed)?,
+        _ = signals.recv() => return Ok(0),
+    };
+    let mut printed = None;
+    loop {
+        let leader = view.leader.as_ref().map(|leader| (leader.session.clone(), leader.token));
+        if printed.as_ref() != Some(&leader) {
+            let line = if args.json {
+                serde_json::to_string(&view)?
+            } else {
+                view.leader.as_ref().map_or_else(String::new, |leader| leader.value.clone())
+            };
+            // Not println!: a reader that went away ends the watch with an error, not a panic.
+            writeln!(std::io::stdout(), "{line}").context("cannot write to stdout")?;
+            printed = Some(leader);
+        }
+        view = tokio::select! {
+            next = client.watch_election(&args.election, view.index, WATCH_WAIT) => next.with_context(read_failed)?,
+            _ = signals.recv() => return Ok(0),
+        };
+    }
 }

@@ -1,31 +1,26 @@
-//! The client commands of the `permit` binary: `run`, `elect`, `ls`, `show`, `set-capacity`,
-//! `delete` and `leader`.
+//! The client commands of the `permit` binary: `run`, `elect`, `lock`, `ls`, `show`,
+//! `set-capacity`, `delete`, `leader` and `cluster`.
 //!
 //! The binary flattens [`ClientCommand`] into its parser next to `serve`, owns the global
-//! `--server` option (a comma-separated list, env `PERMIT_SERVER`), and calls [`execute`] with
-//! the list. Every server interaction goes through `permit-client`.
+//! `--server` option (a comma-separated list, env `PERMIT_SERVER`), calls [`execute`] with the
+//! list, and maps an error to an exit code with [`exit_code_of`]. Every server interaction goes
+//! through `permit-client`.
 //!
 //! # Exit codes
 //!
-//! | code | meaning |
-//! |---|---|
-//! | 0 | success (`run`, `elect`: the command exited 0) |
-//! | 1 | an error: the server refused, could not be reached, or answered something unexpected (printed on stderr) |
-//! | 3 | `leader`: nobody leads the election |
-//! | 75 | `run`, `elect`: `--timeout` passed before the permits (or leadership) were granted; nothing is held or queued (`EX_TEMPFAIL`) |
-//! | 76 | `run`, `elect`: the hold was lost while the command ran (session expired, or `--max-hold` passed); the command was sent SIGTERM, then SIGKILL after `--kill-after` |
-//! | 126 | `run`, `elect`: the command could not be executed (permission denied) |
-//! | 127 | `run`, `elect`: the command was not found |
-//! | 128+N | `run`, `elect`: the command was killed by signal N (for example 143 after a forwarded SIGTERM) |
-//! | other | `run`, `elect`: the command's own exit code |
+//! Each command's `--help` ends with its own table ([`EXIT_CODES_RUN`], [`EXIT_CODES_ELECT`],
+//! [`EXIT_CODES_LOCK`], [`EXIT_CODES_LEADER`], [`EXIT_CODES_COMMON`]); `docs/operations.md`
+//! gathers them.
 //!
-//! `run` and `elect` release what they hold and close their session before exiting, whatever the
-//! outcome.
+//! `run`, `elect` and `lock` release what they hold and close their session before exiting,
+//! whatever the outcome (within [`run`]'s short bound after a lost hold). The command of `run`
+//! and `elect` dies with `permit`, even when `permit` is killed with SIGKILL.
 #![deny(missing_docs)]
 
 mod acl;
 mod cluster;
 mod elections;
+mod lock;
 mod run;
 mod semaphores;
 mod supervise;
@@ -34,20 +29,25 @@ mod table;
 use std::time::Duration;
 
 use anyhow::Context;
-use permit_client::Client;
+use permit_client::{Client, ErrorCode};
 
 pub use elections::{ElectArgs, LeaderArgs};
+pub use lock::LockArgs;
 pub use run::RunArgs;
 pub use semaphores::{DeleteArgs, LsArgs, SetCapacityArgs, ShowArgs};
 
-/// Exit code of a failed command (the error is printed on stderr).
+/// Exit code of a failed command: the server refused the request or answered something
+/// unexpected (the error is printed on stderr).
 pub const EXIT_ERROR: i32 = 1;
 /// Exit code of `permit leader` when nobody leads.
 pub const EXIT_NO_LEADER: i32 = 3;
-/// Exit code of `permit run` / `permit elect` when `--timeout` passed before the grant
+/// Exit code when no server could be reached, or none could serve (no leader, shutting down)
+/// within the client's retries (`EX_IOERR` of sysexits.h).
+pub const EXIT_UNREACHABLE: i32 = 74;
+/// Exit code of `permit run` / `elect` / `lock` when `--timeout` passed before the grant
 /// (`EX_TEMPFAIL` of sysexits.h).
 pub const EXIT_TIMEOUT: i32 = 75;
-/// Exit code of `permit run` / `permit elect` when the hold was lost while the command ran.
+/// Exit code of `permit run` / `elect` / `lock` when the hold was lost while holding.
 pub const EXIT_LOST: i32 = 76;
 /// Exit code when the command cannot be executed.
 pub const EXIT_CANNOT_EXECUTE: i32 = 126;
@@ -56,18 +56,69 @@ pub const EXIT_NOT_FOUND: i32 = 127;
 /// Exit codes above this one mean "killed by signal (code - 128)".
 pub const EXIT_SIGNAL_BASE: i32 = 128;
 
-/// The exit codes, as printed at the end of `permit run --help` and `permit elect --help`.
-pub const EXIT_CODES_HELP: &str = "\
+/// The exit codes of `permit run`, printed at the end of its `--help`.
+pub const EXIT_CODES_RUN: &str = "\
 Exit codes:
   0      the command exited 0
-  1      error talking to the server (printed on stderr)
+  1      the server refused a request or answered something unexpected (printed on stderr)
+  74     could not reach the server, or no server could serve (no leader, shutting down)
   75     --timeout passed before the grant; nothing is held or queued
-  76     the hold was lost while the command ran (session expired or --max-hold passed):
-         the command got SIGTERM, then SIGKILL after --kill-after
+  76     the hold was lost while the command ran (the session expired, no keepalive was
+         acknowledged before the session's deadline, or --max-hold passed): the command got
+         SIGTERM at once, then SIGKILL after --kill-after
   126    the command could not be executed
   127    the command was not found
-  128+N  the command was killed by signal N
-  other  the command's exit code";
+  128+N  the command was killed by signal N, or permit got signal N while waiting for the grant
+  other  the command's own exit code (codes 1, 74-76 come from permit itself only when it
+         printed why on stderr)
+
+If permit itself is killed (even with SIGKILL), the command and its process group are killed.";
+
+/// The exit codes of `permit elect`, printed at the end of its `--help`.
+pub const EXIT_CODES_ELECT: &str = "\
+Exit codes:
+  0      the command exited 0
+  1      the server refused a request or answered something unexpected (printed on stderr)
+  74     could not reach the server, or no server could serve (no leader, shutting down)
+  75     --timeout passed before leadership was won; the candidacy is withdrawn
+  76     leadership was lost while the command ran (the session expired, or no keepalive was
+         acknowledged before the session's deadline): the command got SIGTERM at once, then
+         SIGKILL after --kill-after
+  126    the command could not be executed
+  127    the command was not found
+  128+N  the command was killed by signal N, or permit got signal N while campaigning
+  other  the command's own exit code (codes 1, 74-76 come from permit itself only when it
+         printed why on stderr)
+
+If permit itself is killed (even with SIGKILL), the command and its process group are killed.";
+
+/// The exit codes of `permit lock`, printed at the end of its `--help`.
+pub const EXIT_CODES_LOCK: &str = "\
+Exit codes:
+  0      released after SIGINT (Ctrl-C), SIGTERM, SIGHUP or SIGQUIT
+  1      the server refused a request or answered something unexpected (printed on stderr)
+  74     could not reach the server, or no server could serve (no leader, shutting down)
+  75     --timeout passed before the grant; nothing is held or queued
+  76     the hold was lost (the session expired, or no keepalive was acknowledged before the
+         session's deadline)
+  128+N  interrupted by signal N while waiting for the grant";
+
+/// The exit codes of `permit leader`, printed at the end of its `--help`.
+pub const EXIT_CODES_LEADER: &str = "\
+Exit codes:
+  0   the leader was printed (--watch: stopped by SIGINT, SIGTERM, SIGHUP or SIGQUIT)
+  1   the server refused the request or answered something unexpected (printed on stderr)
+  3   nobody leads the election (without --watch)
+  74  could not reach the server, or no server could serve (no leader, shutting down)";
+
+/// The exit codes of `ls`, `show`, `set-capacity`, `delete` and `cluster`, printed at the end of
+/// their `--help`.
+pub const EXIT_CODES_COMMON: &str = "\
+Exit codes:
+  0   success
+  1   the server refused the request (for example semaphore_not_found) or answered something
+      unexpected (printed on stderr)
+  74  could not reach the server, or no server could serve (no leader, shutting down)";
 
 /// Default session TTL of `run` and `elect`.
 const TTL_DEFAULT: &str = "10s";
@@ -85,9 +136,11 @@ pub enum ClientCommand {
     SetCapacity(SetCapacityArgs),
     /// Delete a semaphore that nobody holds or waits on.
     Delete(DeleteArgs),
+    /// Hold permits of a semaphore until Ctrl-C or SIGTERM (prints the fencing token).
+    Lock(LockArgs),
     /// Run a command while leading an election.
     Elect(ElectArgs),
-    /// Print the current leader of an election (exit code 3 when nobody leads).
+    /// Print the current leader of an election, or follow it with --watch.
     Leader(LeaderArgs),
     /// Cluster membership: status, add, remove.
     #[command(subcommand)]
@@ -98,7 +151,8 @@ pub enum ClientCommand {
 }
 
 /// Runs `command` against the servers at `servers` (tried in order, with failover) and returns the
-/// process exit code (see the crate docs). Errors are to be printed and mapped to [`EXIT_ERROR`].
+/// process exit code (see the crate docs). Errors are to be printed and mapped to an exit code by
+/// [`exit_code_of`].
 ///
 /// # Errors
 ///
@@ -114,6 +168,7 @@ pub async fn execute(
     }
     match command {
         ClientCommand::Run(args) => run::run(&client, args).await,
+        ClientCommand::Lock(args) => lock::lock(&client, args).await,
         ClientCommand::Ls(args) => semaphores::ls(&client, args).await,
         ClientCommand::Show(args) => semaphores::show(&client, args).await,
         ClientCommand::SetCapacity(args) => semaphores::set_capacity(&client, args).await,
@@ -122,6 +177,35 @@ pub async fn execute(
         ClientCommand::Leader(args) => elections::leader(&client, args).await,
         ClientCommand::Cluster(command) => cluster::execute(&client, command).await,
         ClientCommand::Acl(command) => acl::execute(&client, command).await,
+    }
+}
+
+/// The exit code of a command that failed with `error`: [`EXIT_UNREACHABLE`] when no server
+/// could be reached (or none could serve), [`EXIT_ERROR`] otherwise.
+///
+/// # Examples
+///
+/// ```
+/// let error = anyhow::anyhow!("bad input");
+/// assert_eq!(permit_cli::exit_code_of(&error), permit_cli::EXIT_ERROR);
+/// ```
+pub fn exit_code_of(error: &anyhow::Error) -> i32 {
+    let unreachable =
+        error.chain().filter_map(|cause| cause.downcast_ref::<permit_client::Error>()).any(|error| {
+            matches!(
+                error,
+                permit_client::Error::Transport { .. }
+                    | permit_client::Error::Timeout { .. }
+                    | permit_client::Error::Api {
+                        code: ErrorCode::NoLeader | ErrorCode::ShuttingDown | ErrorCode::LeaderUnreachable,
+                        ..
+                    }
+            )
+        });
+    if unreachable {
+        EXIT_UNREACHABLE
+    } else {
+        EXIT_ERROR
     }
 }
 
@@ -161,11 +245,38 @@ mod tests {
     }
 
     #[test]
-    fn run_and_elect_help_lists_the_exit_codes() {
-        for name in ["run", "elect"] {
-            let mut command = Cli::command();
-            let help = command.find_subcommand_mut(name).expect("subcommand").render_long_help().to_string();
-            assert!(help.contains("Exit codes:") && help.contains("76"), "{name} --help:\n{help}");
+    fn every_command_has_its_own_exit_code_table() {
+        let mut command = Cli::command();
+        command.build();
+        let mut checked = 0;
+        for sub in command.get_subcommands_mut() {
+            let name = sub.get_name().to_owned();
+            if name == "help" {
+                continue;
+            }
+            let mut leaves: Vec<clap::Command> = if sub.has_subcommands() {
+                sub.get_subcommands().filter(|leaf| leaf.get_name() != "help").cloned().collect()
+            } else {
+                vec![sub.clone()]
+            };
+            for leaf in &mut leaves {
+                let help = leaf.render_long_help().to_string();
+                assert_eq!(help.matches("Exit codes:").count(), 1, "{name} {}:\n{help}", leaf.get_name());
+                assert!(help.contains("74"), "{name} {}:\n{help}", leaf.get_name());
+                checked += 1;
+            }
         }
+        assert!(checked >= 11, "{checked} commands");
+        let elect = command.find_subcommand_mut("elect").expect("elect").render_long_help().to_string();
+        assert!(!elect.contains("max-hold") && elect.contains("leadership was lost"), "{elect}");
+    }
+
+    #[test]
+    fn unreachable_servers_map_to_74() {
+        let refused =
+            permit_client::Error::Timeout { endpoint: "http://127.0.0.1:1".into(), after: Duration::ZERO };
+        let error = anyhow::Error::new(refused).context("cannot open a session");
+        assert_eq!(exit_code_of(&error), EXIT_UNREACHABLE);
+        assert_eq!(exit_code_of(&anyhow::anyhow!("other")), EXIT_ERROR);
     }
 }

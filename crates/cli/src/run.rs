@@ -1,19 +1,21 @@
 //! `permit run`: hold permits of a semaphore while a command runs; and the flow it shares with
-//! `permit elect` (open a session, wait for the grant, run, stop on loss, release, close).
+//! `permit elect` and `permit lock` (open a session, wait for the grant, run, stop on loss,
+//! release, close).
 
 use std::ffi::OsString;
 use std::future::Future;
+use std::io::Write as _;
 use std::time::Duration;
 
 use anyhow::Context;
 use permit_client::{AcquireOptions, Client, Leadership, Permit, Session, SessionOptions, SessionState};
 
 use crate::supervise::{self, Job, Signals};
-use crate::{parse_duration, EXIT_CODES_HELP, EXIT_LOST, EXIT_SIGNAL_BASE, EXIT_TIMEOUT, TTL_DEFAULT};
+use crate::{parse_duration, EXIT_CODES_RUN, EXIT_LOST, EXIT_SIGNAL_BASE, EXIT_TIMEOUT, TTL_DEFAULT};
 
 /// `permit run <semaphore> [-n PERMITS] [--capacity N] [--ttl 10s] [--timeout 30s] -- CMD ARGS...`
 #[derive(clap::Args, Debug)]
-#[command(after_help = EXIT_CODES_HELP)]
+#[command(after_help = EXIT_CODES_RUN)]
 pub struct RunArgs {
     /// The semaphore: 1-128 bytes of [A-Za-z0-9._:-].
     pub semaphore: String,
@@ -59,7 +61,7 @@ pub(crate) async fn run(client: &Client, args: RunArgs) -> anyhow::Result<i32> {
         ttl: args.ttl,
         session_name: name,
         timeout: args.timeout,
-        job: Job { command: args.command, kill_after: args.kill_after, foreground: args.foreground },
+        job: Some(Job { command: args.command, kill_after: args.kill_after, foreground: args.foreground }),
     };
     let (semaphore, permits) = (args.semaphore, args.permits);
     hold.run(client, |session| async move {
@@ -105,22 +107,38 @@ impl Held {
     }
 }
 
-/// The shared flow of `run` and `elect`.
+/// The shared flow of `run`, `elect` and `lock`.
 pub(crate) struct Hold {
     /// What is held, for messages ("2 permit(s) of semaphore db").
     pub what: String,
     pub ttl: Duration,
     pub session_name: String,
     pub timeout: Option<Duration>,
-    pub job: Job,
+    /// The command to run while holding; `None` (`permit lock`) prints the token and holds until
+    /// SIGINT or SIGTERM.
+    pub job: Option<Job>,
 }
 
 /// A grant and the environment variables that describe it.
 pub(crate) type Grant = (Held, Vec<(&'static str, String)>);
 
+/// After a lost hold, how long `permit` still tries to release and close the session before it
+/// exits: the server may be unreachable (that may be why the hold was lost), and the session
+/// expires on its own anyway.
+const LOST_CLEANUP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How the holding phase ended.
+struct Outcome {
+    /// The exit code.
+    code: i32,
+    /// Whether the hold was lost (or may have been: the session's local deadline passed).
+    lost: bool,
+}
+
 impl Hold {
     /// Opens a session, waits for `acquire` (interruptible by SIGINT/SIGTERM), runs the command
-    /// while holding, then releases and closes the session. Returns the exit code.
+    /// while holding (or holds until a signal), then releases and closes the session. Returns the
+    /// exit code.
     pub async fn run<F, Fut>(self, client: &Client, acquire: F) -> anyhow::Result<i32>
     where
         F: FnOnce(Session) -> Fut,
@@ -156,35 +174,87 @@ impl Hold {
         };
         env.push(("PERMIT_TOKEN", held.token().to_string()));
         env.push(("PERMIT_SESSION", session.id().to_owned()));
-        let code = self.supervise(&session, &held, &env, &mut signals).await;
-        if let Err(error) = held.release().await {
-            eprintln!("permit: cannot release {} ({error}); closing the session frees it", self.what);
+        let outcome = match &self.job {
+            Some(job) => self.supervise(job, &session, &held, &env, &mut signals).await,
+            None => Ok(self.hold_until_signal(&session, &held, &mut signals).await),
+        };
+        // Do not wait on retries against a server that may be gone: after a lost hold, try for
+        // a moment; otherwise at most until the session would expire anyway.
+        let lost = outcome.as_ref().is_ok_and(|outcome| outcome.lost);
+        let left = session.deadline().saturating_duration_since(tokio::time::Instant::now());
+        let bound = if lost { LOST_CLEANUP_TIMEOUT } else { left.max(LOST_CLEANUP_TIMEOUT) };
+        if tokio::time::timeout(bound, self.clean_up(session, held)).await.is_err() {
+            eprintln!("permit: could not release and close the session in time; it expires after its TTL");
+        }
+        outcome.map(|outcome| outcome.code)
+    }
+
+    /// Releases what is held and closes the session, reporting (not failing on) errors.
+    async fn clean_up(&self, session: Session, held: Held) {
+        if session.state() != SessionState::Expired {
+            if let Err(error) = held.release().await {
+                eprintln!("permit: cannot release {} ({error}); closing the session frees it", self.what);
+            }
         }
         close(session).await;
-        code
     }
 
     async fn supervise(
         &self,
+        job: &Job,
         session: &Session,
         held: &Held,
         env: &[(&str, String)],
         signals: &mut Signals,
-    ) -> anyhow::Result<i32> {
-        let running = match supervise::spawn(&self.job, env) {
+    ) -> anyhow::Result<Outcome> {
+        let running = match supervise::spawn(job, env).await {
             Ok(running) => running,
-            Err(code) => return Ok(code),
+            Err(code) => return Ok(Outcome { code, lost: false }),
         };
         let on_lost = || {
-            let why = match session.state() {
-                SessionState::Expired => "the session expired",
-                _ => "--max-hold passed",
-            };
-            eprintln!("permit: lost {} ({why}); stopping the command with SIGTERM", self.what);
+            eprintln!(
+                "permit: lost {} ({}); stopping the command with SIGTERM",
+                self.what,
+                why_lost(session)
+            );
         };
         let ended =
             running.supervise(signals, held.lost(), on_lost).await.context("waiting for the command")?;
-        Ok(if ended.lost { EXIT_LOST } else { ended.code })
+        Ok(if ended.lost {
+            Outcome { code: EXIT_LOST, lost: true }
+        } else {
+            Outcome { code: ended.code, lost: false }
+        })
+    }
+
+    /// `permit lock`: prints the token (one line on stdout, for scripts), then holds until a
+    /// signal (exit 0) or until the hold is lost (exit 76).
+    async fn hold_until_signal(&self, session: &Session, held: &Held, signals: &mut Signals) -> Outcome {
+        // Not println!: a closed stdout (`permit lock x | head -0`) must not end the hold.
+        if let Err(error) = writeln!(std::io::stdout(), "{}", held.token()) {
+            eprintln!("permit: cannot print the token ({error})");
+        }
+        eprintln!(
+            "permit: holding {} (token {}, session {}); Ctrl-C or SIGTERM releases",
+            self.what,
+            held.token(),
+            session.id()
+        );
+        tokio::select! {
+            _ = signals.recv() => Outcome { code: 0, lost: false },
+            () = held.lost() => {
+                eprintln!("permit: lost {} ({})", self.what, why_lost(session));
+                Outcome { code: EXIT_LOST, lost: true }
+            }
+        }
+    }
+}
+
+/// Why a hold was lost, for messages.
+fn why_lost(session: &Session) -> &'static str {
+    match session.state() {
+        SessionState::Expired => "the session expired, or no keepalive was acknowledged before its deadline",
+        _ => "--max-hold passed",
     }
 }
 

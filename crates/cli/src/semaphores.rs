@@ -8,6 +8,7 @@ use crate::table;
 
 /// `permit ls [--json]`
 #[derive(clap::Args, Debug)]
+#[command(after_help = crate::EXIT_CODES_COMMON)]
 pub struct LsArgs {
     /// Print a JSON array of `{name, capacity, held, available, holders, waiters}`.
     #[arg(long)]
@@ -16,6 +17,7 @@ pub struct LsArgs {
 
 /// `permit show <semaphore> [--json]`
 #[derive(clap::Args, Debug)]
+#[command(after_help = crate::EXIT_CODES_COMMON)]
 pub struct ShowArgs {
     /// The semaphore.
     pub semaphore: String,
@@ -26,6 +28,7 @@ pub struct ShowArgs {
 
 /// `permit set-capacity <semaphore> <capacity>`
 #[derive(clap::Args, Debug)]
+#[command(after_help = crate::EXIT_CODES_COMMON)]
 pub struct SetCapacityArgs {
     /// The semaphore (created if it does not exist).
     pub semaphore: String,
@@ -36,6 +39,7 @@ pub struct SetCapacityArgs {
 
 /// `permit delete <semaphore>`
 #[derive(clap::Args, Debug)]
+#[command(after_help = crate::EXIT_CODES_COMMON)]
 pub struct DeleteArgs {
     /// The semaphore; refused while anyone holds or waits on it.
     pub semaphore: String,

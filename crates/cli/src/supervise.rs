@@ -4,8 +4,9 @@
 use std::ffi::OsString;
 use std::future::Future;
 use std::io;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt as _, ExitStatusExt};
 use std::process::ExitStatus;
+use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
@@ -72,17 +73,83 @@ pub(crate) struct Running {
     pid: i32,
     foreground: bool,
     kill_after: Duration,
+    /// Kills the command's process group if `permit` dies; `None` in the foreground.
+    guard: Option<Guard>,
+}
+
+/// The signal the kernel sends the command when `permit` dies, however it dies (even by
+/// SIGKILL): `PR_SET_PDEATHSIG`. SIGKILL rather than SIGTERM, because nobody is left to escalate:
+/// the server frees the hold after the session's TTL, and the command must be gone by then even
+/// if it ignores SIGTERM.
+#[cfg(target_os = "linux")]
+const PARENT_DEATH_SIGNAL: libc::c_int = libc::SIGKILL;
+
+/// The shell script of the group guard: it blocks reading its stdin (a pipe whose only writer is
+/// `permit`) and kills the process group `$1` with SIGKILL when the pipe closes without a line,
+/// which is what happens when `permit` dies. A line (written by [`Guard::disarm`]) lets it exit
+/// quietly.
+const GUARD_SCRIPT: &str = r#"read -r line || kill -s KILL -- "-$1""#;
+
+/// A small `/bin/sh` process that kills the command's process group when `permit` dies.
+///
+/// `PR_SET_PDEATHSIG` reaches only the command itself; the guard makes sure its children and
+/// grandchildren (in its process group) go too.
+struct Guard {
+    pipe: std::io::PipeWriter,
+    process: std::process::Child,
+}
+
+impl Guard {
+    /// Starts the guard of process group `group`, in its own process group (so that a Ctrl-C in
+    /// the terminal does not stop it), with no inherited files but the pipe.
+    fn start(group: i32) -> io::Result<Guard> {
+        let (reader, pipe) = std::io::pipe()?;
+        let process = std::process::Command::new("/bin/sh")
+            .args(["-c", GUARD_SCRIPT, "permit-guard", &group.to_string()])
+            .env_clear()
+            .stdin(reader)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        Ok(Guard { pipe, process })
+    }
+
+    /// Tells the guard to exit without killing anything (the command ended normally).
+    fn disarm(mut self) {
+        use std::io::Write;
+        let _ = self.pipe.write_all(b"disarm\n");
+        drop(self.pipe);
+        let _ = self.process.wait();
+    }
 }
 
 /// Starts the job's command with `env` added; on failure, the exit code to return.
-pub(crate) fn spawn(job: &Job, env: &[(&str, String)]) -> Result<Running, i32> {
-    let (program, arguments) = job.command.split_first().expect("clap requires a command");
+///
+/// The command dies with `permit` (see [`PARENT_DEATH_SIGNAL`]): it is forked from a thread that
+/// lasts as long as the process, because the kernel sends the parent-death signal when the
+/// *thread* that forked the child ends. Unless in the foreground, a [`Guard`] also kills its
+/// process group when `permit` dies.
+pub(crate) async fn spawn(job: &Job, env: &[(&str, String)]) -> Result<Running, i32> {
+    let Some((program, arguments)) = job.command.split_first() else {
+        eprintln!("permit: no command given");
+        return Err(EXIT_ERROR);
+    };
     let mut command = Command::new(program);
     command.args(arguments).envs(env.iter().map(|(key, value)| (key, value)));
     if !job.foreground {
         command.process_group(0);
     }
-    let child = command.spawn().map_err(|error| {
+    die_with_this_process(&mut command);
+    let foreground = job.foreground;
+    let started = on_lasting_thread(move || {
+        let child = command.spawn()?;
+        let pid = child.id().and_then(|pid| i32::try_from(pid).ok()).unwrap_or(0);
+        let guard = if foreground { None } else { Some(Guard::start(pid)) };
+        Ok((child, pid, guard))
+    })
+    .await;
+    let (child, pid, guard) = started.map_err(|error| {
         eprintln!("permit: cannot run {}: {error}", program.to_string_lossy());
         match error.kind() {
             io::ErrorKind::NotFound => EXIT_NOT_FOUND,
@@ -90,8 +157,78 @@ pub(crate) fn spawn(job: &Job, env: &[(&str, String)]) -> Result<Running, i32> {
             _ => EXIT_ERROR,
         }
     })?;
-    let pid = child.id().and_then(|pid| i32::try_from(pid).ok()).expect("a just-spawned child has a pid");
-    Ok(Running { child, pid, foreground: job.foreground, kill_after: job.kill_after })
+    let guard = match guard {
+        Some(Ok(guard)) => Some(guard),
+        Some(Err(error)) => {
+            eprintln!("permit: cannot start the process group guard ({error}); if permit is killed, the command's children may outlive it");
+            None
+        }
+        None => None,
+    };
+    Ok(Running { child, pid, foreground: job.foreground, kill_after: job.kill_after, guard })
+}
+
+/// Makes the command die when this process dies: in the child, before exec, set the parent-death
+/// signal, then check that the parent is still this process (it may have died before the
+/// `prctl`, and the child would then have been adopted by another process and never get the
+/// signal).
+fn die_with_this_process(command: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: getpid(2) has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        let in_child = move || {
+            // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid(2) are async-signal-safe system calls
+            // without memory arguments; nothing here allocates or takes a lock, as required
+            // between fork and exec.
+            unsafe {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL as libc::c_ulong) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if libc::getppid() != parent {
+                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
+                }
+            }
+            Ok(())
+        };
+        // SAFETY: the closure only makes async-signal-safe calls (see above).
+        unsafe { command.pre_exec(in_child) };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = command;
+}
+
+/// Work for the spawner thread.
+type Work = Box<dyn FnOnce() + Send>;
+
+/// Runs `work` on a thread that lives as long as the process, inside the current tokio runtime,
+/// and returns its result.
+async fn on_lasting_thread<T: Send + 'static>(
+    work: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    static SPAWNER: Mutex<Option<mpsc::Sender<Work>>> = Mutex::new(None);
+    let runtime = tokio::runtime::Handle::current();
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let work: Work = Box::new(move || {
+        let _entered = runtime.enter();
+        let _ = reply.send(work());
+    });
+    {
+        let mut spawner = SPAWNER.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let sender = match spawner.as_ref() {
+            Some(sender) => sender.clone(),
+            None => {
+                let (sender, receiver) = mpsc::channel::<Work>();
+                // The sender stays in the static, so the loop (and the thread) never ends.
+                std::thread::Builder::new()
+                    .name("permit-spawner".into())
+                    .spawn(move || receiver.into_iter().for_each(|work| work()))?;
+                spawner.insert(sender).clone()
+            }
+        };
+        sender.send(work).map_err(|_| io::Error::other("the spawner thread is gone"))?;
+    }
+    answer.await.map_err(|_| io::Error::other("the spawner thread dropped the work"))?
 }
 
 impl Running {
@@ -110,7 +247,13 @@ impl Running {
         loop {
             tokio::select! {
                 status = self.child.wait() => {
-                    return Ok(Ended { code: exit_code(status?), lost: on_lost.is_none() });
+                    let lost = on_lost.is_none();
+                    // After a lost hold the guard kills what the command left behind in its
+                    // group; after a normal end it lets it be.
+                    if let (false, Some(guard)) = (lost, self.guard.take()) {
+                        guard.disarm();
+                    }
+                    return Ok(Ended { code: exit_code(status?), lost });
                 }
                 signal = signals.recv() => self.signal(signal),
                 () = &mut lost, if on_lost.is_some() => {
@@ -150,5 +293,42 @@ fn exit_code(status: ExitStatus) -> i32 {
         (Some(code), _) => code,
         (None, Some(signal)) => EXIT_SIGNAL_BASE + signal,
         (None, None) => EXIT_ERROR,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether process `pid` runs (exists and is not a zombie).
+    fn alive(pid: i32) -> bool {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+        let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+        !matches!(state, Some('Z' | 'X') | None)
+    }
+
+    /// The parent-death signal fires when the *thread* that forked the child ends: a command
+    /// started from a short-lived thread must outlive that thread.
+    #[test]
+    fn the_command_outlives_the_thread_that_asked_for_it() {
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let job = Job {
+            command: vec!["sleep".into(), "30".into()],
+            kill_after: Duration::from_secs(1),
+            foreground: false,
+        };
+        let handle = runtime.handle().clone();
+        let started = std::thread::spawn(move || handle.block_on(spawn(&job, &[]))).join().unwrap();
+        let Ok(running) = started else { panic!("sleep did not start") };
+        // The asking thread is gone; a signal tied to it would arrive within this window.
+        let watch_until = std::time::Instant::now() + Duration::from_millis(300);
+        while std::time::Instant::now() < watch_until {
+            assert!(alive(running.pid), "the command died with the thread that started it");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        running.signal(libc::SIGKILL);
+        let mut child = running.child;
+        runtime.block_on(child.wait()).unwrap();
     }
 }

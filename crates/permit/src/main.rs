@@ -1,17 +1,19 @@
 //! `permit`: the server (`permit serve`) and the client commands in one binary.
 //!
-//! This crate is glue: `serve` goes to `permit-server`, every other command to `permit-cli`.
+//! `serve` goes to `permit-server`, every other command to `permit-cli`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use std::io::IsTerminal;
+
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// A distributed semaphore service: named counting semaphores, locks and leader elections with
 /// sessions, FIFO queues and fencing tokens.
 #[derive(Parser)]
-#[command(name = "permit", version, about, propagate_version = true)]
+#[command(name = "permit", version, propagate_version = true)]
 struct Cli {
     /// Server URL(s), comma-separated; clients fail over between them.
     #[arg(
@@ -38,7 +40,15 @@ enum TopCommand {
     Client(permit_cli::ClientCommand),
 }
 
+/// The exit codes of `permit serve`, printed at the end of its `--help`.
+const SERVE_EXIT_CODES: &str = "\
+Exit codes:
+  0    stopped by SIGINT or SIGTERM
+  1    could not start, or stopped on an error (the last log line says why)
+  134  a bug: an internal check failed (the log shows where); restart it";
+
 #[derive(Args)]
+#[command(after_help = SERVE_EXIT_CODES)]
 struct ServeArgs {
     /// Address to listen on for the HTTP API and peer RPC.
     #[arg(long, default_value = permit_server::config::DEFAULT_LISTEN)]
@@ -106,8 +116,26 @@ fn parse_peer(text: &str) -> Result<(u64, String), String> {
     Ok((id, addr.to_owned()))
 }
 
+/// The command line, with the client-only global flags (`--server`, ...) hidden from
+/// `permit serve --help`: a server does not use them.
+fn command_line() -> clap::Command {
+    let command = Cli::command();
+    // A subcommand that defines a global flag itself does not get the propagated one.
+    let client_flags: Vec<clap::Arg> =
+        command.get_arguments().filter(|arg| arg.is_global_set()).cloned().collect();
+    command.mut_subcommand("serve", |serve| {
+        client_flags.into_iter().fold(serve, |serve, flag| serve.arg(flag.hide(true)))
+    })
+}
+
+/// Whether log lines may carry ANSI colours: only to a terminal, and not when `NO_COLOR` is set
+/// to anything but the empty string (<https://no-color.org>).
+fn log_colours() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty())
+}
+
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = Cli::from_arg_matches(&command_line().get_matches()).unwrap_or_else(|error| error.exit());
     let serving = matches!(cli.command, TopCommand::Serve(_));
     // A panic is a bug (a broken invariant); a half-dead server must not keep answering.
     let default_hook = std::panic::take_hook();
@@ -123,6 +151,7 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(log_colours())
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
@@ -153,7 +182,7 @@ fn main() -> anyhow::Result<()> {
                 Ok(code) => code,
                 Err(error) => {
                     eprintln!("permit: {error:#}");
-                    1
+                    permit_cli::exit_code_of(&error)
                 }
             };
             drop(runtime);

@@ -17,6 +17,7 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(20);
 /// Exit codes documented by `permit run --help`.
 const EXIT_ERROR: i32 = 1;
 const EXIT_NO_LEADER: i32 = 3;
+const EXIT_UNREACHABLE: i32 = 74;
 const EXIT_TIMEOUT: i32 = 75;
 const EXIT_LOST: i32 = 76;
 const EXIT_NOT_FOUND: i32 = 127;
@@ -52,21 +53,23 @@ fn exit_code(status: ExitStatus) -> i32 {
 /// SIGTERM, which it forwards to its command, then SIGKILL.
 struct Running {
     child: Child,
+    stdout: PathBuf,
     stderr: PathBuf,
 }
 
 impl Running {
     fn spawn(server: &Server, dir: &Path, args: &[&str]) -> Running {
         let stderr = dir.join(format!("stderr-{}", rand_suffix()));
+        let stdout = dir.join(format!("stdout-{}", rand_suffix()));
         let child = Command::new(permit_bin())
             .args(args)
             .env("PERMIT_SERVER", &server.url)
             .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.join(format!("stdout-{}", rand_suffix()))).unwrap())
+            .stdout(std::fs::File::create(&stdout).unwrap())
             .stderr(std::fs::File::create(&stderr).unwrap())
             .spawn()
             .expect("spawn permit");
-        Running { child, stderr }
+        Running { child, stdout, stderr }
     }
 
     fn pid(&self) -> i32 {
@@ -84,6 +87,10 @@ impl Running {
             .unwrap_or_else(|_| panic!("permit did not exit in time; stderr: {}", self.stderr()))
             .expect("wait");
         exit_code(status)
+    }
+
+    fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout).unwrap_or_default()
     }
 
     fn stderr(&self) -> String {
@@ -341,10 +348,223 @@ async fn elect_runs_the_command_while_leading_and_leader_prints_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unreachable_server_is_an_error() {
+async fn unreachable_server_exits_74() {
     let server = Server::start();
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let output = permit(&server, &["--server", &format!("http://{closed}"), "ls"]).await;
-    assert_eq!(output.code, EXIT_ERROR);
+    assert_eq!(output.code, EXIT_UNREACHABLE);
     assert!(output.stderr.contains("cannot list semaphores"), "{}", output.stderr);
+}
+
+/// Whether process `pid` still runs: it has a `/proc` entry that is not a zombie (a killed
+/// orphan may stay a zombie when the reaper of this container does not reap).
+fn alive(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, Some('Z' | 'X') | None)
+}
+
+/// The pid written to `path` by a command.
+async fn pid_in(path: &Path) -> i32 {
+    file_contents(path).await.trim().parse().expect("a pid")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_run_kills_the_command_and_its_grandchildren_within_a_second() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let command = script(dir.path(), "echo $$ > $DIR/child; sleep 30 & echo $! > $DIR/grandchild; wait");
+    let mut run =
+        Running::spawn(&server, dir.path(), &["run", "k9", "--capacity", "1", "--", "sh", "-c", &command]);
+    let (child, grandchild) =
+        (pid_in(&dir.path().join("child")).await, pid_in(&dir.path().join("grandchild")).await);
+    assert!(alive(child) && alive(grandchild));
+
+    run.signal(libc::SIGKILL);
+    assert_eq!(run.exit_code().await, 128 + libc::SIGKILL);
+    let gone = common::eventually(Duration::from_secs(1), async || !alive(child) && !alive(grandchild)).await;
+    assert!(
+        gone,
+        "child {child} alive: {}, grandchild {grandchild} alive: {}",
+        alive(child),
+        alive(grandchild)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_elects_never_run_at_once_when_the_leader_is_killed_9() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    // Each run logs its start, then a tick every 20 ms, and its end on SIGTERM, under its token.
+    let command = script(
+        dir.path(),
+        r#"trap 'echo "end $PERMIT_TOKEN" >> $DIR/log; exit 0' TERM; echo "start $PERMIT_TOKEN" >> $DIR/log; while :; do echo "tick $PERMIT_TOKEN" >> $DIR/log; sleep 0.02; done"#,
+    );
+    let args = ["elect", "sched", "--value", "v", "--ttl", "1s", "--", "sh", "-c", &command];
+    let mut first = Running::spawn(&server, dir.path(), &args);
+    let log = dir.path().join("log");
+    file_contents(&log).await;
+    let mut second = Running::spawn(&server, dir.path(), &args);
+    let queued = common::eventually(STEP_TIMEOUT, async || {
+        client(&server).get_election("sched").await.is_ok_and(|view| view.candidates >= 1)
+    })
+    .await;
+    assert!(queued, "the second elect campaigns behind the first");
+
+    first.signal(libc::SIGKILL);
+    assert_eq!(first.exit_code().await, 128 + libc::SIGKILL);
+    // Long enough after the takeover for a surviving first command to show up in the log.
+    let second_ticks = async || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let second_start = lines.iter().rposition(|line| line.starts_with("start ")).unwrap_or(0);
+        second_start > 0 && lines.len() - second_start > 15
+    };
+    assert!(
+        common::eventually(STEP_TIMEOUT, second_ticks).await,
+        "the second took over: {}",
+        second.stderr()
+    );
+    second.signal(libc::SIGTERM);
+    assert_eq!(second.exit_code().await, 0, "stderr: {}", second.stderr());
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<(&str, u64)> = text
+        .lines()
+        .map(|line| {
+            let (what, token) = line.split_once(' ').expect("WHAT TOKEN");
+            (what, token.parse().expect("a token"))
+        })
+        .collect();
+    let second_start = lines.iter().rposition(|(what, _)| *what == "start").unwrap();
+    let (first_token, second_token) = (lines[0].1, lines[second_start].1);
+    assert!(second_token > first_token, "{text}");
+    assert!(
+        lines[second_start..].iter().all(|(_, token)| *token == second_token),
+        "the first command ran after the second started:\n{text}"
+    );
+    assert!(lines[..second_start].iter().all(|(_, token)| *token == first_token), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_exits_76_within_ttl_and_kill_after_when_the_server_dies() {
+    let mut server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let command = script(dir.path(), "trap '' TERM; echo up > $DIR/started; while :; do sleep 0.05; done");
+    let args = ["run", "doomed", "--capacity", "1", "--ttl", "1s", "--kill-after", "1s", "--", "sh", "-c"];
+    let mut run = Running::spawn(&server, dir.path(), &[&args[..], &[command.as_str()]].concat());
+    file_contents(&dir.path().join("started")).await;
+
+    let killed = std::time::Instant::now();
+    server.kill9();
+    assert_eq!(run.exit_code().await, EXIT_LOST, "stderr: {}", run.stderr());
+    // TTL + --kill-after, plus the bounded cleanup (1 s) and a margin for a loaded machine.
+    let bound = Duration::from_secs(1 + 1 + 1) + Duration::from_millis(1500);
+    assert!(killed.elapsed() < bound, "took {:?}; stderr: {}", killed.elapsed(), run.stderr());
+    assert!(run.stderr().contains("SIGKILL"), "{}", run.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_against_a_closed_port_exits_74() {
+    let server = Server::start();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let output = permit(&server, &["--server", &format!("http://{closed}"), "run", "x", "--", "true"]).await;
+    assert_eq!(output.code, EXIT_UNREACHABLE, "stderr: {}", output.stderr);
+    assert!(output.stderr.contains("cannot reach"), "{}", output.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_prints_the_token_and_releases_on_sigterm() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut lock = Running::spawn(&server, dir.path(), &["lock", "door", "--capacity", "1"]);
+    let printed = common::eventually(STEP_TIMEOUT, async || lock.stdout().ends_with('\n')).await;
+    assert!(printed, "no token printed; stderr: {}", lock.stderr());
+    let token: u64 = lock.stdout().trim().parse().expect("one line with the token");
+
+    let client = client(&server);
+    let view = client.get_semaphore("door").await.unwrap();
+    assert_eq!((view.held, view.holders[0].token), (1, token));
+    let other = client.session(Duration::from_secs(10)).await.unwrap();
+    let now = AcquireOptions { timeout: Some(Duration::ZERO), ..AcquireOptions::default() };
+    assert!(other.acquire_with("door", 1, &now).await.unwrap().is_none(), "held by permit lock");
+
+    lock.signal(libc::SIGTERM);
+    assert_eq!(lock.exit_code().await, 0, "stderr: {}", lock.stderr());
+    let next = other.acquire_with("door", 1, &now).await.unwrap().expect("released on SIGTERM");
+    assert!(next.token() > token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_watch_prints_every_change() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut watch = Running::spawn(&server, dir.path(), &["leader", "sched", "--watch"]);
+    let printed = async |expected: &str| {
+        let seen = common::eventually(STEP_TIMEOUT, async || watch.stdout() == expected).await;
+        assert!(seen, "expected {expected:?}, got {:?}; stderr: {}", watch.stdout(), watch.stderr());
+    };
+    printed("\n").await;
+    let client = client(&server);
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let leadership = session.campaign("sched", "node-a").await.unwrap();
+    printed("\nnode-a\n").await;
+    leadership.resign().await.unwrap();
+    printed("\nnode-a\n\n").await;
+    let _again = session.campaign("sched", "node-b").await.unwrap();
+    printed("\nnode-a\n\nnode-b\n").await;
+
+    watch.signal(libc::SIGINT);
+    assert_eq!(watch.exit_code().await, 0, "stderr: {}", watch.stderr());
+}
+
+#[test]
+fn help_texts_have_one_exit_code_table_each_and_serve_lists_no_client_flags() {
+    let help = |args: &[&str]| {
+        let output = std::process::Command::new(permit_bin()).args(args).arg("--help").output().unwrap();
+        assert!(output.status.success(), "{args:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    for (command, row) in [
+        (&["run"][..], "76"),
+        (&["elect"], "leadership was lost"),
+        (&["lock"], "released after SIGINT"),
+        (&["leader"], "nobody leads"),
+        (&["ls"], "74"),
+        (&["cluster", "status"], "74"),
+        (&["serve"], "stopped by SIGINT or SIGTERM"),
+    ] {
+        let text = help(command);
+        assert_eq!(text.matches("Exit codes:").count(), 1, "{command:?}:\n{text}");
+        assert!(text.contains(row), "{command:?}:\n{text}");
+    }
+    assert!(!help(&["elect"]).contains("max-hold"), "elect lists run's codes");
+    assert!(!help(&["serve"]).contains("--server"), "serve lists client flags");
+    assert!(!help(&[]).contains("Glue"), "a developer note in the help");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_to_a_file_carry_no_colours() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let mut serve = Command::new(permit_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let logged = common::eventually(STEP_TIMEOUT, async || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.contains("INFO"))
+    })
+    .await;
+    serve.start_kill().unwrap();
+    serve.wait().await.unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(logged, "no info line: {text}");
+    assert!(!text.contains('\u{1b}'), "ANSI escapes in a log file: {text:?}");
 }
