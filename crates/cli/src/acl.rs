@@ -19,13 +19,16 @@ pub enum AclCommand {
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
     /// Create a token and print its secret (shown only once).
+    #[command(after_help = crate::EXIT_CODES_COMMON)]
     Create(CreateArgs),
     /// List tokens (ids, names, rules; never secrets).
+    #[command(after_help = crate::EXIT_CODES_COMMON)]
     List,
     /// Delete a token: its sessions close and their permits are freed on every node.
+    #[command(after_help = crate::EXIT_CODES_COMMON)]
     Delete(DeleteArgs),
     /// Show the token this command authenticates with.
-    #[command(name = "self")]
+    #[command(name = "self", after_help = crate::EXIT_CODES_COMMON)]
     Current,
 }
 

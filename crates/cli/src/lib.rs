@@ -254,11 +254,15 @@ mod tests {
             if name == "help" {
                 continue;
             }
-            let mut leaves: Vec<clap::Command> = if sub.has_subcommands() {
-                sub.get_subcommands().filter(|leaf| leaf.get_name() != "help").cloned().collect()
-            } else {
-                vec![sub.clone()]
-            };
+            let mut leaves = Vec::new();
+            let mut pending = vec![sub.clone()];
+            while let Some(next) = pending.pop() {
+                if next.has_subcommands() {
+                    pending.extend(next.get_subcommands().filter(|leaf| leaf.get_name() != "help").cloned());
+                } else {
+                    leaves.push(next);
+                }
+            }
             for leaf in &mut leaves {
                 let help = leaf.render_long_help().to_string();
                 assert_eq!(help.matches("Exit codes:").count(), 1, "{name} {}:\n{help}", leaf.get_name());

@@ -23,6 +23,7 @@ const EXIT_LOST: i32 = 76;
 const EXIT_NOT_FOUND: i32 = 127;
 
 /// The output of a short `permit` command.
+#[derive(Debug)]
 struct Output {
     code: i32,
     stdout: String,
@@ -567,4 +568,59 @@ async fn logs_to_a_file_carry_no_colours() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(logged, "no info line: {text}");
     assert!(!text.contains('\u{1b}'), "ANSI escapes in a log file: {text:?}");
+}
+
+#[tokio::test]
+async fn acl_token_create_list_self_and_delete_with_the_root_token() {
+    let temp = tempfile::tempdir().unwrap();
+    let server = Server::start_in(&temp.path().join("data"), "127.0.0.1:0", &["--auth"]);
+    let root_file = temp.path().join("data/root-token");
+    let written = crate::common::eventually(Duration::from_secs(10), async || {
+        std::fs::read_to_string(&root_file).is_ok_and(|s| s.trim().len() >= 32)
+    })
+    .await;
+    assert!(written, "no root token file");
+    let root = std::fs::read_to_string(&root_file).unwrap().trim().to_owned();
+    let denied = permit(&server, &["ls"]).await;
+    assert_eq!(denied.code, 1, "{denied:?}");
+    assert!(denied.stderr.contains("unauthenticated"), "{}", denied.stderr);
+
+    let created = permit(
+        &server,
+        &[
+            "--auth-token",
+            &root,
+            "acl",
+            "token",
+            "create",
+            "--name",
+            "ci",
+            "--rule",
+            "semaphore:ci.=write",
+            "--rule",
+            "session:=write",
+            "--quiet",
+        ],
+    )
+    .await;
+    assert_eq!(created.code, 0, "{created:?}");
+    let secret = created.stdout.trim().to_owned();
+    assert_eq!(secret.len(), 64, "{created:?}");
+    let me = permit(&server, &["--auth-token", &secret, "acl", "token", "self"]).await;
+    assert!(me.stdout.contains("ci") && me.stdout.contains("semaphore:ci.=write"), "{me:?}");
+    let ran =
+        permit(&server, &["--auth-token", &secret, "run", "ci.job", "--capacity", "1", "--", "true"]).await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let refused =
+        permit(&server, &["--auth-token", &secret, "run", "prod.job", "--capacity", "1", "--", "true"]).await;
+    assert!(refused.stderr.contains("permission_denied"), "{refused:?}");
+
+    let listed = permit(&server, &["--auth-token", &root, "acl", "token", "list"]).await;
+    let id =
+        listed.stdout.lines().find(|line| line.contains(" ci ")).and_then(|l| l.split_whitespace().next());
+    let id = id.unwrap_or_else(|| panic!("ci not listed: {listed:?}")).to_owned();
+    assert!(!listed.stdout.contains(&secret), "secrets are never listed");
+    assert_eq!(permit(&server, &["--auth-token", &root, "acl", "token", "delete", &id]).await.code, 0);
+    let gone = permit(&server, &["--auth-token", &secret, "acl", "token", "self"]).await;
+    assert!(gone.stderr.contains("unauthenticated"), "{gone:?}");
 }
