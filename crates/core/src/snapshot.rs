@@ -259,6 +259,37 @@ mod tests {
         postcard::to_extend(&raw, vec![SNAPSHOT_FORMAT_VERSION]).unwrap()
     }
 
+    /// Version 1's layout, as a disk written before tokens existed holds it.
+    #[derive(Serialize)]
+    struct RawV1 {
+        sessions: Vec<(SessionId, (Option<String>, u64, u64, KeySet, KeySet))>,
+        objects: Vec<(Key, Semaphore)>,
+        last_token: u64,
+        now_ms: u64,
+        applied_index: u64,
+    }
+
+    #[test]
+    fn a_version_1_snapshot_still_decodes_with_unowned_sessions() {
+        let state = state_with_sessions(2);
+        let v1 = RawV1 {
+            sessions: state
+                .sessions
+                .iter()
+                .map(|(id, s)| (*id, (s.name.clone(), s.ttl_ms, s.created_index, s.holds.clone(), s.waits.clone())))
+                .collect(),
+            objects: Vec::new(),
+            last_token: state.last_token,
+            now_ms: state.now_ms,
+            applied_index: state.applied_index,
+        };
+        let bytes = postcard::to_extend(&v1, vec![1]).unwrap();
+        let decoded = State::decode_snapshot(&bytes).unwrap();
+        assert_eq!(decoded, state);
+        assert!(decoded.sessions().all(|(_, s)| s.owner.is_none()));
+        assert!(matches!(State::decode_snapshot(&[9]), Err(SnapshotError::UnsupportedVersion(9))));
+    }
+
     #[test]
     fn maps_decode_from_the_bytes_of_sorted_pairs() {
         let state = state_with_sessions(3);
