@@ -145,6 +145,8 @@ pub enum ClientCommand {
     /// Cluster membership: status, add, remove.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// List live sessions: name, TTL, time left, holds, waits.
+    Sessions(semaphores::SessionsArgs),
     /// Access tokens of a server started with `--auth`: create, list, delete, self.
     #[command(subcommand)]
     Acl(acl::AclCommand),
@@ -177,6 +179,7 @@ pub async fn execute(
         ClientCommand::Leader(args) => elections::leader(&client, args).await,
         ClientCommand::Cluster(command) => cluster::execute(&client, command).await,
         ClientCommand::Acl(command) => acl::execute(&client, command).await,
+        ClientCommand::Sessions(args) => semaphores::sessions(&client, args).await,
     }
 }
 

@@ -45,6 +45,51 @@ pub struct DeleteArgs {
     pub semaphore: String,
 }
 
+/// `permit sessions [--json]`
+#[derive(clap::Args, Debug)]
+#[command(after_help = crate::EXIT_CODES_COMMON)]
+pub struct SessionsArgs {
+    /// Print a JSON array of `{id, name, ttl_ms, remaining_ms, holds, waits}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Most sessions `permit sessions` prints; the server pages, the CLI stops here.
+const SESSIONS_SHOWN_MAX: usize = 100_000;
+
+/// Runs `permit sessions`.
+pub(crate) async fn sessions(client: &Client, args: SessionsArgs) -> anyhow::Result<i32> {
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    while all.len() < SESSIONS_SHOWN_MAX {
+        let page = client.list_sessions(after.as_deref(), 1000).await.context("cannot list sessions")?;
+        all.extend(page.sessions);
+        match page.next_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(0);
+    }
+    let rows: Vec<Vec<String>> = all
+        .iter()
+        .map(|s| {
+            vec![
+                s.id.clone(),
+                s.name.clone().unwrap_or_default(),
+                format!("{}ms", s.ttl_ms),
+                s.remaining_ms.map_or_else(|| "-".to_owned(), |ms| format!("{ms}ms")),
+                s.holds.to_string(),
+                s.waits.to_string(),
+            ]
+        })
+        .collect();
+    print!("{}", table::format(&["ID", "NAME", "TTL", "REMAINING", "HOLDS", "WAITS"], &rows));
+    Ok(0)
+}
+
 /// Runs `permit ls`.
 pub(crate) async fn ls(client: &Client, args: LsArgs) -> anyhow::Result<i32> {
     let semaphores = client.all_semaphores().await.context("cannot list semaphores")?;

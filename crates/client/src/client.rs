@@ -100,6 +100,39 @@ impl Client {
         Client { transport: Arc::new(self.transport.with_auth_token(secret.into())) }
     }
 
+    /// `GET /v1/sessions`: one page of live sessions in id order (with auth: the caller's own
+    /// and those it may read). Pass the page's `next_after` as `after` for the next one.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> permit_client::Result<()> {
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// let page = client.list_sessions(None, 100).await?;
+    /// for session in page.sessions {
+    ///     println!("{} {:?} {:?} ms left", session.id, session.name, session.remaining_ms);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `invalid_argument` for a limit outside 1..=1000, and transport errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: a read.
+    pub async fn list_sessions(&self, after: Option<&str>, limit: u32) -> Result<permit_wire::SessionList> {
+        let mut call = crate::transport::Call::new(reqwest::Method::GET, "/v1/sessions".into())
+            .query("limit", limit)
+            .retry(crate::transport::Retry::Idempotent);
+        if let Some(after) = after {
+            call = call.query("after", after);
+        }
+        self.transport.send(&call).await?.json()
+    }
+
     /// The endpoints, normalized (`http://host:port`).
     ///
     /// # Examples

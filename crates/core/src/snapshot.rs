@@ -259,10 +259,13 @@ mod tests {
         postcard::to_extend(&raw, vec![SNAPSHOT_FORMAT_VERSION]).unwrap()
     }
 
+    /// A version 1 session: name, ttl, created index, holds, waits.
+    type RawSessionV1 = (Option<String>, u64, u64, KeySet, KeySet);
+
     /// Version 1's layout, as a disk written before tokens existed holds it.
     #[derive(Serialize)]
     struct RawV1 {
-        sessions: Vec<(SessionId, (Option<String>, u64, u64, KeySet, KeySet))>,
+        sessions: Vec<(SessionId, RawSessionV1)>,
         objects: Vec<(Key, Semaphore)>,
         last_token: u64,
         now_ms: u64,
@@ -276,7 +279,9 @@ mod tests {
             sessions: state
                 .sessions
                 .iter()
-                .map(|(id, s)| (*id, (s.name.clone(), s.ttl_ms, s.created_index, s.holds.clone(), s.waits.clone())))
+                .map(|(id, s)| {
+                    (*id, (s.name.clone(), s.ttl_ms, s.created_index, s.holds.clone(), s.waits.clone()))
+                })
                 .collect(),
             objects: Vec::new(),
             last_token: state.last_token,

@@ -443,6 +443,13 @@ impl State {
         self.sessions.iter()
     }
 
+    /// Sessions whose id comes after `after`, in id order (for paging).
+    pub fn sessions_after(&self, after: Option<SessionId>) -> impl Iterator<Item = (&SessionId, &Session)> {
+        use std::ops::Bound;
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.sessions.range((start, Bound::Unbounded))
+    }
+
     /// Number of live sessions.
     pub fn session_count(&self) -> usize {
         self.sessions.len()

@@ -68,6 +68,7 @@ pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> 
         ("GET", "/metrics") if metrics_public => Open,
         ("GET", "/metrics") => Global(Cluster, Read),
         ("POST", "/v1/sessions") => InBody(Resource::Session, Write),
+        ("GET", "/v1/sessions") => Authenticated,
         ("GET" | "DELETE", "/v1/sessions/{id}") => Authenticated,
         ("POST", "/v1/sessions/{id}/keepalive") => Authenticated,
         ("GET", "/v1/semaphores") => Authenticated,

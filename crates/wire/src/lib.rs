@@ -119,6 +119,34 @@ pub struct SessionView {
     pub waits: Vec<SessionWait>,
 }
 
+/// One session in `GET /v1/sessions`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SessionSummary {
+    /// The session id.
+    pub id: String,
+    /// Its name, if it was given one.
+    pub name: Option<String>,
+    /// Its TTL in ms.
+    pub ttl_ms: u64,
+    /// Time left before it expires without a keepalive, in ms, as the leader counts it.
+    pub remaining_ms: Option<u64>,
+    /// Objects it holds permits of.
+    pub holds: u64,
+    /// Objects it waits on.
+    pub waits: u64,
+}
+
+/// `GET /v1/sessions`: one page of live sessions in id order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SessionList {
+    /// The page.
+    pub sessions: Vec<SessionSummary>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next_after: Option<String>,
+}
+
 /// `PUT /v1/semaphores/{name}`: create a semaphore or set its capacity.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]

@@ -232,6 +232,10 @@ async fn prefix_rules_decide_per_name_and_lists_show_only_readable_names() {
         .map(|s| s["name"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(names, ["db.orders", "db.prod.ledger"]);
+    let own = ci.get("/v1/sessions").await.body;
+    assert_eq!(own["sessions"].as_array().unwrap().len(), 1, "only its own session: {own}");
+    root.session(10_000).await;
+    assert_eq!(root.get("/v1/sessions").await.body["sessions"].as_array().unwrap().len(), 2);
     assert_eq!(ci.get("/v1/acl/tokens").await.status, 403);
     assert_eq!(ci.get("/v1/acl/tokens/self").await.body["name"], "ci");
 }

@@ -68,3 +68,37 @@ async fn unknown_and_malformed_session_ids_are_not_found() {
     assert_eq!((answer.status, answer.code()), (404, "session_not_found"));
     assert_eq!(api.get("/v1/semaphores/s").await.status, 404, "a refused acquire created nothing");
 }
+
+#[tokio::test]
+async fn sessions_are_listed_in_pages_with_their_time_left() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let created = api.post("/v1/sessions", json!({ "ttl_ms": 60_000, "name": format!("w{i}") })).await;
+        ids.push(created.body["id"].as_str().unwrap().to_owned());
+    }
+    api.acquire("s", json!({ "session": ids[0], "capacity": 1 })).await;
+    ids.sort();
+    let first = api.get("/v1/sessions?limit=3").await;
+    assert_eq!(first.status, 200, "{first:?}");
+    let page: Vec<&str> =
+        first.body["sessions"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
+    assert_eq!(page, ids[..3].iter().map(String::as_str).collect::<Vec<_>>());
+    let after = first.body["next_after"].as_str().unwrap();
+    let second = api.get(&format!("/v1/sessions?limit=3&after={after}")).await;
+    let rest = second.body["sessions"].as_array().unwrap();
+    assert_eq!(rest.len(), 2);
+    assert!(second.body["next_after"].is_null());
+    let all = api.get("/v1/sessions").await.body;
+    for session in all["sessions"].as_array().unwrap() {
+        let left = session["remaining_ms"].as_u64().unwrap();
+        assert!(left > 50_000 && left <= 60_000, "{session}");
+        assert_eq!(session["ttl_ms"], 60_000);
+    }
+    let holds: u64 = all["sessions"].as_array().unwrap().iter().map(|s| s["holds"].as_u64().unwrap()).sum();
+    assert_eq!(holds, 1);
+    for bad in ["/v1/sessions?limit=0", "/v1/sessions?after=nope"] {
+        assert_eq!(api.get(bad).await.status, 400, "{bad}");
+    }
+}

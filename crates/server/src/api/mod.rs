@@ -34,7 +34,7 @@ const RAFT_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// The client API and the peer RPC routes of `node`.
 pub fn router(node: Arc<Node>) -> Router {
     let client = Router::new()
-        .route("/v1/sessions", post(sessions::create))
+        .route("/v1/sessions", post(sessions::create).get(sessions::list))
         .route("/v1/sessions/{id}", get(sessions::get).delete(sessions::close))
         .route("/v1/sessions/{id}/keepalive", post(sessions::keepalive))
         .route("/v1/semaphores", get(semaphores::list))

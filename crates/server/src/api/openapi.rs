@@ -20,7 +20,7 @@ and a session can be used only with the token that created it.",
         license(name = "Apache-2.0"),
     ),
     paths(
-        sessions::create, sessions::keepalive, sessions::get, sessions::close,
+        sessions::create, sessions::list, sessions::keepalive, sessions::get, sessions::close,
         semaphores::list, semaphores::put, semaphores::get, semaphores::delete,
         semaphores::acquire, semaphores::release, semaphores::validate, semaphores::revoke,
         elections::campaign, elections::get, elections::resign, elections::revoke,

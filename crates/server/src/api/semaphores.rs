@@ -122,13 +122,25 @@ pub async fn get(
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct ListParams {
-    /// Start after this name.
+    /// Start after this name (for sessions: this session id).
     pub after: Option<String>,
     /// Page size, default 100, at most 1000.
     pub limit: Option<usize>,
     /// Serve from this node's applied state (may be stale).
     #[serde(default)]
     pub stale: bool,
+}
+
+/// The page size a list asks for, checked against [`LIST_LIMIT_MAX`].
+pub fn list_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    let limit = limit.unwrap_or(LIST_LIMIT_DEFAULT);
+    if !(1..=LIST_LIMIT_MAX).contains(&limit) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!("limit must be in 1..={LIST_LIMIT_MAX}"),
+        ));
+    }
+    Ok(limit)
 }
 
 /// Semaphores in name order, one page at a time.
@@ -140,13 +152,7 @@ pub async fn list(
     Query(params): Query<ListParams>,
 ) -> Result<axum::Json<SemaphoreList>, ApiError> {
     let after = params.after.as_deref().map(parse_name).transpose()?;
-    let limit = params.limit.unwrap_or(LIST_LIMIT_DEFAULT);
-    if !(1..=LIST_LIMIT_MAX).contains(&limit) {
-        return Err(ApiError::new(
-            ErrorCode::InvalidArgument,
-            format!("limit must be in 1..={LIST_LIMIT_MAX}"),
-        ));
-    }
+    let limit = list_limit(params.limit)?;
     if !params.stale {
         node.ensure_linearizable().await?;
     }

@@ -8,13 +8,14 @@ use axum::response::IntoResponse;
 use permit_core::limits::SESSION_TTL_MS_DEFAULT;
 use permit_core::{validate_session_name, validate_ttl_ms, Command, Kind, Outcome, Refusal, SessionId};
 use permit_wire::{
-    CreateSessionRequest, ErrorBody, KeepaliveResponse, ObjectKind, SessionCreated, SessionHold, SessionView,
-    SessionWait,
+    CreateSessionRequest, ErrorBody, KeepaliveResponse, ObjectKind, SessionCreated, SessionHold, SessionList,
+    SessionSummary, SessionView, SessionWait,
 };
 use tokio::time::Instant;
 
 use super::error::ApiError;
-use super::extract::{parse_session, Json};
+use super::extract::{parse_session, Json, Query};
+use super::semaphores::{list_limit, ListParams};
 use crate::auth::Caller;
 use crate::node::Node;
 use permit_core::{Access, Resource};
@@ -132,6 +133,45 @@ pub async fn get(
         holds,
         waits,
     }))
+}
+
+/// Live sessions in id order, one page at a time: name, TTL, time left, holds and waits. With
+/// `--auth`, only the caller's own sessions and those it may read.
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", params(ListParams),
+    responses((status = 200, body = SessionList), (status = "4XX", body = ErrorBody)))]
+pub async fn list(
+    State(node): State<Arc<Node>>,
+    caller: Caller,
+    Query(params): Query<ListParams>,
+) -> Result<axum::Json<SessionList>, ApiError> {
+    let after = params.after.as_deref().map(str::parse::<SessionId>).transpose().map_err(|_| {
+        ApiError::new(permit_wire::ErrorCode::InvalidArgument, "after must be a session id (32 hex digits)")
+    })?;
+    let limit = list_limit(params.limit)?;
+    if !params.stale {
+        node.ensure_linearizable().await?;
+    }
+    let now = Instant::now();
+    let replica = node.replica.lock();
+    let visible = |(id, session): &(&SessionId, &permit_core::Session)| {
+        let name = session.name.as_deref().unwrap_or("");
+        caller.owns(&replica.state, **id).is_ok() || caller.can(Resource::Session, name, Access::Read)
+    };
+    let mut page = replica.state.sessions_after(after).filter(visible);
+    let sessions: Vec<SessionSummary> = page
+        .by_ref()
+        .take(limit)
+        .map(|(id, session)| SessionSummary {
+            id: id.to_string(),
+            name: session.name.clone(),
+            ttl_ms: session.ttl_ms,
+            remaining_ms: replica.lessor.remaining(*id, now).map(|left| left.as_millis() as u64),
+            holds: session.holds.len() as u64,
+            waits: session.waits.len() as u64,
+        })
+        .collect();
+    let next_after = page.next().and(sessions.last().map(|s| s.id.clone()));
+    Ok(axum::Json(SessionList { sessions, next_after }))
 }
 
 /// Close a session: its waits are cancelled and its holds released.
