@@ -174,6 +174,8 @@ async fn acquire_creates_a_semaphore_only_with_a_capacity_and_never_resizes_it()
     let a = api.session(10_000).await;
     let missing = api.acquire("new", json!({ "session": a })).await;
     assert_eq!((missing.status, missing.code()), (404, "semaphore_not_found"));
+    let hint = missing.body["error"]["message"].as_str().unwrap();
+    assert!(hint.contains("set-capacity") && hint.contains("\"capacity\""), "a 404 says what to do: {hint}");
     assert_eq!(api.acquire("new", json!({ "session": a, "capacity": 2 })).await.status, 200);
     let b = api.session(10_000).await;
     api.acquire("new", json!({ "session": b, "capacity": 7 })).await;

@@ -11,6 +11,10 @@ use crate::proposer::ProposeError;
 /// `Retry-After` on a 429: a client over a per-token cap tries again this many seconds later.
 const RETRY_AFTER_SECONDS: &str = "1";
 
+/// What to do about a missing semaphore, in every `semaphore_not_found` message.
+pub const SEMAPHORE_NOT_FOUND_HINT: &str = "create it with PUT /v1/semaphores/{name} {\"capacity\": N} \
+(`permit set-capacity NAME N`), or pass \"capacity\" with the acquire to create it on first use";
+
 /// An error answer: `{"error": {"code", "message"}}` with the code's HTTP status.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -61,7 +65,12 @@ impl From<Refusal> for ApiError {
         let code = match refusal {
             Refusal::SessionNotFound => return ApiError::session_not_found(),
             Refusal::SessionExists => ErrorCode::Internal,
-            Refusal::SemaphoreNotFound => ErrorCode::SemaphoreNotFound,
+            Refusal::SemaphoreNotFound => {
+                return ApiError::new(
+                    ErrorCode::SemaphoreNotFound,
+                    format!("{message}: {SEMAPHORE_NOT_FOUND_HINT}"),
+                )
+            }
             Refusal::Unavailable => ErrorCode::Unavailable,
             Refusal::PermitsExceedCapacity { .. } => ErrorCode::PermitsExceedCapacity,
             Refusal::PermitsMismatch { .. } => ErrorCode::PermitsMismatch,

@@ -71,7 +71,10 @@ fn read_view(node: &Node, name: &Name) -> Result<(SemaphoreView, u64), ApiError>
     let object = replica
         .state
         .object(&Key::semaphore(name.clone()))
-        .ok_or_else(|| ApiError::new(ErrorCode::SemaphoreNotFound, format!("semaphore {name} not found")))?;
+        .ok_or_else(|| ApiError::new(
+            ErrorCode::SemaphoreNotFound,
+            format!("semaphore {name} not found: {}", super::error::SEMAPHORE_NOT_FOUND_HINT),
+        ))?;
     let view = view(&replica.state, name, object);
     let index = view.index;
     Ok((view, index))
