@@ -22,9 +22,13 @@ pub struct RunArgs {
     /// Permits to hold while the command runs.
     #[arg(short = 'n', long, default_value_t = 1)]
     pub permits: u64,
-    /// Create the semaphore with this capacity if it does not exist.
+    /// Create the semaphore with this capacity if it does not exist. A semaphore made this way
+    /// is ephemeral: the server deletes it when its last holder and waiter leave (see --keep).
     #[arg(long)]
     pub capacity: Option<u64>,
+    /// Keep a semaphore that --capacity creates after everyone leaves.
+    #[arg(long, requires = "capacity")]
+    pub keep: bool,
     /// Session TTL: how soon the permits come back if this process dies or is cut off.
     #[arg(long, default_value = TTL_DEFAULT, value_parser = parse_duration)]
     pub ttl: Duration,
@@ -55,7 +59,12 @@ pub struct RunArgs {
 pub(crate) async fn run(client: &Client, args: RunArgs) -> anyhow::Result<i32> {
     let name =
         args.name.unwrap_or_else(|| format!("permit run {} (pid {})", args.semaphore, std::process::id()));
-    let options = AcquireOptions { capacity: args.capacity, max_hold: args.max_hold, timeout: args.timeout };
+    let options = AcquireOptions {
+        capacity: args.capacity,
+        max_hold: args.max_hold,
+        timeout: args.timeout,
+        ephemeral: !args.keep,
+    };
     let hold = Hold {
         what: format!("{} permit(s) of semaphore {}", args.permits, args.semaphore),
         ttl: args.ttl,

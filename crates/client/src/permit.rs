@@ -22,6 +22,7 @@ use crate::waiter::{wait_for_grant, Ask};
 ///     capacity: Some(4),
 ///     max_hold: Some(Duration::from_secs(600)),
 ///     timeout: Some(Duration::from_secs(30)),
+///     ephemeral: false,
 /// };
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -33,6 +34,9 @@ pub struct AcquireOptions {
     /// Give up after this long (`Some(Duration::ZERO)`: try once without queueing); `None`
     /// waits as long as the session lives.
     pub timeout: Option<Duration>,
+    /// If this acquire creates the semaphore, the server deletes it again when its last holder
+    /// and waiter leave (for names made on the fly).
+    pub ephemeral: bool,
 }
 
 /// Permits of a semaphore held by a session, with the grant's fencing token.
@@ -336,7 +340,12 @@ impl Session {
         permits: u64,
         options: &AcquireOptions,
     ) -> Result<Option<Permit>> {
-        let ask = Ask::Acquire { permits, capacity: options.capacity, max_hold: options.max_hold };
+        let ask = Ask::Acquire {
+            permits,
+            capacity: options.capacity,
+            max_hold: options.max_hold,
+            ephemeral: options.ephemeral,
+        };
         let Some(granted) = wait_for_grant(self, name, &ask, options.timeout).await? else {
             return Ok(None);
         };

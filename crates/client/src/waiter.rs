@@ -24,6 +24,8 @@ pub(crate) enum Ask<'a> {
         capacity: Option<u64>,
         /// Release the hold this long after the grant.
         max_hold: Option<Duration>,
+        /// Delete the semaphore when idle, if this acquire creates it.
+        ephemeral: bool,
     },
     /// Leadership of an election, publishing `value`.
     Campaign {
@@ -57,13 +59,14 @@ impl Ask<'_> {
     async fn send(&self, session: &Session, name: &str, wait_ms: u64) -> Result<Answer> {
         let client = session.client();
         match self {
-            Ask::Acquire { permits, capacity, max_hold } => {
+            Ask::Acquire { permits, capacity, max_hold, ephemeral } => {
                 let request = AcquireRequest {
                     session: session.id().to_owned(),
                     permits: Some(*permits),
                     wait_ms: Some(wait_ms),
                     capacity: *capacity,
                     max_hold_ms: max_hold.map(duration_ms),
+                    ephemeral: *ephemeral,
                 };
                 Ok(match client.acquire(name, &request).await? {
                     AcquireResponse::Acquired { permits, token } => Answer::Granted { permits, token },

@@ -97,6 +97,10 @@ pub enum Command {
         /// The token.
         id: TokenId,
     },
+    /// Like [`Command::Acquire`]; a semaphore it creates is *ephemeral*: it is deleted when its
+    /// last holder and waiter leave (as elections are), unless a `PutSemaphore` made it
+    /// permanent meanwhile.
+    AcquireEphemeral(Acquire),
 }
 
 /// An acquire or a campaign.

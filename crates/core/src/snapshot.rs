@@ -39,6 +39,7 @@ struct SnapshotV2 {
     applied_index: u64,
     tokens: Vec<(TokenId, Token)>,
     root_created: bool,
+    ephemeral: Vec<Key>,
 }
 
 #[derive(Serialize)]
@@ -50,6 +51,7 @@ struct SnapshotV2Ref<'a> {
     applied_index: u64,
     tokens: &'a BTreeMap<TokenId, Token>,
     root_created: bool,
+    ephemeral: &'a std::collections::BTreeSet<Key>,
 }
 
 /// Version 1: no tokens, sessions without owners.
@@ -89,6 +91,7 @@ impl From<SnapshotV1> for SnapshotV2 {
             applied_index: v1.applied_index,
             tokens: Vec::new(),
             root_created: false,
+            ephemeral: Vec::new(),
         }
     }
 }
@@ -104,6 +107,7 @@ impl State {
             applied_index: self.applied_index,
             tokens: &self.tokens,
             root_created: self.root_created,
+            ephemeral: &self.ephemeral,
         };
         postcard::to_extend(&view, vec![SNAPSHOT_FORMAT_VERSION]).expect("encoding to memory cannot fail")
     }
@@ -178,7 +182,14 @@ impl State {
             token_ids_by_secret: Default::default(),
             sessions_per_owner: Default::default(),
             root_created: v2.root_created,
+            ephemeral: Default::default(),
         };
+        if let Some(pair) = v2.ephemeral.windows(2).find(|pair| pair[0] >= pair[1]) {
+            return Err(
+                InvariantViolation(format!("ephemeral {} out of order in the snapshot", pair[1])).into()
+            );
+        }
+        state.ephemeral = v2.ephemeral.into_iter().collect();
         for (id, token) in &state.tokens {
             state.token_ids_by_secret.insert(token.secret_sha256, *id);
         }
@@ -233,6 +244,7 @@ mod tests {
         applied_index: u64,
         tokens: Vec<(TokenId, Token)>,
         root_created: bool,
+        ephemeral: Vec<Key>,
     }
 
     fn state_with_sessions(count: u8) -> State {
@@ -255,6 +267,7 @@ mod tests {
             applied_index: state.applied_index,
             tokens: state.tokens.iter().map(|(id, t)| (*id, t.clone())).collect(),
             root_created: state.root_created,
+            ephemeral: state.ephemeral.iter().cloned().collect(),
         };
         postcard::to_extend(&raw, vec![SNAPSHOT_FORMAT_VERSION]).unwrap()
     }

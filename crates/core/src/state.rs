@@ -56,6 +56,9 @@ pub struct State {
     pub(crate) sessions_per_owner: BTreeMap<TokenId, u64>,
     /// Whether the root token was ever created; the bootstrap happens once per cluster.
     pub(crate) root_created: bool,
+    /// Semaphores created by an ephemeral acquire and not made permanent by a put since: each is
+    /// deleted when it becomes idle.
+    pub(crate) ephemeral: BTreeSet<Key>,
 }
 
 impl State {
@@ -118,6 +121,14 @@ impl State {
             Command::PutSemaphore { name, capacity } => self.put_semaphore(index, name, *capacity, effects),
             Command::DeleteSemaphore { name } => self.delete_semaphore(name, effects),
             Command::Acquire(acquire) => self.acquire(index, acquire, effects),
+            Command::AcquireEphemeral(acquire) => {
+                let created = acquire.key.kind == Kind::Semaphore && !self.objects.contains_key(&acquire.key);
+                let outcome = self.acquire(index, acquire, effects);
+                if created && self.objects.contains_key(&acquire.key) {
+                    self.ephemeral.insert(acquire.key.clone());
+                }
+                outcome
+            }
             Command::Release { key, session } => self.release(index, key, *session, effects),
             Command::ExpireHolds => Ok(self.expire_holds(index, effects)),
         };
@@ -229,6 +240,7 @@ impl State {
         };
         object.capacity = capacity;
         object.capacity_set_token = last_token;
+        self.ephemeral.remove(&key);
         // Waiters that can never fit would block the queue forever: their waits end, refused.
         let dropped = object.queue.remove_where(|waiter| waiter.permits > capacity);
         for waiter in dropped {
@@ -248,6 +260,7 @@ impl State {
             return Err(Refusal::SemaphoreBusy);
         }
         self.objects.remove(&key);
+        self.ephemeral.remove(&key);
         effects.push(Effect::ObjectChanged { key });
         Ok(Outcome::SemaphoreDeleted)
     }
@@ -415,10 +428,13 @@ impl State {
         hold
     }
 
-    /// Elections exist only while someone holds or waits; an idle one is removed.
+    /// Elections and ephemeral semaphores exist only while someone holds or waits; an idle one
+    /// is removed. Tokens are global, so a name created again never repeats a token.
     fn drop_idle_election(&mut self, key: &Key, effects: &mut Vec<Effect>) {
-        if key.kind == Kind::Election && self.objects.get(key).is_some_and(Semaphore::is_idle) {
+        let transient = key.kind == Kind::Election || self.ephemeral.contains(key);
+        if transient && self.objects.get(key).is_some_and(Semaphore::is_idle) {
             self.objects.remove(key);
+            self.ephemeral.remove(key);
             effects.push(Effect::ObjectChanged { key: key.clone() });
         }
     }
@@ -472,6 +488,11 @@ impl State {
             None => Bound::Included(Key { kind, name: Name::below_all() }),
         };
         self.objects.range((start, Bound::Unbounded)).take_while(move |(key, _)| key.kind == kind)
+    }
+
+    /// Whether the semaphore is ephemeral (deleted when idle).
+    pub fn is_ephemeral(&self, key: &Key) -> bool {
+        self.ephemeral.contains(key)
     }
 
     /// Number of semaphores and elections.
@@ -596,5 +617,60 @@ pub fn validate_acquire(acquire: &Acquire) -> Result<(), Refusal> {
             Err(out_of_range(Field::Permits, "an election grants exactly 1 permit".into()))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod ephemeral_tests {
+    use super::*;
+
+    fn run(state: &mut State, commands: Vec<Command>) -> Vec<Outcome> {
+        let index = state.applied_index() + 1;
+        state.apply(index, 1, &Batch { now_ms: index, commands }, &mut Vec::new())
+    }
+
+    fn acquire(key: &Key, session: u8) -> Acquire {
+        Acquire {
+            key: key.clone(),
+            session: SessionId::from_bytes([session; 16]),
+            permits: 1,
+            wait: true,
+            capacity: Some(1),
+            max_hold_ms: None,
+            value: None,
+        }
+    }
+
+    #[test]
+    fn an_ephemeral_semaphore_goes_when_its_last_holder_and_waiter_leave_and_tokens_keep_growing() {
+        let mut state = State::default();
+        let key = Key::semaphore(Name::new("tmp").unwrap());
+        let sessions = (1..=2).map(|i| Command::CreateSession {
+            id: SessionId::from_bytes([i; 16]),
+            ttl_ms: 1000,
+            name: None,
+        });
+        run(&mut state, sessions.collect());
+        let outcomes = run(
+            &mut state,
+            vec![Command::AcquireEphemeral(acquire(&key, 1)), Command::AcquireEphemeral(acquire(&key, 2))],
+        );
+        assert_eq!(outcomes[0], Outcome::Acquired { permits: 1, token: 1 });
+        assert!(state.is_ephemeral(&key));
+        run(&mut state, vec![Command::Release { key: key.clone(), session: SessionId::from_bytes([1; 16]) }]);
+        assert!(state.object(&key).is_some(), "the waiter was granted; it stays");
+        run(&mut state, vec![Command::CloseSession { id: SessionId::from_bytes([2; 16]) }]);
+        assert!(state.object(&key).is_none() && !state.is_ephemeral(&key), "idle: gone");
+        let outcomes = run(&mut state, vec![Command::AcquireEphemeral(acquire(&key, 1))]);
+        assert_eq!(
+            outcomes[0],
+            Outcome::Acquired { permits: 1, token: 3 },
+            "a new name never repeats a token"
+        );
+        // A put makes it permanent.
+        run(&mut state, vec![Command::PutSemaphore { name: key.name.clone(), capacity: 2 }]);
+        run(&mut state, vec![Command::Release { key: key.clone(), session: SessionId::from_bytes([1; 16]) }]);
+        assert!(state.object(&key).is_some() && !state.is_ephemeral(&key));
+        assert_eq!(State::decode_snapshot(&state.encode_snapshot()).unwrap(), state);
     }
 }

@@ -94,6 +94,11 @@ impl State {
             listed_waits == wait_count,
             "{wait_count} waiters but sessions list {listed_waits}: a waiter is not live"
         );
+        for key in &self.ephemeral {
+            ensure!(key.kind == Kind::Semaphore, "{key}: an election marked ephemeral");
+            let live = self.objects.get(key).is_some_and(|object| !object.is_idle());
+            ensure!(live, "{key}: ephemeral but idle or gone");
+        }
         self.verify_tokens()
     }
 

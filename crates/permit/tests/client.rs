@@ -193,8 +193,11 @@ async fn lost_fires_when_max_hold_passes() {
     let server = Server::start();
     let client = client(&server);
     let session = client.session(Duration::from_secs(10)).await.unwrap();
-    let options =
-        AcquireOptions { capacity: Some(1), max_hold: Some(Duration::from_millis(300)), timeout: None };
+    let options = AcquireOptions {
+        capacity: Some(1),
+        max_hold: Some(Duration::from_millis(300)),
+        ..AcquireOptions::default()
+    };
     let sent = Instant::now();
     let permit = session.acquire_with("capped", 1, &options).await.unwrap().expect("granted");
     let granted = Instant::now();

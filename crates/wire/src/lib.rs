@@ -206,6 +206,9 @@ pub struct SemaphoreView {
     pub holders: Vec<HolderView>,
     /// Waiters in queue order.
     pub waiters: Vec<WaiterView>,
+    /// Deleted when its last holder and waiter leave (created by an ephemeral acquire).
+    #[serde(default)]
+    pub ephemeral: bool,
 }
 
 /// One semaphore in `GET /v1/semaphores`.
@@ -224,6 +227,9 @@ pub struct SemaphoreSummary {
     pub holders: u64,
     /// Number of waiters.
     pub waiters: u64,
+    /// Deleted when its last holder and waiter leave.
+    #[serde(default)]
+    pub ephemeral: bool,
 }
 
 /// `GET /v1/semaphores?after=&limit=`: one page of semaphores in name order.
@@ -255,6 +261,11 @@ pub struct AcquireRequest {
     /// Release the hold this many ms after the grant even if the session lives: 100..=604800000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_hold_ms: Option<u64>,
+    /// If this acquire creates the semaphore (with `capacity`), delete it again when its last
+    /// holder and waiter leave, so that names made on the fly do not pile up. A later `PUT`
+    /// makes it permanent. Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ephemeral: bool,
 }
 
 /// Answer to an acquire: `200` acquired or `202` waiting.

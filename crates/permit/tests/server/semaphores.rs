@@ -228,3 +228,26 @@ async fn delete_only_when_idle_and_list_pages_in_name_order() {
     assert_eq!(next.body["semaphores"][0]["name"], "c:y");
     assert!(next.body["next_after"].is_null());
 }
+
+#[tokio::test]
+async fn an_ephemeral_semaphore_is_deleted_when_its_last_holder_leaves_and_a_put_keeps_it() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    let a = api.session(10_000).await;
+    let granted = api.acquire("tmp.job", json!({ "session": a, "capacity": 2, "ephemeral": true })).await;
+    assert_eq!(granted.status, 200, "{granted:?}");
+    let first_token = granted.body["token"].as_u64().unwrap();
+    assert_eq!(api.get("/v1/semaphores/tmp.job").await.body["ephemeral"], true);
+    assert_eq!(api.release("tmp.job", &a).await.status, 200);
+    assert_eq!(api.get("/v1/semaphores/tmp.job").await.code(), "semaphore_not_found", "idle: deleted");
+    let again = api.acquire("tmp.job", json!({ "session": a, "capacity": 2, "ephemeral": true })).await;
+    assert!(again.body["token"].as_u64().unwrap() > first_token, "recreating a name never repeats a token");
+    api.semaphore("tmp.job", 2).await;
+    assert_eq!(api.release("tmp.job", &a).await.status, 200);
+    let kept = api.get("/v1/semaphores/tmp.job").await;
+    assert_eq!(
+        (kept.status, kept.body["ephemeral"].as_bool()),
+        (200, Some(false)),
+        "a PUT made it permanent"
+    );
+}

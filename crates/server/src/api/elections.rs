@@ -47,7 +47,7 @@ pub async fn campaign(
         value: Some(request.value),
     };
     validate_acquire(&acquire)?;
-    Ok(match grant::acquire(&node, acquire, wait_ms).await? {
+    Ok(match grant::acquire(&node, acquire, wait_ms, false).await? {
         Grant::Acquired { token, .. } => {
             (StatusCode::OK, axum::Json(CampaignResponse::Leader { token })).into_response()
         }

@@ -34,8 +34,14 @@ pub fn capped_wait(wait_ms: Option<u64>) -> u64 {
 }
 
 /// Proposes `acquire` and, if it is queued and `wait_ms > 0`, waits up to `wait_ms` for the grant.
-pub async fn acquire(node: &Node, acquire: Acquire, wait_ms: u64) -> Result<Grant, ApiError> {
-    let grant = acquire_correctly(node, acquire, wait_ms).await;
+/// An `ephemeral` acquire that creates its semaphore makes it one that is deleted when idle.
+pub async fn acquire(
+    node: &Node,
+    acquire: Acquire,
+    wait_ms: u64,
+    ephemeral: bool,
+) -> Result<Grant, ApiError> {
+    let grant = acquire_correctly(node, acquire, wait_ms, ephemeral).await;
     match (grant, crate::bugs::active()) {
         (Ok(Grant::Acquired { permits, token }), Some(crate::bugs::Bug::NonMonotonicToken)) => {
             Ok(Grant::Acquired { permits, token: token % 5 + 1 })
@@ -44,7 +50,12 @@ pub async fn acquire(node: &Node, acquire: Acquire, wait_ms: u64) -> Result<Gran
     }
 }
 
-async fn acquire_correctly(node: &Node, acquire: Acquire, wait_ms: u64) -> Result<Grant, ApiError> {
+async fn acquire_correctly(
+    node: &Node,
+    acquire: Acquire,
+    wait_ms: u64,
+    ephemeral: bool,
+) -> Result<Grant, ApiError> {
     if crate::bugs::is(crate::bugs::Bug::AckBeforeCommit) {
         if let Some(grant) = predict(node, &acquire) {
             return Ok(grant);
@@ -53,7 +64,8 @@ async fn acquire_correctly(node: &Node, acquire: Acquire, wait_ms: u64) -> Resul
     let (key, session) = (acquire.key.clone(), acquire.session);
     // Subscribe before proposing, so that a grant applied right after the proposal is not missed.
     let subscription = (wait_ms > 0).then(|| node.notifier.subscribe(key.clone(), session));
-    let position = match node.propose(Command::Acquire(acquire)).await? {
+    let command = if ephemeral { Command::AcquireEphemeral(acquire) } else { Command::Acquire(acquire) };
+    let position = match node.propose(command).await? {
         Outcome::Acquired { permits, token } => return Ok(Grant::Acquired { permits, token }),
         Outcome::Waiting { position } => position,
         Outcome::Refused(refusal) => return Err(refusal.into()),

@@ -63,18 +63,18 @@ pub fn view(state: &CoreState, name: &Name, object: &Semaphore) -> SemaphoreView
                 position: i as u64 + 1,
             })
             .collect(),
+        ephemeral: state.is_ephemeral(&Key::semaphore(name.clone())),
     }
 }
 
 fn read_view(node: &Node, name: &Name) -> Result<(SemaphoreView, u64), ApiError> {
     let replica = node.replica.lock();
-    let object = replica
-        .state
-        .object(&Key::semaphore(name.clone()))
-        .ok_or_else(|| ApiError::new(
+    let object = replica.state.object(&Key::semaphore(name.clone())).ok_or_else(|| {
+        ApiError::new(
             ErrorCode::SemaphoreNotFound,
             format!("semaphore {name} not found: {}", super::error::SEMAPHORE_NOT_FOUND_HINT),
-        ))?;
+        )
+    })?;
     let view = view(&replica.state, name, object);
     let index = view.index;
     Ok((view, index))
@@ -172,6 +172,7 @@ pub async fn list(
             available: object.available(),
             holders: object.holders.len() as u64,
             waiters: object.queue.len() as u64,
+            ephemeral: replica.state.is_ephemeral(key),
         })
         .collect();
     let next_after = match page.next() {
@@ -223,7 +224,7 @@ pub async fn acquire(
         value: None,
     };
     validate_acquire(&acquire)?;
-    Ok(match grant::acquire(&node, acquire, wait_ms).await? {
+    Ok(match grant::acquire(&node, acquire, wait_ms, request.ephemeral).await? {
         Grant::Acquired { permits, token } => {
             (StatusCode::OK, axum::Json(AcquireResponse::Acquired { permits, token })).into_response()
         }
