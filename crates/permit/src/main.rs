@@ -54,6 +54,11 @@ struct ServeArgs {
     /// Do not form a cluster: wait to be added (`permit cluster add ID ADDR`) or initialised.
     #[arg(long, conflicts_with = "peers")]
     join: bool,
+    /// File holding the secret shared by every node of the cluster (at least 16 bytes; make one
+    /// with `head -c 32 /dev/urandom | base64 > cluster.secret`). Required with `--peers` and
+    /// `--join`: peer requests are authenticated with it.
+    #[arg(long)]
+    cluster_secret_file: Option<PathBuf>,
 }
 
 fn parse_peer(text: &str) -> Result<(u64, String), String> {
@@ -83,6 +88,11 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         TopCommand::Serve(args) => {
+            let cluster_secret = args
+                .cluster_secret_file
+                .as_deref()
+                .map(permit_server::peer::ClusterSecret::from_file)
+                .transpose()?;
             let config = permit_server::Config {
                 node_id: args.id,
                 listen: args.listen,
@@ -90,6 +100,7 @@ fn main() -> anyhow::Result<()> {
                 peers: args.peers.into_iter().collect::<BTreeMap<_, _>>(),
                 snapshot_logs: args.snapshot_logs,
                 join: args.join,
+                cluster_secret,
                 ..permit_server::Config::default()
             };
             runtime.block_on(permit_server::serve(config, permit_server::shutdown_signal()))

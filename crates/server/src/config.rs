@@ -27,6 +27,10 @@ pub struct Config {
     /// Start without forming a cluster: wait to be added to one (`permit cluster add`) or
     /// initialised (`POST /v1/cluster/init`).
     pub join: bool,
+    /// The secret shared by every node of a cluster (`--cluster-secret-file`): peer requests
+    /// carry a credential derived from it. Required with `peers` or `join`; without it the node
+    /// serves no `/raft/*` route.
+    pub cluster_secret: Option<crate::peer::ClusterSecret>,
 }
 
 /// `permit serve`'s default address.
@@ -43,6 +47,7 @@ impl Default for Config {
             election_timeout_ms: (500, 1000),
             snapshot_logs: 10_000,
             join: false,
+            cluster_secret: None,
         }
     }
 }
@@ -60,6 +65,11 @@ impl Config {
         anyhow::ensure!(self.snapshot_logs >= 10, "snapshot interval must be at least 10 entries");
         anyhow::ensure!(!self.join || self.peers.is_empty(), "--join and --peers exclude each other");
         anyhow::ensure!(self.node_id > 0, "node ids start at 1");
+        anyhow::ensure!(
+            self.cluster_secret.is_some() || (self.peers.is_empty() && !self.join),
+            "--peers and --join need --cluster-secret-file: {}",
+            crate::peer::SECRET_HOWTO
+        );
         if !self.peers.is_empty() {
             anyhow::ensure!(
                 self.peers.contains_key(&self.node_id),

@@ -50,6 +50,8 @@ pub struct Node {
     pub http: reqwest::Client,
     /// This node's leadership, once its barrier is committed (see `leadership`).
     pub leading: watch::Receiver<crate::leadership::Leading>,
+    /// The snapshot being received from a leader, chunk by chunk (`/raft/snapshot`).
+    pub(crate) snapshot_receiver: tokio::sync::Mutex<crate::api::raft::SnapshotReceiver>,
     /// Becomes true when the node starts shutting down; long-polls return early.
     pub shutdown: watch::Receiver<bool>,
     shutdown_tx: watch::Sender<bool>,
@@ -62,7 +64,7 @@ impl Node {
     /// # Errors
     /// When the data dir cannot be opened (or another server has it open) or Raft cannot start.
     pub async fn start(config: Config, addr: SocketAddr) -> anyhow::Result<Arc<Node>> {
-        let network = Network::new(Some(addr.ip()));
+        let network = Network::new(Some(addr.ip()), config.node_id, config.cluster_secret.as_ref());
         Node::start_with(config, addr, network).await
     }
 
@@ -105,12 +107,21 @@ impl Node {
             max_in_snapshot_log_to_keep: config.snapshot_logs.min(1000),
             purge_batch_size: config.snapshot_logs.min(256),
             install_snapshot_timeout: 10_000,
+            max_payload_entries: crate::raft::bounds::APPEND_ENTRIES_MAX,
+            snapshot_max_chunk_size: crate::raft::bounds::SNAPSHOT_CHUNK_BYTES as u64,
             ..Default::default()
         }
         .validate()?;
         let raft =
             Raft::new(config.node_id, Arc::new(raft_config), network, log_store, state_machine).await?;
 
+        if config.cluster_secret.is_none() && has_other_members(&raft, config.node_id) {
+            let _ = raft.shutdown().await;
+            anyhow::bail!(
+                "this node's data dir belongs to a cluster; peers need --cluster-secret-file: {}",
+                crate::peer::SECRET_HOWTO
+            );
+        }
         if !config.join && !raft.is_initialized().await? {
             let members: BTreeMap<NodeId, BasicNode> = if config.peers.is_empty() {
                 BTreeMap::from([(config.node_id, BasicNode::new(addr.to_string()))])
@@ -151,9 +162,20 @@ impl Node {
                 .local_address(Some(addr.ip()).filter(|ip| !ip.is_unspecified()))
                 .pool_max_idle_per_host(32)
                 .build()?,
+            snapshot_receiver: Default::default(),
             shutdown,
             shutdown_tx,
         }))
+    }
+
+    /// Whether `peer` may send this node Raft RPCs: it is a member (voter or learner) of the
+    /// membership this node knows, or this node is pristine (no membership yet: a `--join` node
+    /// waiting to be added accepts any authenticated peer).
+    pub fn accepts_peer(&self, peer: NodeId) -> bool {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        membership.get_node(&peer).is_some() || membership.nodes().next().is_none()
     }
 
     /// Proposes a command and waits until it is applied.
@@ -228,4 +250,12 @@ impl Node {
         self.shutdown_tx.send_replace(true);
         let _ = tokio::time::timeout(Duration::from_secs(5), self.raft.shutdown()).await;
     }
+}
+
+/// Whether Raft's membership names a node other than `me` (the data dir belongs to a cluster).
+fn has_other_members(raft: &Raft, me: NodeId) -> bool {
+    let metrics = raft.metrics();
+    let metrics = metrics.borrow();
+    let other = metrics.membership_config.membership().nodes().any(|(id, _)| *id != me);
+    other
 }

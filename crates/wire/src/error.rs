@@ -116,6 +116,12 @@ error_codes! {
     /// This node could not deliver the request to a leader (none elected, or it did not accept
     /// the connection): nothing was done. Retry, here or on another node.
     LeaderUnreachable = "leader_unreachable", 503;
+    /// The request carries no valid credential (on the peer routes: no valid cluster-secret
+    /// credential in `permit-peer-id` and `permit-peer-auth`).
+    Unauthenticated = "unauthenticated", 401;
+    /// The credential is valid but does not allow this request (on the peer routes: the peer is
+    /// not a member, or the message claims another node's id).
+    PermissionDenied = "permission_denied", 403;
 }
 
 #[cfg(feature = "openapi")]
@@ -160,7 +166,7 @@ mod tests {
         invalid_name invalid_argument not_found method_not_allowed session_not_found \
         semaphore_not_found unavailable permits_exceed_capacity permits_mismatch semaphore_busy \
         wait_cancelled limit_exceeded no_leader shutting_down internal timeout already_initialized \
-        membership_change_in_progress leader_unreachable";
+        membership_change_in_progress leader_unreachable unauthenticated permission_denied";
 
     #[test]
     fn error_codes_match_the_published_list() {
