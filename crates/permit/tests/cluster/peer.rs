@@ -4,8 +4,8 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use openraft::raft::{AppendEntriesRequest, VoteRequest};
-use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, SnapshotMeta, Vote};
 use permit_server::peer::ClusterSecret;
 use permit_server::raft::TypeConfig;
 use serde_json::{json, Value};
@@ -64,6 +64,27 @@ fn append(term: u64, leader: u64, index: u64) -> Vec<u8> {
     };
     postcard::to_allocvec(&request).unwrap()
 }
+
+/// A whole snapshot in one chunk, sent as `leader` in `term`, whose metadata says it ends at
+/// log index `index`, with `state` as its bytes.
+fn snapshot(term: u64, leader: u64, index: u64, state: Vec<u8>) -> Vec<u8> {
+    let request = InstallSnapshotRequest::<TypeConfig> {
+        vote: Vote::new_committed(term, leader),
+        meta: SnapshotMeta {
+            last_log_id: Some(LogId::new(CommittedLeaderId::new(term, leader), index)),
+            last_membership: Default::default(),
+            snapshot_id: format!("forged-{index}"),
+        },
+        offset: 0,
+        data: state,
+        done: true,
+    };
+    postcard::to_allocvec(&request).unwrap()
+}
+
+/// The snapshot of an empty state at applied index 0: format version 1, no sessions, no
+/// objects, last token 0, time 0, applied index 0.
+const EMPTY_STATE: [u8; 6] = [1, 0, 0, 0, 0, 0];
 
 /// Every node's (term, leader) as its own health answer reports it.
 async fn terms(cluster: &Cluster) -> Vec<(u64, Option<u64>)> {
@@ -154,6 +175,22 @@ async fn a_peer_credential_counts_only_for_its_own_member_node_and_sane_terms() 
             assert_eq!((status, code.as_str()), (400, "invalid_argument"), "{path} with term {term}");
         }
     }
+    // The leader's own credential and vote, but a snapshot whose state disagrees with its
+    // metadata, or does not decode: refused before openraft installs it.
+    let url_of_follower = url.clone();
+    for state in [EMPTY_STATE.to_vec(), vec![1, 0xff]] {
+        let body = snapshot(term, leader, 1_000, state);
+        let (status, code) =
+            post_peer(&url_of_follower, "/raft/snapshot", body, Credential::Valid(leader)).await;
+        assert_eq!((status, code.as_str()), (400, "invalid_argument"));
+    }
+    // A chunk past the bytes received so far is refused (a buffer never grows by a gap).
+    let mut request: InstallSnapshotRequest<TypeConfig> =
+        postcard::from_bytes(&snapshot(term, leader, 1_000, EMPTY_STATE.to_vec())).unwrap();
+    request.offset = 1 << 40;
+    let body = postcard::to_allocvec(&request).unwrap();
+    let (status, code) = post_peer(&url_of_follower, "/raft/snapshot", body, Credential::Valid(leader)).await;
+    assert_eq!((status, code.as_str()), (400, "invalid_argument"));
     // A member's stale vote with its own credential reaches Raft (and changes nothing).
     let (status, _) = post_peer(url, "/raft/vote", vote(term, other), Credential::Valid(other)).await;
     assert_eq!(status, 200);
