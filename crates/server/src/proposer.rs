@@ -23,8 +23,9 @@ const QUEUE_CAPACITY: usize = 16 * 1024;
 /// Times the proposer yields to other tasks before it cuts a batch.
 const COALESCE_YIELDS: usize = 2;
 /// A batch is cut once its commands' encoded size reaches this many bytes, so that one log entry
-/// stays under `crate::raft::bounds::ENTRY_BYTES_MAX` (one command is far smaller than this: a
-/// client body is at most 64 KiB and an expiry command names at most 1024 sessions or holds).
+/// stays under `crate::raft::bounds::ENTRY_BYTES_MAX`, which allows one more command of this size
+/// (the largest command, an expiry of 1024 sessions, is about 17 KiB; an acquire with a 4 KiB
+/// election value about 4.3 KiB).
 pub const BATCH_BYTES_SOFT_MAX: usize = 256 * 1024;
 /// Longest wait for one batch to commit before its requests are answered `Timeout`.
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
