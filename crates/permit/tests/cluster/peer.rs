@@ -87,11 +87,17 @@ fn snapshot(term: u64, leader: u64, index: u64, state: Vec<u8>) -> Vec<u8> {
 const EMPTY_STATE: [u8; 6] = [1, 0, 0, 0, 0, 0];
 
 /// Every node's (term, leader) as its own health answer reports it.
+/// Waits (bounded) until every node knows the leader.
 async fn terms(cluster: &Cluster) -> Vec<(u64, Option<u64>)> {
     let mut terms = Vec::new();
     for node in &cluster.nodes {
-        let health = Api::at(&node.url).get("/v1/health").await;
-        assert_eq!(health.status, 200, "{health:?}");
+        let api = Api::at(&node.url);
+        let healthy = crate::common::eventually(Duration::from_secs(10), async || {
+            api.get("/v1/health").await.status == 200
+        })
+        .await;
+        let health = api.get("/v1/health").await;
+        assert!(healthy, "{health:?}");
         terms.push((health.body["raft_term"].as_u64().unwrap(), health.body["raft_leader"].as_u64()));
     }
     terms
@@ -273,4 +279,49 @@ fn a_cluster_node_without_a_good_secret_refuses_to_start() {
     assert!(code.is_some_and(|c| c != 0), "exited {code:?}");
     assert!(stderr.contains("fewer than 16"), "{stderr}");
     assert!(!stderr.contains("too short"), "the secret is never printed: {stderr}");
+}
+
+/// A member that was down while the membership changed knows neither the new nodes nor the new
+/// leader: it must still accept the leader's appends (an authenticated leader whose committed
+/// vote is at least its own), or it could never learn the new membership.
+#[tokio::test]
+async fn a_member_that_missed_membership_changes_follows_a_leader_it_does_not_know() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    cluster.nodes[2].kill9();
+    for id in [4, 5] {
+        let joiner = cluster.start_joiner(id);
+        let mut admin = Failover::new(&cluster.urls()[..2], 0);
+        let added =
+            admin.post("/v1/cluster/members", json!({ "id": id, "addr": cluster.nodes[joiner].addr })).await;
+        assert_eq!(added.status, 200, "{added:?}");
+    }
+    let new_urls: Vec<String> = cluster.urls()[3..].to_vec();
+    for id in [1, 2] {
+        let mut admin = Failover::new(&new_urls, 0);
+        let path = format!("/v1/cluster/members/{id}");
+        let removed = admin.send("DELETE", &path, None, Duration::from_secs(20)).await.0;
+        assert_eq!(removed.status, 204, "{removed:?}");
+    }
+    cluster.nodes[0].kill9();
+    cluster.nodes[1].kill9();
+    let mut client = Failover::new(&new_urls, 0);
+    let session = client.session(60_000).await;
+    cluster.nodes[2].restart();
+    let node3 = Api::at(&cluster.nodes[2].url);
+    let follows = crate::common::eventually(Duration::from_secs(20), async || {
+        let health = node3.get("/v1/health").await.body;
+        matches!(health["raft_leader"].as_u64(), Some(4 | 5))
+    })
+    .await;
+    assert!(follows, "node 3 follows the new leader: {:?}", node3.get("/v1/health").await);
+    // It applies the log written while it was down (the session's creation).
+    let created = Api::at(&new_urls[0]).get("/v1/debug/digest").await.body["applied_index"].as_u64().unwrap();
+    let caught_up = crate::common::eventually(Duration::from_secs(20), async || {
+        node3.get("/v1/debug/digest").await.body["applied_index"].as_u64() >= Some(created)
+    })
+    .await;
+    assert!(caught_up, "node 3 caught up to index {created}: {:?}", node3.get("/v1/health").await);
+    let mut through_node3 = Failover::new(std::slice::from_ref(&cluster.nodes[2].url), 0);
+    let kept = through_node3.post(&format!("/v1/sessions/{session}/keepalive"), json!({})).await;
+    assert_eq!(kept.status, 200, "{kept:?}");
 }

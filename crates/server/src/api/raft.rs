@@ -3,8 +3,9 @@
 //! Served only by a node with a cluster secret. A request is checked in this order, and refused
 //! at the first failure, before openraft sees it:
 //! 1. the peer credential in the headers (`401 unauthenticated`), before any of the body is read;
-//! 2. the sender is a member of this node's membership, or this node is pristine
-//!    (`403 permission_denied`);
+//! 2. for a vote: the sender is a member of this node's membership, or this node is pristine
+//!    (`403 permission_denied`); appends and snapshots are taken from any authenticated peer
+//!    (see [`PeerMessage::FROM_LEADER`]);
 //! 3. the body fits the route's limit (`413 body_too_large`) and decodes (`400 invalid_argument`);
 //! 4. the node id inside the message is the credential's (`403 permission_denied`);
 //! 5. no term in it exceeds [`RAFT_TERM_MAX`] (`400 invalid_argument`);
@@ -62,7 +63,7 @@ async fn admit<T: DeserializeOwned + PeerMessage>(
         PeerAuthError::NoSecret => refuse(ErrorCode::NotFound, "no such route"),
         other => refuse(ErrorCode::Unauthenticated, other.to_string()),
     })?;
-    if !node.accepts_peer(peer) {
+    if !T::FROM_LEADER && !node.accepts_peer(peer) {
         return Err(refuse(
             ErrorCode::PermissionDenied,
             format!("node {peer} is not a member of this cluster"),

@@ -40,6 +40,11 @@ const _: () = assert!(APPEND_ENTRIES_MAX >= 8);
 
 /// A Raft message between peers: who sent it and the largest term it names.
 pub trait PeerMessage {
+    /// Whether only a leader sends it (AppendEntries, InstallSnapshot). Such messages are taken
+    /// from any authenticated peer, member or not, and openraft's term rules decide: a member
+    /// that was down while the membership changed does not know the new leader, and must hear
+    /// from it to learn the new membership. A vote is taken only from a member.
+    const FROM_LEADER: bool;
     /// The node the message says it is from.
     fn sender(&self) -> NodeId;
     /// The largest term anywhere in the message.
@@ -55,6 +60,8 @@ fn vote_term(vote: &Vote<NodeId>) -> u64 {
 }
 
 impl PeerMessage for VoteRequest<NodeId> {
+    const FROM_LEADER: bool = false;
+
     fn sender(&self) -> NodeId {
         self.vote.leader_id.node_id
     }
@@ -65,6 +72,8 @@ impl PeerMessage for VoteRequest<NodeId> {
 }
 
 impl PeerMessage for AppendEntriesRequest<TypeConfig> {
+    const FROM_LEADER: bool = true;
+
     fn sender(&self) -> NodeId {
         self.vote.leader_id.node_id
     }
@@ -79,6 +88,8 @@ impl PeerMessage for AppendEntriesRequest<TypeConfig> {
 }
 
 impl PeerMessage for InstallSnapshotRequest<TypeConfig> {
+    const FROM_LEADER: bool = true;
+
     fn sender(&self) -> NodeId {
         self.vote.leader_id.node_id
     }
