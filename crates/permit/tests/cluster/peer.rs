@@ -237,10 +237,15 @@ async fn a_single_node_serves_no_raft_routes() {
 /// Runs `permit serve ARGS` and waits (bounded) for it to exit; its status and stderr.
 fn serve_exit(args: &[&str]) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
+    serve_exit_in(&dir.path().join("d"), args)
+}
+
+/// Like [`serve_exit`], with the data in `data_dir`.
+fn serve_exit_in(data_dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
     let mut child = Command::new(permit_bin())
         .arg("serve")
         .args(["--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path().join("d"))
+        .arg(data_dir)
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -279,6 +284,17 @@ fn a_cluster_node_without_a_good_secret_refuses_to_start() {
     assert!(code.is_some_and(|c| c != 0), "exited {code:?}");
     assert!(stderr.contains("fewer than 16"), "{stderr}");
     assert!(!stderr.contains("too short"), "the secret is never printed: {stderr}");
+}
+
+/// A node whose data dir belongs to a cluster, restarted without `--join`, `--peers` or the
+/// secret, refuses to start rather than run as a member that serves no peer route.
+#[tokio::test]
+async fn a_cluster_member_restarted_without_the_secret_refuses_to_start() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    cluster.nodes[2].kill9();
+    let (code, stderr) = serve_exit_in(&cluster.nodes[2].data_dir, &["--id", "3"]);
+    assert!(code.is_some_and(|c| c != 0), "exited {code:?}");
+    assert!(stderr.contains("belongs to a cluster") && stderr.contains("--cluster-secret-file"), "{stderr}");
 }
 
 /// A member that was down while the membership changed knows neither the new nodes nor the new
