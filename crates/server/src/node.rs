@@ -115,7 +115,7 @@ impl Node {
         let raft =
             Raft::new(config.node_id, Arc::new(raft_config), network, log_store, state_machine).await?;
 
-        if config.cluster_secret.is_none() && has_other_members(&raft, config.node_id) {
+        if config.cluster_secret.is_none() && has_other_members(&raft, config.node_id).await? {
             let _ = raft.shutdown().await;
             anyhow::bail!(
                 "this node's data dir belongs to a cluster; peers need --cluster-secret-file: {}",
@@ -168,7 +168,7 @@ impl Node {
         }))
     }
 
-    /// Whether `peer` may send this node Raft RPCs: it is a member (voter or learner) of the
+    /// Whether `peer` may ask this node for its vote: it is a member (voter or learner) of the
     /// membership this node knows, or this node is pristine (no membership yet: a `--join` node
     /// waiting to be added accepts any authenticated peer).
     pub fn accepts_peer(&self, peer: NodeId) -> bool {
@@ -253,9 +253,12 @@ impl Node {
 }
 
 /// Whether Raft's membership names a node other than `me` (the data dir belongs to a cluster).
-fn has_other_members(raft: &Raft, me: NodeId) -> bool {
-    let metrics = raft.metrics();
-    let metrics = metrics.borrow();
-    let other = metrics.membership_config.membership().nodes().any(|(id, _)| *id != me);
-    other
+/// Asked of Raft's core, which has loaded the log (its metrics may not have yet).
+async fn has_other_members(raft: &Raft, me: NodeId) -> anyhow::Result<bool> {
+    let others = raft
+        .with_raft_state(move |state| {
+            state.membership_state.effective().membership().nodes().any(|(id, _)| *id != me)
+        })
+        .await?;
+    Ok(others)
 }

@@ -291,6 +291,13 @@ fn a_cluster_node_without_a_good_secret_refuses_to_start() {
 #[tokio::test]
 async fn a_cluster_member_restarted_without_the_secret_refuses_to_start() {
     let mut cluster = Cluster::start(3, &[]).await;
+    // Node 3 has the membership in its log: it applied the entry after it (the leader's first).
+    let node3 = Api::at(&cluster.nodes[2].url);
+    let knows = crate::common::eventually(Duration::from_secs(10), async || {
+        node3.get("/v1/debug/digest").await.body["applied_index"].as_u64() >= Some(1)
+    })
+    .await;
+    assert!(knows, "node 3 applies the cluster's log");
     cluster.nodes[2].kill9();
     let (code, stderr) = serve_exit_in(&cluster.nodes[2].data_dir, &["--id", "3"]);
     assert!(code.is_some_and(|c| c != 0), "exited {code:?}");
