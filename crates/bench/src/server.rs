@@ -102,11 +102,24 @@ impl Drop for ServerProcess {
     }
 }
 
-/// Starts `size` nodes with `--join` and forms a cluster through node 1.
+/// The cluster secret shared by the benchmark's cluster nodes.
+const CLUSTER_SECRET: &str = "permit-bench-cluster-secret";
+
+/// Starts `size` nodes with `--join` (and a shared cluster secret) and forms a cluster through
+/// node 1.
 pub async fn cluster(bin: &Path, dir: &Path, size: u64) -> anyhow::Result<Vec<ServerProcess>> {
     let mut nodes = Vec::new();
+    std::fs::create_dir_all(dir)?;
+    let secret = dir.join("cluster.secret");
+    std::fs::write(&secret, CLUSTER_SECRET)?;
     for id in 1..=size {
-        let args = vec!["--id".to_owned(), id.to_string(), "--join".to_owned()];
+        let args = vec![
+            "--id".to_owned(),
+            id.to_string(),
+            "--join".to_owned(),
+            "--cluster-secret-file".to_owned(),
+            secret.display().to_string(),
+        ];
         nodes.push(ServerProcess::start(bin, "127.0.0.1:0", &dir.join(format!("n{id}")), &args)?);
     }
     let members: Vec<_> =

@@ -16,6 +16,11 @@ use serde_json::{json, Value};
 
 use crate::proxy::Proxy;
 
+/// The cluster secret every node of a test cluster shares (`--cluster-secret-file`).
+pub const CLUSTER_SECRET: &str = "permit-faults-cluster-secret";
+/// Name of the secret's file in the cluster's dir.
+const CLUSTER_SECRET_FILE: &str = "cluster.secret";
+
 /// Longest a node may take to print its address.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -109,6 +114,7 @@ impl Cluster {
         env: &[(String, String)],
     ) -> anyhow::Result<Cluster> {
         std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join(CLUSTER_SECRET_FILE), CLUSTER_SECRET)?;
         let block = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed) % 100 + (std::process::id() % 50) as u8;
         let http = reqwest::Client::builder().no_proxy().build()?;
         let mut cluster = Cluster {
@@ -171,6 +177,8 @@ impl Cluster {
             .arg("--data-dir")
             .arg(data_dir)
             .arg("--join")
+            .arg("--cluster-secret-file")
+            .arg(self.dir.join(CLUSTER_SECRET_FILE))
             .args(&self.extra)
             .env("RUST_LOG", "warn,openraft=error")
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))

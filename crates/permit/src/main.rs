@@ -68,6 +68,11 @@ struct ServeArgs {
     /// Do not form a cluster: wait to be added (`permit cluster add ID ADDR`) or initialised.
     #[arg(long, conflicts_with = "peers")]
     join: bool,
+    /// File holding the secret shared by every node of the cluster (at least 16 bytes; make one
+    /// with `head -c 32 /dev/urandom | base64 > cluster.secret`). Required with `--peers` and
+    /// `--join`: peer requests are authenticated with it.
+    #[arg(long)]
+    cluster_secret_file: Option<PathBuf>,
     #[command(flatten)]
     auth: AuthArgs,
 }
@@ -156,6 +161,11 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         TopCommand::Serve(args) => {
+            let cluster_secret = args
+                .cluster_secret_file
+                .as_deref()
+                .map(permit_server::peer::ClusterSecret::from_file)
+                .transpose()?;
             let config = permit_server::Config {
                 node_id: args.id,
                 listen: args.listen,
@@ -169,6 +179,7 @@ fn main() -> anyhow::Result<()> {
                 long_polls_per_token_max: args.auth.long_polls_per_token_max,
                 metrics_public: args.auth.metrics_public,
                 allow_unauthenticated: args.auth.allow_unauthenticated,
+                cluster_secret,
                 ..permit_server::Config::default()
             };
             runtime.block_on(permit_server::serve(config, permit_server::shutdown_signal()))

@@ -40,6 +40,10 @@ pub struct Config {
     pub metrics_public: bool,
     /// Listen on a non-loopback address without `--auth` (`--allow-unauthenticated`).
     pub allow_unauthenticated: bool,
+    /// The secret shared by every node of a cluster (`--cluster-secret-file`): peer requests
+    /// carry a credential derived from it. Required with `peers` or `join`; without it the node
+    /// serves no `/raft/*` route.
+    pub cluster_secret: Option<crate::peer::ClusterSecret>,
 }
 
 /// `permit serve`'s default address.
@@ -62,6 +66,7 @@ impl Default for Config {
             long_polls_per_token_max: 1_000,
             metrics_public: false,
             allow_unauthenticated: false,
+            cluster_secret: None,
         }
     }
 }
@@ -92,6 +97,11 @@ impl Config {
         );
         anyhow::ensure!(self.sessions_per_token_max >= 1, "--sessions-per-token-max must be at least 1");
         anyhow::ensure!(self.long_polls_per_token_max >= 1, "--long-polls-per-token-max must be at least 1");
+        anyhow::ensure!(
+            self.cluster_secret.is_some() || (self.peers.is_empty() && !self.join),
+            "--peers and --join need --cluster-secret-file: {}",
+            crate::peer::SECRET_HOWTO
+        );
         if !self.peers.is_empty() {
             anyhow::ensure!(
                 self.peers.contains_key(&self.node_id),

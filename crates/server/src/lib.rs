@@ -17,6 +17,7 @@ pub mod lessor;
 pub mod metrics;
 pub mod node;
 pub mod notify;
+pub mod peer;
 pub mod proposer;
 pub mod raft;
 pub mod replica;

@@ -52,6 +52,8 @@ pub struct Node {
     pub leading: watch::Receiver<crate::leadership::Leading>,
     /// Open long-polls per token, for `--long-polls-per-token-max`.
     pub long_polls: Arc<crate::auth::LongPolls>,
+    /// The snapshot being received from a leader, chunk by chunk (`/raft/snapshot`).
+    pub(crate) snapshot_receiver: tokio::sync::Mutex<crate::api::raft::SnapshotReceiver>,
     /// Becomes true when the node starts shutting down; long-polls return early.
     pub shutdown: watch::Receiver<bool>,
     shutdown_tx: watch::Sender<bool>,
@@ -64,7 +66,7 @@ impl Node {
     /// # Errors
     /// When the data dir cannot be opened (or another server has it open) or Raft cannot start.
     pub async fn start(config: Config, addr: SocketAddr) -> anyhow::Result<Arc<Node>> {
-        let network = Network::new(Some(addr.ip()));
+        let network = Network::new(Some(addr.ip()), config.node_id, config.cluster_secret.as_ref());
         Node::start_with(config, addr, network).await
     }
 
@@ -107,12 +109,21 @@ impl Node {
             max_in_snapshot_log_to_keep: config.snapshot_logs.min(1000),
             purge_batch_size: config.snapshot_logs.min(256),
             install_snapshot_timeout: 10_000,
+            max_payload_entries: crate::raft::bounds::APPEND_ENTRIES_MAX,
+            snapshot_max_chunk_size: crate::raft::bounds::SNAPSHOT_CHUNK_BYTES as u64,
             ..Default::default()
         }
         .validate()?;
         let raft =
             Raft::new(config.node_id, Arc::new(raft_config), network, log_store, state_machine).await?;
 
+        if config.cluster_secret.is_none() && has_other_members(&raft, config.node_id).await? {
+            let _ = raft.shutdown().await;
+            anyhow::bail!(
+                "this node's data dir belongs to a cluster; peers need --cluster-secret-file: {}",
+                crate::peer::SECRET_HOWTO
+            );
+        }
         if !config.join && !raft.is_initialized().await? {
             let members: BTreeMap<NodeId, BasicNode> = if config.peers.is_empty() {
                 BTreeMap::from([(config.node_id, BasicNode::new(addr.to_string()))])
@@ -154,6 +165,7 @@ impl Node {
                 .pool_max_idle_per_host(32)
                 .build()?,
             long_polls: Arc::default(),
+            snapshot_receiver: Default::default(),
             shutdown,
             shutdown_tx,
         });
@@ -161,6 +173,16 @@ impl Node {
             tokio::spawn(crate::auth::bootstrap_root(node.clone()));
         }
         Ok(node)
+    }
+
+    /// Whether `peer` may ask this node for its vote: it is a member (voter or learner) of the
+    /// membership this node knows, or this node is pristine (no membership yet: a `--join` node
+    /// waiting to be added accepts any authenticated peer).
+    pub fn accepts_peer(&self, peer: NodeId) -> bool {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        membership.get_node(&peer).is_some() || membership.nodes().next().is_none()
     }
 
     /// Proposes a command and waits until it is applied.
@@ -235,4 +257,15 @@ impl Node {
         self.shutdown_tx.send_replace(true);
         let _ = tokio::time::timeout(Duration::from_secs(5), self.raft.shutdown()).await;
     }
+}
+
+/// Whether Raft's membership names a node other than `me` (the data dir belongs to a cluster).
+/// Asked of Raft's core, which has loaded the log (its metrics may not have yet).
+async fn has_other_members(raft: &Raft, me: NodeId) -> anyhow::Result<bool> {
+    let others = raft
+        .with_raft_state(move |state| {
+            state.membership_state.effective().membership().nodes().any(|(id, _)| *id != me)
+        })
+        .await?;
+    Ok(others)
 }

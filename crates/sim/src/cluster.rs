@@ -86,6 +86,11 @@ impl Cluster {
             election_timeout_ms: self.settings.election_timeout_ms,
             snapshot_logs: self.settings.snapshot_logs,
             join: false,
+            // The in-memory network carries no credential; the secret only satisfies the
+            // configuration check for `peers`.
+            cluster_secret: Some(
+                permit_server::peer::ClusterSecret::new(b"simulation-cluster-secret").expect("long enough"),
+            ),
             ..Config::default()
         }
     }

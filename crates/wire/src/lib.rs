@@ -18,8 +18,15 @@ use utoipa::ToSchema;
 /// as `?index=` to block until the object changes again.
 pub const INDEX_HEADER: &str = "permit-index";
 /// Request header marking a request a follower forwarded to the leader; a node that receives a
-/// forwarded request and is not the leader answers `no_leader` instead of forwarding again.
+/// forwarded request and is not the leader answers `no_leader` instead of forwarding again. It
+/// counts only together with a valid peer credential ([`PEER_AUTH_HEADER`]); without one the
+/// server removes it and serves the request as any client's.
 pub const FORWARDED_HEADER: &str = "permit-forwarded-by";
+/// Peer request header: the id of the node sending a Raft RPC or forwarding a request.
+pub const PEER_ID_HEADER: &str = "permit-peer-id";
+/// Peer request header: the sender's credential, hex HMAC-SHA256 of `permit-peer-v1:<node id>`
+/// under the cluster secret (`permit serve --cluster-secret-file`).
+pub const PEER_AUTH_HEADER: &str = "permit-peer-auth";
 /// Response header naming the node that answered (after forwarding, the leader).
 pub const NODE_HEADER: &str = "permit-node";
 /// Response header with the Raft term of the node that answered.

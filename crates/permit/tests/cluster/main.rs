@@ -7,6 +7,7 @@ mod client_failover;
 mod failover;
 mod membership;
 mod minority;
+mod peer;
 mod restart;
 
 pub use common::api::{Answer, Api};

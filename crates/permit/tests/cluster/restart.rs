@@ -103,9 +103,11 @@ async fn nodes_started_with_peers_in_any_order_form_a_cluster_and_resume_after_a
     drop(listeners);
     let peers = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect::<Vec<_>>().join(",");
     let dir = tempfile::tempdir().unwrap();
+    let secret = crate::common::write_cluster_secret(dir.path()).display().to_string();
     let start = |i: usize| {
         let id = (i + 1).to_string();
-        Server::start_in(&dir.path().join(format!("d{id}")), &addrs[i], &["--id", &id, "--peers", &peers])
+        let args = ["--id", &id, "--peers", &peers, "--cluster-secret-file", &secret];
+        Server::start_in(&dir.path().join(format!("d{id}")), &addrs[i], &args)
     };
     let mut nodes = vec![start(2), start(0), start(1)]; // Any order: node 3 first.
     let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();

@@ -8,6 +8,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The cluster secret of test clusters (`--cluster-secret-file`).
+pub const CLUSTER_SECRET: &str = "permit-test-cluster-secret";
+
+/// Writes [`CLUSTER_SECRET`] to `dir/cluster.secret` and returns the file's path.
+pub fn write_cluster_secret(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("secret dir");
+    let path = dir.join("cluster.secret");
+    std::fs::write(&path, CLUSTER_SECRET).expect("write the cluster secret");
+    path
+}
+
 /// Longest a server may take to print its address.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -149,6 +160,8 @@ pub async fn eventually(timeout: Duration, mut check: impl AsyncFnMut() -> bool)
 /// `--join` and `POST /v1/cluster/init` so that no port has to be chosen in advance.
 pub struct Cluster {
     pub nodes: Vec<Server>,
+    /// The cluster secret's file, given to every node.
+    pub secret_file: PathBuf,
     _temp: tempfile::TempDir,
 }
 
@@ -156,7 +169,9 @@ impl Cluster {
     /// Starts `size` nodes (ids 1..=size) and forms a cluster of all of them.
     pub async fn start(size: u64, extra: &[&str]) -> Cluster {
         let temp = tempfile::tempdir().expect("temp dir");
-        let mut args = vec!["--join"];
+        let secret_file = write_cluster_secret(temp.path());
+        let secret_arg = secret_file.display().to_string();
+        let mut args = vec!["--join", "--cluster-secret-file", secret_arg.as_str()];
         args.extend_from_slice(extra);
         let nodes: Vec<Server> = (1..=size)
             .map(|id| {
@@ -180,7 +195,7 @@ impl Cluster {
             .await
             .expect("init");
         assert!(answer.status().is_success(), "init: {}", answer.text().await.unwrap_or_default());
-        let cluster = Cluster { nodes, _temp: temp };
+        let cluster = Cluster { nodes, secret_file, _temp: temp };
         cluster.leader(Duration::from_secs(10)).await.expect("a leader is elected");
         cluster
     }
@@ -189,7 +204,9 @@ impl Cluster {
     pub fn start_joiner(&mut self, id: u64) -> usize {
         let id_arg = id.to_string();
         let dir = self._temp.path().join(format!("n{id}"));
-        self.nodes.push(Server::start_in(&dir, "127.0.0.1:0", &["--id", &id_arg, "--join"]));
+        let secret_arg = self.secret_file.display().to_string();
+        let args = ["--id", &id_arg, "--join", "--cluster-secret-file", &secret_arg];
+        self.nodes.push(Server::start_in(&dir, "127.0.0.1:0", &args));
         self.nodes.len() - 1
     }
 

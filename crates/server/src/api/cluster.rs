@@ -122,6 +122,15 @@ pub async fn add(
     if request.id == 0 || request.addr.is_empty() {
         return Err(ApiError::new(ErrorCode::InvalidArgument, "a member needs an id > 0 and an address"));
     }
+    if node.config.cluster_secret.is_none() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!(
+                "this node has no cluster secret, so peers would refuse it: {}",
+                crate::peer::SECRET_HOWTO
+            ),
+        ));
+    }
     let learner = node.raft.add_learner(request.id, BasicNode::new(request.addr.clone()), false);
     learner.await.map_err(membership_error)?;
     let caught_up = node

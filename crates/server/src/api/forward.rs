@@ -3,6 +3,10 @@
 //!
 //! A forwarded request carries `permit-forwarded-by`; a node that receives one and is not the
 //! leader answers `no_leader` rather than forwarding again, so requests never loop.
+//!
+//! The forwarding node adds its peer credential (`permit-peer-id`, `permit-peer-auth`). A request
+//! whose `permit-forwarded-by` comes without a valid credential for that same node id is served
+//! as any client's: the header is removed first.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +40,10 @@ fn served_locally(request: &Request) -> bool {
 }
 
 /// Middleware: run the request here if this node leads (or the route is local), else forward it.
-pub async fn forward(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
+pub async fn forward(State(node): State<Arc<Node>>, mut request: Request, next: Next) -> Response {
+    if request.headers().contains_key(FORWARDED_HEADER) && !forwarded_by_peer(&node, request.headers()) {
+        request.headers_mut().remove(FORWARDED_HEADER);
+    }
     let mut response = if served_locally(&request) {
         next.run(request).await
     } else {
@@ -57,6 +64,15 @@ pub async fn forward(State(node): State<Arc<Node>>, request: Request, next: Next
     };
     stamp(&node, response.headers_mut());
     response
+}
+
+/// Whether `permit-forwarded-by` names the node whose valid peer credential the request carries.
+fn forwarded_by_peer(node: &Node, headers: &HeaderMap) -> bool {
+    let claimed = headers.get(FORWARDED_HEADER).and_then(|v| v.to_str().ok());
+    match crate::peer::authenticate(node.config.cluster_secret.as_ref(), headers) {
+        Ok(peer) => claimed == Some(peer.to_string().as_str()),
+        Err(_) => false,
+    }
 }
 
 /// Adds which node answered, and its term, unless a forwarded answer carries the leader's.
@@ -82,6 +98,11 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
         .timeout(FORWARD_TIMEOUT)
         .header(FORWARDED_HEADER, node.id.to_string())
         .body(body);
+    if let Some(secret) = &node.config.cluster_secret {
+        for (name, value) in secret.headers(node.id) {
+            outgoing = outgoing.header(name, value);
+        }
+    }
     if let Some(content_type) = parts.headers.get(axum::http::header::CONTENT_TYPE) {
         outgoing = outgoing.header(axum::http::header::CONTENT_TYPE, content_type.clone());
     }

@@ -8,7 +8,7 @@ mod extract;
 mod forward;
 mod grant;
 pub mod openapi;
-mod raft;
+pub(crate) mod raft;
 mod semaphores;
 mod sessions;
 mod system;
@@ -28,10 +28,7 @@ pub use error::ApiError;
 
 use crate::node::Node;
 
-/// Largest peer RPC body (an append batch or a snapshot chunk).
-const RAFT_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
-
-/// The client API and the peer RPC routes of `node`.
+/// The client API and, on a node with a cluster secret, the peer RPC routes of `node`.
 pub fn router(node: Arc<Node>) -> Router {
     let client = Router::new()
         .route("/v1/sessions", post(sessions::create).get(sessions::list))
@@ -61,13 +58,19 @@ pub fn router(node: Arc<Node>) -> Router {
         // Only on matched routes and methods: 404 and 405 answers need no token.
         .route_layer(middleware::from_fn_with_state(node.clone(), crate::auth::authenticate))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX));
-    let peer = Router::new()
-        .route("/raft/append", post(raft::append))
-        .route("/raft/vote", post(raft::vote))
-        .route("/raft/snapshot", post(raft::snapshot))
-        .layer(DefaultBodyLimit::max(RAFT_BODY_BYTES_MAX));
+    // Peer routes exist only on a node with a cluster secret (a single node without one serves
+    // none); each handler reads its body itself, with its own limit, after the credential check.
+    let client = if node.config.cluster_secret.is_some() {
+        client.merge(
+            Router::new()
+                .route("/raft/append", post(raft::append))
+                .route("/raft/vote", post(raft::vote))
+                .route("/raft/snapshot", post(raft::snapshot)),
+        )
+    } else {
+        client
+    };
     client
-        .merge(peer)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(node.clone(), forward::forward))

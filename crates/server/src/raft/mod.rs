@@ -2,6 +2,7 @@
 //!
 //! openraft is used only inside this module, so that a move to openraft 0.10 stays local.
 
+pub mod bounds;
 pub mod log_store;
 pub mod network;
 pub mod snapshot_store;

@@ -1,9 +1,11 @@
 //! Raft RPCs between nodes: HTTP POSTs of postcard bodies to `/raft/{append,vote,snapshot}` on
-//! the peer's address (the same address as its client API).
+//! the peer's address (the same address as its client API), each with this node's peer
+//! credential (`permit-peer-id`, `permit-peer-auth`; see [`crate::peer`]).
 //!
 //! A peer that cannot be reached is reported as `Unreachable`, so that openraft backs off instead
 //! of retrying in a tight loop. Every RPC has openraft's deadline as its HTTP timeout.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -16,7 +18,9 @@ use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::bounds::{PeerAnswer, RAFT_TERM_MAX};
 use super::{NodeId, TypeConfig};
+use crate::peer::ClusterSecret;
 
 /// Path prefix of the peer RPC routes.
 pub const RAFT_PATH_PREFIX: &str = "/raft";
@@ -28,12 +32,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 #[derive(Clone)]
 pub struct Network {
     http: reqwest::Client,
+    credential: Arc<[(&'static str, String)]>,
 }
 
 impl Network {
     /// A network with its own connection pool, dialling from `local` when it is a specific
-    /// address (so peers and fault-injecting proxies see which node connects).
-    pub fn new(local: Option<std::net::IpAddr>) -> Network {
+    /// address (so peers and fault-injecting proxies see which node connects). Requests carry
+    /// node `id`'s credential under `secret` (none without a secret: peers refuse them).
+    pub fn new(local: Option<std::net::IpAddr>, id: NodeId, secret: Option<&ClusterSecret>) -> Network {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_max_idle_per_host(4)
@@ -41,13 +47,15 @@ impl Network {
             .no_proxy()
             .build()
             .expect("HTTP client builds");
-        Network { http }
+        let credential = secret.map(|secret| secret.headers(id).to_vec()).unwrap_or_default();
+        Network { http, credential: credential.into() }
     }
 }
 
 /// A connection to one peer.
 pub struct PeerConnection {
     http: reqwest::Client,
+    credential: Arc<[(&'static str, String)]>,
     target: NodeId,
     addr: String,
 }
@@ -56,7 +64,12 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerConnection {
-        PeerConnection { http: self.http.clone(), target, addr: node.addr.clone() }
+        PeerConnection {
+            http: self.http.clone(),
+            credential: self.credential.clone(),
+            target,
+            addr: node.addr.clone(),
+        }
     }
 }
 
@@ -69,20 +82,18 @@ impl PeerConnection {
     ) -> Result<Resp, RPCError<NodeId, BasicNode, E>>
     where
         Req: Serialize,
-        Resp: DeserializeOwned,
+        Resp: DeserializeOwned + PeerAnswer,
         E: std::error::Error + DeserializeOwned,
     {
         let body = postcard::to_allocvec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let url = format!("http://{}{RAFT_PATH_PREFIX}/{route}", self.addr);
-        let response = self
-            .http
-            .post(url)
-            .timeout(option.hard_ttl())
-            .header("content-type", "application/octet-stream")
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+        let mut outgoing =
+            self.http.post(url).timeout(option.hard_ttl()).header("content-type", "application/octet-stream");
+        for (name, value) in self.credential.iter() {
+            outgoing = outgoing.header(*name, value);
+        }
+        let response =
+            outgoing.body(body).send().await.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
         if !response.status().is_success() {
             let status = response.status();
             let error = std::io::Error::other(format!("peer answered HTTP {status}"));
@@ -91,7 +102,12 @@ impl PeerConnection {
         let bytes = response.bytes().await.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
         let result: Result<Resp, E> =
             postcard::from_bytes(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        let answer = result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))?;
+        if answer.max_term() > RAFT_TERM_MAX {
+            let error = std::io::Error::other(format!("peer answered a term above {RAFT_TERM_MAX}"));
+            return Err(RPCError::Network(NetworkError::new(&error)));
+        }
+        Ok(answer)
     }
 }
 

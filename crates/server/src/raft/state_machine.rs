@@ -150,6 +150,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), StorageError> {
         let bytes = snapshot.into_inner();
         let state = State::decode_snapshot(&bytes).map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
+        // `api/raft.rs` refuses a snapshot whose state is not at its metadata's index before
+        // openraft gets here; refusing it here stops openraft's core, which is still better
+        // than installing a state that disagrees with the log.
+        let index = meta.last_log_id.map_or(0, |id| id.index);
+        if state.applied_index() != index {
+            let mismatch = format!("snapshot state at {} but meta at {index}", state.applied_index());
+            return Err(snapshot_error(ErrorVerb::Read, mismatch));
+        }
         super::blocking(|| self.snapshots.save(meta, &bytes))
             .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
         self.restore(meta, state);

@@ -1,0 +1,143 @@
+//! Bounds on what peers send: the largest Raft term accepted, and the body limits of the peer
+//! routes.
+//!
+//! openraft 0.9 computes the next term as `term + 1` without a check when a node starts an
+//! election (`Engine::elect` in `engine/engine_impl.rs`), and the vote it then builds is
+//! unwrapped: a node that once accepted a term of `u64::MAX` panics on its next election and on
+//! every restart. Permit therefore refuses any peer message (and any peer answer) carrying a term
+//! above [`RAFT_TERM_MAX`] before openraft sees it. At one election per 100 ms the bound lasts
+//! for more than 13 years of continuous elections.
+
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{RaftLogId, Vote};
+
+use super::{LogId, NodeId, TypeConfig};
+
+/// The largest Raft term a node accepts from a peer (2^32). See the module docs.
+pub const RAFT_TERM_MAX: u64 = 1 << 32;
+
+/// Largest body of `/raft/vote` (a vote request is a few dozen bytes).
+pub const VOTE_BODY_BYTES_MAX: usize = 64 * 1024;
+/// Largest body of `/raft/append`.
+pub const APPEND_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Largest encoded log entry: the proposer cuts a batch once it reaches
+/// `crate::proposer::BATCH_BYTES_SOFT_MAX`, and one command adds at most as much again.
+pub const ENTRY_BYTES_MAX: usize = 2 * crate::proposer::BATCH_BYTES_SOFT_MAX;
+/// Most entries in one AppendEntries (openraft's `max_payload_entries`): enough that a full
+/// request stays under [`APPEND_BODY_BYTES_MAX`] with room for its header.
+pub const APPEND_ENTRIES_MAX: u64 = (APPEND_BODY_BYTES_MAX / ENTRY_BYTES_MAX) as u64 - 1;
+/// Size of a snapshot chunk (openraft's `snapshot_max_chunk_size`).
+pub const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
+/// Largest body of `/raft/snapshot`: one chunk plus its metadata (the membership).
+pub const SNAPSHOT_BODY_BYTES_MAX: usize = SNAPSHOT_CHUNK_BYTES + 256 * 1024;
+
+// A full append (with room for its header) fits its body limit, and carries enough entries.
+const _: () = assert!((APPEND_ENTRIES_MAX as usize + 1) * ENTRY_BYTES_MAX <= APPEND_BODY_BYTES_MAX);
+const _: () = assert!(APPEND_ENTRIES_MAX >= 8);
+
+/// A Raft message between peers: who sent it and the largest term it names.
+pub trait PeerMessage {
+    /// Whether only a leader sends it (AppendEntries, InstallSnapshot). Such messages are taken
+    /// from any authenticated peer, member or not, and openraft's term rules decide: a member
+    /// that was down while the membership changed does not know the new leader, and must hear
+    /// from it to learn the new membership. A vote is taken only from a member.
+    const FROM_LEADER: bool;
+    /// The node the message says it is from.
+    fn sender(&self) -> NodeId;
+    /// The largest term anywhere in the message.
+    fn max_term(&self) -> u64;
+}
+
+fn term_of(log_id: Option<&LogId>) -> u64 {
+    log_id.map_or(0, |id| id.leader_id.term)
+}
+
+fn vote_term(vote: &Vote<NodeId>) -> u64 {
+    vote.leader_id.term
+}
+
+impl PeerMessage for VoteRequest<NodeId> {
+    const FROM_LEADER: bool = false;
+
+    fn sender(&self) -> NodeId {
+        self.vote.leader_id.node_id
+    }
+
+    fn max_term(&self) -> u64 {
+        vote_term(&self.vote).max(term_of(self.last_log_id.as_ref()))
+    }
+}
+
+impl PeerMessage for AppendEntriesRequest<TypeConfig> {
+    const FROM_LEADER: bool = true;
+
+    fn sender(&self) -> NodeId {
+        self.vote.leader_id.node_id
+    }
+
+    fn max_term(&self) -> u64 {
+        let entries = self.entries.iter().map(|entry| entry.get_log_id().leader_id.term).max();
+        vote_term(&self.vote)
+            .max(term_of(self.prev_log_id.as_ref()))
+            .max(term_of(self.leader_commit.as_ref()))
+            .max(entries.unwrap_or(0))
+    }
+}
+
+impl PeerMessage for InstallSnapshotRequest<TypeConfig> {
+    const FROM_LEADER: bool = true;
+
+    fn sender(&self) -> NodeId {
+        self.vote.leader_id.node_id
+    }
+
+    fn max_term(&self) -> u64 {
+        vote_term(&self.vote)
+            .max(term_of(self.meta.last_log_id.as_ref()))
+            .max(term_of(self.meta.last_membership.log_id().as_ref()))
+    }
+}
+
+/// The largest term in a peer's answer, so that a node never adopts an absurd term from one.
+pub trait PeerAnswer {
+    /// The largest term anywhere in the answer.
+    fn max_term(&self) -> u64;
+}
+
+impl PeerAnswer for VoteResponse<NodeId> {
+    fn max_term(&self) -> u64 {
+        vote_term(&self.vote).max(term_of(self.last_log_id.as_ref()))
+    }
+}
+
+impl PeerAnswer for AppendEntriesResponse<NodeId> {
+    fn max_term(&self) -> u64 {
+        match self {
+            AppendEntriesResponse::Success | AppendEntriesResponse::Conflict => 0,
+            AppendEntriesResponse::PartialSuccess(log_id) => term_of(log_id.as_ref()),
+            AppendEntriesResponse::HigherVote(vote) => vote_term(vote),
+        }
+    }
+}
+
+impl PeerAnswer for InstallSnapshotResponse<NodeId> {
+    fn max_term(&self) -> u64 {
+        vote_term(&self.vote)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vote_names_its_candidate_and_term() {
+        let request =
+            VoteRequest::new(Vote::new(7, 3), Some(LogId::new(openraft::CommittedLeaderId::new(9, 1), 4)));
+        assert_eq!(request.sender(), 3);
+        assert_eq!(request.max_term(), 9);
+    }
+}
