@@ -116,6 +116,9 @@ error_codes! {
     /// This node could not deliver the request to a leader (none elected, or it did not accept
     /// the connection): nothing was done. Retry, here or on another node.
     LeaderUnreachable = "leader_unreachable", 503;
+    /// A write to this node's data dir failed (disk full, I/O error): it refuses all work and
+    /// exits. Nothing it acknowledged is lost; retry on another node.
+    StorageError = "storage_error", 503;
 }
 
 #[cfg(feature = "openapi")]
@@ -160,7 +163,7 @@ mod tests {
         invalid_name invalid_argument not_found method_not_allowed session_not_found \
         semaphore_not_found unavailable permits_exceed_capacity permits_mismatch semaphore_busy \
         wait_cancelled limit_exceeded no_leader shutting_down internal timeout already_initialized \
-        membership_change_in_progress leader_unreachable";
+        membership_change_in_progress leader_unreachable storage_error";
 
     #[test]
     fn error_codes_match_the_published_list() {

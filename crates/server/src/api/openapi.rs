@@ -22,7 +22,7 @@ at most 100000 waiters per semaphore and 10000 holds plus waits per session.",
         semaphores::acquire, semaphores::release, semaphores::validate,
         elections::campaign, elections::get, elections::resign,
         cluster::status, cluster::init, cluster::add, cluster::remove,
-        system::health, system::metrics, system::digest,
+        system::health, system::live, system::metrics, system::digest,
     ),
     components(schemas(permit_wire::ErrorCode)),
     tags(
