@@ -88,6 +88,18 @@ impl Server {
         self.child.id()
     }
 
+    /// Waits up to `timeout` for the process to exit on its own; its status if it did.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None
+    }
+
     /// Kills the process with SIGKILL and waits for it, keeping the data dir.
     pub fn kill9(&mut self) {
         let _ = self.child.kill();

@@ -7,6 +7,7 @@ mod durability;
 mod elections;
 mod errors;
 mod expiry;
+mod full_disk;
 mod openapi;
 mod semaphores;
 mod sessions;
