@@ -61,13 +61,12 @@ impl RemovalWatch {
             tokio::time::sleep(CHECK_EVERY).await;
             let Some(view) = self.local_view() else { return };
             let verdict = match view {
-                LocalView::Pristine => Some(false),
-                LocalView::Absent => Some(true),
-                LocalView::LedMember => Some(false),
+                LocalView::Pristine | LocalView::LedMember => Some((false, "its own membership")),
+                LocalView::Absent => Some((true, "its own membership")),
                 LocalView::LeaderlessMember(peers) => {
                     let since = *leaderless_since.get_or_insert_with(Instant::now);
                     if since.elapsed() >= patience {
-                        self.ask(&peers).await
+                        self.ask(&peers).await.map(|removed| (removed, "the other members' health"))
                     } else {
                         None
                     }
@@ -76,8 +75,8 @@ impl RemovalWatch {
             if !matches!(self.local_view(), Some(LocalView::LeaderlessMember(_))) {
                 leaderless_since = None;
             }
-            if let Some(removed) = verdict {
-                self.apply(removed);
+            if let Some((removed, source)) = verdict {
+                self.apply(removed, source);
             }
         }
     }
@@ -127,7 +126,7 @@ impl RemovalWatch {
     }
 
     /// Records the verdict; on a change, logs it once and switches campaigning.
-    fn apply(&self, removed: bool) {
+    fn apply(&self, removed: bool, source: &str) {
         let changed = self.removed.send_if_modified(|current| std::mem::replace(current, removed) != removed);
         if !changed {
             return;
@@ -136,11 +135,12 @@ impl RemovalWatch {
         if removed {
             tracing::warn!(
                 node = self.id,
+                source,
                 "this node was removed from the cluster's membership: it stops campaigning and \
                  answers health 503 `removed` until it is added back (or stop it)"
             );
         } else {
-            tracing::info!(node = self.id, "this node is a member again: it campaigns again");
+            tracing::info!(node = self.id, source, "this node is a member again: it campaigns again");
         }
     }
 }
