@@ -39,6 +39,11 @@ impl Server {
 
     /// Starts a server on `listen` with its data in `data_dir` and extra arguments.
     pub fn start_in(data_dir: &Path, listen: &str, extra: &[&str]) -> Server {
+        Server::start_with_env(data_dir, listen, extra, &[])
+    }
+
+    /// Like [`Server::start_in`], with extra environment variables (`LD_PRELOAD`, for instance).
+    pub fn start_with_env(data_dir: &Path, listen: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(permit_bin())
             .arg("serve")
             .arg("--listen")
@@ -47,6 +52,7 @@ impl Server {
             .arg(data_dir)
             .args(extra)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,openraft=off".into()))
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -67,13 +67,13 @@ fn leave_free(dir: &Path) {
 
 /// Writes acknowledged by the server: sessions, and grants as (semaphore, session, token).
 #[derive(Default)]
-struct Acked {
-    sessions: Vec<String>,
-    grants: Vec<(String, String, u64)>,
+pub(crate) struct Acked {
+    pub(crate) sessions: Vec<String>,
+    pub(crate) grants: Vec<(String, String, u64)>,
 }
 
 /// Creates sessions and takes a capacity-1 semaphore with each, until a write is refused.
-async fn writer(url: String, worker: usize, acked: Arc<Mutex<Acked>>, deadline: Instant) {
+pub(crate) async fn writer(url: String, worker: usize, acked: Arc<Mutex<Acked>>, deadline: Instant) {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let name_of_session = "x".repeat(200);
     for i in 0.. {
@@ -104,13 +104,13 @@ async fn post(http: &reqwest::Client, url: &str, body: Value) -> Option<(u16, Va
 
 /// What the health monitor saw: the first 503 `storage_error` answer, with its `Retry-After`.
 #[derive(Default, Debug)]
-struct Seen {
-    storage_error: Option<(Value, Option<String>)>,
-    live_503: bool,
+pub(crate) struct Seen {
+    pub(crate) storage_error: Option<(Value, Option<String>)>,
+    pub(crate) live_503: bool,
 }
 
 /// Polls readiness and liveness until `stop`, recording the first `storage_error` answer.
-async fn monitor(url: String, seen: Arc<Mutex<Seen>>, stop: Arc<AtomicBool>) {
+pub(crate) async fn monitor(url: String, seen: Arc<Mutex<Seen>>, stop: Arc<AtomicBool>) {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     while !stop.load(Ordering::Relaxed) {
         let ready = http.get(format!("{url}/v1/health")).timeout(Duration::from_secs(1)).send().await;
@@ -190,7 +190,12 @@ async fn a_full_disk_stops_the_node_and_a_restart_recovers_every_acknowledged_wr
     drop(server);
     drop(tmpfs);
     let restarted = Server::start_in(&roomy, "127.0.0.1:0", &[]);
-    let api = Api::new(&restarted);
+    assert_recovered(&restarted, &acked).await;
+}
+
+/// Waits until `server` is ready, then checks that every acknowledged write is there.
+pub(crate) async fn assert_recovered(server: &Server, acked: &Acked) {
+    let api = Api::new(server);
     let ready = crate::common::eventually(Duration::from_secs(20), async || {
         api.get("/v1/health").await.status == 200
     })
