@@ -69,10 +69,12 @@ impl Node {
     /// When the data dir cannot be opened (or another server has it open) or Raft cannot start.
     pub async fn start(config: Config, addr: SocketAddr) -> anyhow::Result<Arc<Node>> {
         let network = Network::new(Some(addr.ip()));
-        Node::start_with(config, addr, network).await
+        Node::assemble(config, addr, network, true).await
     }
 
-    /// Like [`Node::start`], with another peer network (an in-memory one in simulations).
+    /// Like [`Node::start`], with another peer network (an in-memory one in simulations). Such
+    /// a node learns of its removal from its own log only: it does not ask the other members'
+    /// HTTP health.
     ///
     /// # Errors
     /// As [`Node::start`].
@@ -80,6 +82,15 @@ impl Node {
         config: Config,
         addr: SocketAddr,
         network: N,
+    ) -> anyhow::Result<Arc<Node>> {
+        Node::assemble(config, addr, network, false).await
+    }
+
+    async fn assemble<N: RaftNetworkFactory<TypeConfig>>(
+        config: Config,
+        addr: SocketAddr,
+        network: N,
+        probe_peers: bool,
     ) -> anyhow::Result<Arc<Node>> {
         config.validate()?;
         std::fs::create_dir_all(&config.data_dir)
@@ -160,6 +171,7 @@ impl Node {
             http: http.clone(),
             election_timeout_max: Duration::from_millis(config.election_timeout_ms.1),
             removed: removed_tx,
+            probe_peers,
         };
         tokio::spawn(removal.run());
         Ok(Arc::new(Node {

@@ -12,10 +12,11 @@
 //! Campaigning is switched with openraft's runtime config (`elect(false)` / `elect(true)`): a
 //! removed node's term then stays put, and it cannot disturb the cluster with votes.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use permit_wire::Health;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::raft::{NodeId, Raft};
 
@@ -38,6 +39,8 @@ pub struct RemovalWatch {
     pub election_timeout_max: Duration,
     /// Set to true while this node is removed.
     pub removed: watch::Sender<bool>,
+    /// Whether to ask the other members' HTTP health (off in simulations).
+    pub probe_peers: bool,
 }
 
 /// What this node can tell from its own membership.
@@ -65,7 +68,7 @@ impl RemovalWatch {
                 LocalView::Absent => Some((true, "its own membership")),
                 LocalView::LeaderlessMember(peers) => {
                     let since = *leaderless_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= patience {
+                    if self.probe_peers && since.elapsed() >= patience {
                         self.ask(&peers).await.map(|removed| (removed, "the other members' health"))
                     } else {
                         None
