@@ -134,3 +134,24 @@ pub fn watch_core(raft: Raft, shutdown: watch::Receiver<bool>, fail_stop: Arc<Fa
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_first_failure_wins_and_wakes_the_waiters() {
+        let latch = FailStop::new();
+        assert!(!latch.is_failed());
+        let waiter = tokio::spawn({
+            let latch = latch.clone();
+            async move { latch.wait().await }
+        });
+        latch.storage("log append", Path::new("/data/raft-log.redb"), &"No space left on device");
+        latch.stopped("the core stopped after it");
+        let failure = waiter.await.unwrap();
+        assert_eq!(failure.reason, NotReady::StorageError);
+        assert_eq!(failure.message, "log append of /data/raft-log.redb failed: No space left on device");
+        assert_eq!(latch.failure(), Some(failure));
+    }
+}

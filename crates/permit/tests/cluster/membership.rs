@@ -32,6 +32,12 @@ async fn nodes_join_and_leave_under_traffic() {
         })
     };
     let joiner = cluster.start_joiner(4);
+    // Not a member yet: alive, but not ready.
+    let (status, body, _) = readiness(&cluster.nodes[joiner].url).await.expect("the joiner answers");
+    assert_eq!((status, body["reason"].as_str()), (503, Some("joining")), "{body}");
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let live = http.get(format!("{}/v1/health/live", cluster.nodes[joiner].url)).send().await.unwrap();
+    assert_eq!(live.status().as_u16(), 200);
     let mut admin = Failover::new(&urls, 0);
     let added =
         admin.post("/v1/cluster/members", json!({ "id": 4, "addr": cluster.nodes[joiner].addr })).await;
