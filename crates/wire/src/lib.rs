@@ -343,7 +343,6 @@ pub struct ElectionView {
 
 /// Why a node is not ready to serve (`GET /v1/health` answers 503 with one of these).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum NotReady {
     /// No leader is known (an election is in progress, or there is no quorum).
@@ -360,6 +359,61 @@ pub enum NotReady {
     #[serde(other)]
     Unknown,
 }
+
+#[cfg(test)]
+mod not_ready_tests {
+    use super::NotReady;
+
+    #[test]
+    fn reasons_round_trip_and_unknown_ones_parse() {
+        for reason in NotReady::ALL {
+            let text = serde_json::to_string(reason).unwrap();
+            assert_eq!(text, format!("\"{}\"", reason.as_str()));
+            assert_eq!(&serde_json::from_str::<NotReady>(&text).unwrap(), reason);
+        }
+        assert_eq!(serde_json::from_str::<NotReady>("\"from_the_future\"").unwrap(), NotReady::Unknown);
+    }
+}
+
+impl NotReady {
+    /// Every known reason.
+    pub const ALL: &'static [NotReady] = &[
+        NotReady::NoLeader,
+        NotReady::Removed,
+        NotReady::Joining,
+        NotReady::Shutdown,
+        NotReady::StorageError,
+    ];
+
+    /// The reason's text.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            NotReady::NoLeader => "no_leader",
+            NotReady::Removed => "removed",
+            NotReady::Joining => "joining",
+            NotReady::Shutdown => "shutdown",
+            NotReady::StorageError => "storage_error",
+            NotReady::Unknown => "unknown",
+        }
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for NotReady {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .enum_values(Some(NotReady::ALL.iter().map(NotReady::as_str)))
+            .description(Some(
+                "Why a node is not ready to serve (`GET /v1/health` answers 503 with one of these); \
+                 reasons may be added.",
+            ))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl ToSchema for NotReady {}
 
 /// `GET /v1/health` and `GET /v1/health/live`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
