@@ -318,8 +318,9 @@ impl Client {
         self.transport.send(&call).await.map(drop)
     }
 
-    /// `GET /v1/health` of the first endpoint that answers: `ok` when it knows a Raft leader,
-    /// `degraded` otherwise (the server answers 503 then; this returns the body either way).
+    /// `GET /v1/health` of the first endpoint that answers: `ok` when it can serve (a member that
+    /// knows a Raft leader, with a live Raft core and a writable data dir), `degraded` otherwise,
+    /// with the `reason` (the server answers 503 then; this returns the body either way).
     ///
     /// # Examples
     ///

@@ -241,10 +241,12 @@ impl Failure {
                 message: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
             },
         };
-        // Only `leader_unreachable` proves that nothing was done; `no_leader`, `shutting_down` and
-        // `timeout` leave the outcome unknown (the request may have reached a leader that then
-        // failed), so only idempotent calls retry them.
-        let unsent = matches!(error, Error::Api { code: ErrorCode::LeaderUnreachable, .. });
+        // Only `leader_unreachable` and `storage_error` (a failed node refusing all work) prove
+        // that nothing was done; `no_leader`, `shutting_down` and `timeout` leave the outcome
+        // unknown (the request may have reached a leader that then failed), so only idempotent
+        // calls retry them.
+        let unsent =
+            matches!(error, Error::Api { code: ErrorCode::LeaderUnreachable | ErrorCode::StorageError, .. });
         Failure { error, unsent }
     }
 

@@ -182,7 +182,10 @@ fn main() -> anyhow::Result<()> {
                 cluster_secret,
                 ..permit_server::Config::default()
             };
-            runtime.block_on(permit_server::serve(config, permit_server::shutdown_signal()))
+            let served = runtime.block_on(permit_server::serve(config, permit_server::shutdown_signal()));
+            // A failed node must exit promptly even if a disk call still hangs on a worker thread.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            served
         }
         TopCommand::Client(command) => {
             let code = match runtime.block_on(permit_cli::execute(

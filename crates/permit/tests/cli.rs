@@ -149,7 +149,8 @@ async fn run_exports_the_token_and_exits_with_the_commands_code() {
         r#"echo "$PERMIT_TOKEN $PERMIT_SEMAPHORE $PERMIT_PERMITS $PERMIT_SESSION" > $DIR/env; exit 7"#,
     );
     let output =
-        permit(&server, &["run", "job", "--capacity", "2", "--keep", "-n", "2", "--", "sh", "-c", &command]).await;
+        permit(&server, &["run", "job", "--capacity", "2", "--keep", "-n", "2", "--", "sh", "-c", &command])
+            .await;
     assert_eq!(output.code, 7, "the command's exit code; stderr: {}", output.stderr);
 
     let env = std::fs::read_to_string(dir.path().join("env")).unwrap();

@@ -63,7 +63,7 @@ pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> 
     use Need::{Authenticated, Global, InBody, Named, Open};
     use Resource::{Acl, Cluster, Election, Semaphore};
     let need = match (method.as_str(), route) {
-        ("GET", "/v1/health" | "/v1/openapi.json") => Open,
+        ("GET", "/v1/health" | "/v1/health/live" | "/v1/openapi.json") => Open,
         (_, route) if route.starts_with("/raft/") => Open,
         ("GET", "/metrics") if metrics_public => Open,
         ("GET", "/metrics") => Global(Cluster, Read),

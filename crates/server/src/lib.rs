@@ -12,6 +12,7 @@ pub mod bugs;
 pub mod clock;
 pub mod config;
 pub mod expiry;
+pub mod failstop;
 pub mod leadership;
 pub mod lessor;
 pub mod metrics;
@@ -20,6 +21,7 @@ pub mod notify;
 pub mod peer;
 pub mod proposer;
 pub mod raft;
+pub mod removal;
 pub mod replica;
 
 use std::future::Future;
@@ -37,7 +39,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// `permit listening on http://ADDR` on stdout, and serves the API.
 ///
 /// # Errors
-/// When the address cannot be bound, the data dir cannot be opened, or Raft fails to start.
+/// When the address cannot be bound, the data dir cannot be opened, or Raft fails to start;
+/// and when the node fails while serving (a storage error, or Raft stopped on its own: see
+/// [`failstop`]), after refusing all work for [`failstop::FAILSTOP_LINGER`].
 pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -68,8 +72,15 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'stat
         let _ = stopping_rx.await;
     });
     let mut shutdown = node.shutdown.clone();
+    let failed = node.clone();
     tokio::select! {
         result = server => result?,
+        failure = async {
+            let failure = failed.fatal().await;
+            // Keep answering 503 for a moment, so that probes and clients see why.
+            tokio::time::sleep(failstop::FAILSTOP_LINGER).await;
+            failure
+        } => anyhow::bail!("fail-stop: {failure}"),
         () = async {
             let _ = shutdown.wait_for(|stopping| *stopping).await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;

@@ -14,6 +14,7 @@ use tokio::sync::{watch, Notify};
 use crate::clock::LeaderClock;
 use crate::config::Config;
 use crate::expiry::ExpiryDriver;
+use crate::failstop::FailStop;
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::proposer::{ProposeError, Proposer};
@@ -57,6 +58,11 @@ pub struct Node {
     /// Becomes true when the node starts shutting down; long-polls return early.
     pub shutdown: watch::Receiver<bool>,
     shutdown_tx: watch::Sender<bool>,
+    /// Set by the first storage failure or unexpected Raft stop; the node then refuses all work
+    /// and `serve` exits (see `failstop`).
+    pub fail_stop: Arc<FailStop>,
+    /// True while this node is removed from the membership (see `removal`).
+    pub removed: watch::Receiver<bool>,
 }
 
 impl Node {
@@ -67,10 +73,12 @@ impl Node {
     /// When the data dir cannot be opened (or another server has it open) or Raft cannot start.
     pub async fn start(config: Config, addr: SocketAddr) -> anyhow::Result<Arc<Node>> {
         let network = Network::new(Some(addr.ip()), config.node_id, config.cluster_secret.as_ref());
-        Node::start_with(config, addr, network).await
+        Node::assemble(config, addr, network, true).await
     }
 
-    /// Like [`Node::start`], with another peer network (an in-memory one in simulations).
+    /// Like [`Node::start`], with another peer network (an in-memory one in simulations). Such
+    /// a node learns of its removal from its own log only: it does not ask the other members'
+    /// HTTP health.
     ///
     /// # Errors
     /// As [`Node::start`].
@@ -79,19 +87,33 @@ impl Node {
         addr: SocketAddr,
         network: N,
     ) -> anyhow::Result<Arc<Node>> {
+        Node::assemble(config, addr, network, false).await
+    }
+
+    async fn assemble<N: RaftNetworkFactory<TypeConfig>>(
+        config: Config,
+        addr: SocketAddr,
+        network: N,
+        probe_peers: bool,
+    ) -> anyhow::Result<Arc<Node>> {
         config.validate()?;
-        std::fs::create_dir_all(&config.data_dir)?;
+        std::fs::create_dir_all(&config.data_dir)
+            .map_err(|e| anyhow::anyhow!("cannot create the data dir {}: {e}", config.data_dir.display()))?;
         let log_path = config.data_dir.join("raft-log.redb");
         let metrics = Arc::new(Metrics::new());
+        let fail_stop = FailStop::new();
         let opening = std::time::Instant::now();
         let log_store = LogStore::open(&log_path)
-            .map_err(|e| {
-                anyhow::anyhow!("cannot open {}: {e} (is another server using it?)", log_path.display())
-            })?
-            .with_append_histogram(metrics.append_seconds.clone());
+            .map_err(|e| open_error(&log_path, &e))?
+            .with_append_histogram(metrics.append_seconds.clone())
+            .with_fail_stop(fail_stop.clone());
         tracing::info!(elapsed_ms = opening.elapsed().as_millis() as u64, "log opened");
-        let snapshots = SnapshotStore::open(&config.data_dir.join("snapshots"))?;
-        let replica_state = load_replica(&snapshots)?;
+        let snapshot_dir = config.data_dir.join("snapshots");
+        let snapshots = SnapshotStore::open(&snapshot_dir)
+            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", snapshot_dir.display()))?
+            .with_fail_stop(fail_stop.clone());
+        let replica_state = load_replica(&snapshots)
+            .map_err(|e| anyhow::anyhow!("cannot load the snapshot in {}: {e:#}", snapshot_dir.display()))?;
         let applied_index = replica_state.last_applied.map_or(0, |id| id.index);
         let clock = Arc::new(LeaderClock::new(replica_state.state.now_ms()));
         let replica = Arc::new(Replica::new(replica_state));
@@ -149,6 +171,22 @@ impl Node {
         };
         tokio::spawn(driver.run());
         let (shutdown_tx, shutdown) = watch::channel(false);
+        crate::failstop::watch_core(raft.clone(), shutdown.clone(), fail_stop.clone());
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .local_address(Some(addr.ip()).filter(|ip| !ip.is_unspecified()))
+            .pool_max_idle_per_host(32)
+            .build()?;
+        let (removed_tx, removed) = watch::channel(false);
+        let removal = crate::removal::RemovalWatch {
+            raft: raft.clone(),
+            id: config.node_id,
+            http: http.clone(),
+            election_timeout_max: Duration::from_millis(config.election_timeout_ms.1),
+            removed: removed_tx,
+            probe_peers,
+        };
+        tokio::spawn(removal.run());
         let node = Arc::new(Node {
             id: config.node_id,
             addr,
@@ -159,15 +197,13 @@ impl Node {
             metrics,
             config,
             leading,
-            http: reqwest::Client::builder()
-                .no_proxy()
-                .local_address(Some(addr.ip()).filter(|ip| !ip.is_unspecified()))
-                .pool_max_idle_per_host(32)
-                .build()?,
+            http,
             long_polls: Arc::default(),
             snapshot_receiver: Default::default(),
             shutdown,
             shutdown_tx,
+            fail_stop,
+            removed,
         });
         if node.config.auth {
             tokio::spawn(crate::auth::bootstrap_root(node.clone()));
@@ -252,6 +288,12 @@ impl Node {
         }
     }
 
+    /// Resolves with the failure once this node fails (a storage error, or Raft stopped without
+    /// a shutdown); `serve` selects on it to exit non-zero.
+    pub async fn fatal(&self) -> crate::failstop::Failure {
+        self.fail_stop.wait().await
+    }
+
     /// Starts shutting down: long-polls return, then Raft stops.
     pub async fn shutdown(&self) {
         self.shutdown_tx.send_replace(true);
@@ -268,4 +310,16 @@ async fn has_other_members(raft: &Raft, me: NodeId) -> anyhow::Result<bool> {
         })
         .await?;
     Ok(others)
+}
+
+/// The error for a log database that cannot be opened: it names the path and the cause, and
+/// suggests another server only when the file is locked.
+fn open_error(path: &std::path::Path, error: &redb::Error) -> anyhow::Error {
+    match error {
+        redb::Error::DatabaseAlreadyOpen => anyhow::anyhow!(
+            "cannot open {}: it is locked (is another server using this data dir?)",
+            path.display()
+        ),
+        _ => anyhow::anyhow!("cannot open {}: {error}", path.display()),
+    }
 }

@@ -125,6 +125,9 @@ error_codes! {
     PermissionDenied = "permission_denied", 403;
     /// The access token does not exist.
     TokenNotFound = "token_not_found", 404;
+    /// A write to this node's data dir failed (disk full, I/O error): it refuses all work and
+    /// exits. Nothing it acknowledged is lost; retry on another node.
+    StorageError = "storage_error", 503;
 }
 
 #[cfg(feature = "openapi")]
@@ -170,7 +173,7 @@ mod tests {
         semaphore_not_found unavailable permits_exceed_capacity permits_mismatch semaphore_busy \
         wait_cancelled limit_exceeded no_leader shutting_down internal timeout already_initialized \
         membership_change_in_progress leader_unreachable unauthenticated permission_denied \
-        token_not_found";
+        token_not_found storage_error";
 
     #[test]
     fn error_codes_match_the_published_list() {

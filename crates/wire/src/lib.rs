@@ -387,22 +387,106 @@ pub struct ElectionView {
     pub index: u64,
 }
 
-/// `GET /v1/health`.
+/// Why a node is not ready to serve (`GET /v1/health` answers 503 with one of these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotReady {
+    /// No leader is known (an election is in progress, or there is no quorum).
+    NoLeader,
+    /// This node was removed from the cluster's membership; it no longer campaigns.
+    Removed,
+    /// This node was started with `--join` and is not a member yet.
+    Joining,
+    /// Raft stopped on this node (a shutdown, or a fatal error); the process exits.
+    Shutdown,
+    /// A write to the data dir failed (disk full, I/O error); the process exits.
+    StorageError,
+    /// A reason this version does not know (sent by a newer server).
+    #[serde(other)]
+    Unknown,
+}
+
+#[cfg(test)]
+mod not_ready_tests {
+    use super::NotReady;
+
+    #[test]
+    fn reasons_round_trip_and_unknown_ones_parse() {
+        for reason in NotReady::ALL {
+            let text = serde_json::to_string(reason).unwrap();
+            assert_eq!(text, format!("\"{}\"", reason.as_str()));
+            assert_eq!(&serde_json::from_str::<NotReady>(&text).unwrap(), reason);
+        }
+        assert_eq!(serde_json::from_str::<NotReady>("\"from_the_future\"").unwrap(), NotReady::Unknown);
+    }
+}
+
+impl NotReady {
+    /// Every known reason.
+    pub const ALL: &'static [NotReady] = &[
+        NotReady::NoLeader,
+        NotReady::Removed,
+        NotReady::Joining,
+        NotReady::Shutdown,
+        NotReady::StorageError,
+    ];
+
+    /// The reason's text.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            NotReady::NoLeader => "no_leader",
+            NotReady::Removed => "removed",
+            NotReady::Joining => "joining",
+            NotReady::Shutdown => "shutdown",
+            NotReady::StorageError => "storage_error",
+            NotReady::Unknown => "unknown",
+        }
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for NotReady {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .enum_values(Some(NotReady::ALL.iter().map(NotReady::as_str)))
+            .description(Some(
+                "Why a node is not ready to serve (`GET /v1/health` answers 503 with one of these); \
+                 reasons may be added.",
+            ))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl ToSchema for NotReady {}
+
+/// `GET /v1/health` and `GET /v1/health/live`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Health {
-    /// `ok` when this node knows a leader, `degraded` otherwise.
+    /// `ok` when this node can serve (a member that knows a leader, with a live Raft core and a
+    /// writable data dir), `degraded` otherwise.
     pub status: String,
+    /// Why the node is not ready; absent when `status` is `ok`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<NotReady>,
+    /// Details for humans (the failed path and OS error, for instance); may change between versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
     /// This node's id.
     pub node_id: u64,
     /// The Raft leader's node id, if known.
     pub raft_leader: Option<u64>,
-    /// This node's Raft role: `leader`, `follower`, `candidate` or `learner`.
+    /// This node's Raft role: `leader`, `follower`, `candidate`, `learner` or `shutdown`.
     pub raft_role: String,
     /// The current Raft term.
     pub raft_term: u64,
     /// Raft log index of the last entry applied here.
     pub applied_index: u64,
+    /// The node ids of the membership as this node knows it (voters and learners).
+    #[serde(default)]
+    pub members: Vec<u64>,
 }
 
 /// `POST /v1/cluster/init`: make a pristine node (started with `--join`) the first member of a

@@ -32,6 +32,12 @@ async fn nodes_join_and_leave_under_traffic() {
         })
     };
     let joiner = cluster.start_joiner(4);
+    // Not a member yet: alive, but not ready.
+    let (status, body, _) = readiness(&cluster.nodes[joiner].url).await.expect("the joiner answers");
+    assert_eq!((status, body["reason"].as_str()), (503, Some("joining")), "{body}");
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let live = http.get(format!("{}/v1/health/live", cluster.nodes[joiner].url)).send().await.unwrap();
+    assert_eq!(live.status().as_u16(), 200);
     let mut admin = Failover::new(&urls, 0);
     let added =
         admin.post("/v1/cluster/members", json!({ "id": 4, "addr": cluster.nodes[joiner].addr })).await;
@@ -68,4 +74,61 @@ async fn nodes_join_and_leave_under_traffic() {
     tokio::time::timeout(Duration::from_secs(30), traffic).await.unwrap().unwrap();
     let unknown = admin.send("DELETE", "/v1/cluster/members/9", None, Duration::from_secs(5)).await.0;
     assert_eq!((unknown.status, unknown.code()), (400, "invalid_argument"));
+}
+
+/// A node's readiness: status, body and `Retry-After`, or `None` when it does not answer.
+async fn readiness(url: &str) -> Option<(u16, serde_json::Value, Option<String>)> {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let answer = http.get(format!("{url}/v1/health")).timeout(Duration::from_secs(2)).send().await.ok()?;
+    let retry_after = answer.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let status = answer.status().as_u16();
+    Some((status, answer.json().await.ok()?, retry_after))
+}
+
+#[tokio::test]
+async fn a_removed_node_says_so_and_stops_campaigning_until_added_back() {
+    let cluster = Cluster::start(3, &[]).await;
+    let urls = cluster.urls();
+    let mut admin = Failover::new(&urls[..2], 0);
+    let removed = admin.send("DELETE", "/v1/cluster/members/3", None, Duration::from_secs(20)).await.0;
+    assert_eq!(removed.status, 204, "{removed:?}");
+
+    // Node 3 finds out (from its own log or from the others) and answers 503 `removed`.
+    let node3 = cluster.nodes[2].url.clone();
+    let mut last = None;
+    let said_removed = crate::common::eventually(Duration::from_secs(30), async || {
+        last = readiness(&node3).await;
+        last.as_ref().is_some_and(|(status, body, _)| *status == 503 && body["reason"] == "removed")
+    })
+    .await;
+    assert!(said_removed, "node 3 never said it was removed: {last:?}");
+    let (_, body, retry_after) = last.take().unwrap();
+    assert!(retry_after.is_some(), "503 carries Retry-After");
+    let term = body["raft_term"].as_u64().unwrap();
+
+    // It no longer campaigns: over several election timeouts (at most 1 s each) its term stays put.
+    let window = std::time::Instant::now() + Duration::from_secs(4);
+    while std::time::Instant::now() < window {
+        let (status, body, _) = readiness(&node3).await.expect("node 3 answers");
+        assert_eq!((status, body["reason"].as_str()), (503, Some("removed")), "{body}");
+        assert_eq!(body["raft_term"].as_u64(), Some(term), "node 3 campaigns again: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Alive, though: liveness answers 200, and the others still serve.
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let live = http.get(format!("{node3}/v1/health/live")).send().await.unwrap();
+    assert_eq!(live.status().as_u16(), 200);
+    let session = admin.session(10_000).await;
+    assert!(!session.is_empty());
+
+    // Added back, it is ready again.
+    let body = json!({ "id": 3, "addr": cluster.nodes[2].addr });
+    let added = admin.send("POST", "/v1/cluster/members", Some(body), Duration::from_secs(60)).await.0;
+    assert_eq!(added.status, 200, "{added:?}");
+    let ready = crate::common::eventually(Duration::from_secs(30), async || {
+        last = readiness(&node3).await;
+        last.as_ref().is_some_and(|(status, _, _)| *status == 200)
+    })
+    .await;
+    assert!(ready, "node 3 is ready once added back: {last:?}");
 }

@@ -50,6 +50,11 @@ impl Server {
 
     /// Starts a server on `listen` with its data in `data_dir` and extra arguments.
     pub fn start_in(data_dir: &Path, listen: &str, extra: &[&str]) -> Server {
+        Server::start_with_env(data_dir, listen, extra, &[])
+    }
+
+    /// Like [`Server::start_in`], with extra environment variables (`LD_PRELOAD`, for instance).
+    pub fn start_with_env(data_dir: &Path, listen: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(permit_bin())
             .arg("serve")
             .arg("--listen")
@@ -58,6 +63,7 @@ impl Server {
             .arg(data_dir)
             .args(extra)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,openraft=off".into()))
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -97,6 +103,18 @@ impl Server {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own; its status if it did.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None
     }
 
     /// Kills the process with SIGKILL and waits for it, keeping the data dir.

@@ -8,6 +8,8 @@ mod durability;
 mod elections;
 mod errors;
 mod expiry;
+mod full_disk;
+mod io_errors;
 mod openapi;
 mod semaphores;
 mod sessions;

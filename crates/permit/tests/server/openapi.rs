@@ -30,6 +30,7 @@ async fn the_served_spec_is_the_committed_one_and_lists_every_route() {
         "/v1/elections/{name}/campaign",
         "/v1/elections/{name}/resign",
         "/v1/health",
+        "/v1/health/live",
         "/metrics",
     ] {
         assert!(paths.contains_key(route), "{route} missing from the spec");

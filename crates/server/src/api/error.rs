@@ -8,9 +8,6 @@ use permit_wire::{ErrorBody, ErrorCode, ErrorDetail};
 
 use crate::proposer::ProposeError;
 
-/// `Retry-After` on a 429: a client over a per-token cap tries again this many seconds later.
-const RETRY_AFTER_SECONDS: &str = "1";
-
 /// What to do about a missing semaphore, in every `semaphore_not_found` message.
 pub const SEMAPHORE_NOT_FOUND_HINT: &str = "create it with PUT /v1/semaphores/{name} {\"capacity\": N} \
 (`permit set-capacity NAME N`), or pass \"capacity\" with the acquire to create it on first use";
@@ -46,16 +43,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status =
             StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let retry = status == StatusCode::TOO_MANY_REQUESTS;
         let body = ErrorBody { error: ErrorDetail { code: self.code, message: self.message } };
-        let mut response = (status, axum::Json(body)).into_response();
-        if retry {
-            response.headers_mut().insert(
-                axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static(RETRY_AFTER_SECONDS),
-            );
-        }
-        response
+        (status, axum::Json(body)).into_response()
     }
 }
 

@@ -36,7 +36,10 @@ fn served_locally(request: &Request) -> bool {
     stale_read
         || injected_stale
         || !path.starts_with("/v1/")
-        || matches!(path, "/v1/health" | "/v1/openapi.json" | "/v1/cluster/init" | "/v1/debug/digest")
+        || matches!(
+            path,
+            "/v1/health" | "/v1/health/live" | "/v1/openapi.json" | "/v1/cluster/init" | "/v1/debug/digest"
+        )
 }
 
 /// Middleware: run the request here if this node leads (or the route is local), else forward it.

@@ -18,8 +18,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use permit_wire::{ErrorCode, BODY_BYTES_MAX};
@@ -27,6 +28,10 @@ use permit_wire::{ErrorCode, BODY_BYTES_MAX};
 pub use error::ApiError;
 
 use crate::node::Node;
+
+/// The `Retry-After` of every 503 and 429 answer, in seconds: a retry (here or on another node)
+/// soon after is the right move for every such answer.
+const RETRY_AFTER_SECONDS: &str = "1";
 
 /// The client API and, on a node with a cluster secret, the peer RPC routes of `node`.
 pub fn router(node: Arc<Node>) -> Router {
@@ -52,6 +57,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/cluster/members", post(cluster::add))
         .route("/v1/cluster/members/{id}", axum::routing::delete(cluster::remove))
         .route("/v1/health", get(system::health))
+        .route("/v1/health/live", get(system::live))
         .route("/v1/debug/digest", get(system::digest))
         .route("/v1/openapi.json", get(system::openapi))
         .route("/metrics", get(system::metrics))
@@ -74,6 +80,8 @@ pub fn router(node: Arc<Node>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(node.clone(), forward::forward))
+        .layer(middleware::from_fn_with_state(node.clone(), fail_stop))
+        .layer(middleware::map_response(retry_after))
         .layer(middleware::from_fn_with_state(node.clone(), observe))
         .with_state(node)
 }
@@ -98,6 +106,37 @@ async fn observe(State(node): State<Arc<Node>>, request: Request, next: Next) ->
     if !route.starts_with("/raft/") {
         let seconds = started.elapsed().as_secs_f64();
         node.metrics.observe_request(&route, &method, response.status().as_u16(), seconds);
+    }
+    response
+}
+
+/// Refuses every request but the health probes and metrics once the node failed (see
+/// `failstop`): `storage_error` after a storage failure, `shutting_down` after Raft stopped.
+async fn fail_stop(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
+    let Some(failure) = node.fail_stop.failure() else { return next.run(request).await };
+    let path = request.uri().path();
+    if path.starts_with("/v1/health") || path == "/metrics" {
+        return next.run(request).await;
+    }
+    let code = match failure.reason {
+        permit_wire::NotReady::StorageError => ErrorCode::StorageError,
+        _ => ErrorCode::ShuttingDown,
+    };
+    ApiError::new(
+        code,
+        format!("this node stopped serving ({failure}); nothing was done, retry on another node"),
+    )
+    .into_response()
+}
+
+/// Adds `Retry-After` to every 503 and 429 answer that has none.
+async fn retry_after(mut response: Response) -> Response {
+    let status = response.status();
+    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+        response
+            .headers_mut()
+            .entry(header::RETRY_AFTER)
+            .or_insert(HeaderValue::from_static(RETRY_AFTER_SECONDS));
     }
     response
 }

@@ -1,4 +1,4 @@
-//! `/v1/health`, `/metrics` and the OpenAPI spec.
+//! `/v1/health` (readiness), `/v1/health/live` (liveness), `/metrics` and the OpenAPI spec.
 
 use std::sync::Arc;
 
@@ -7,15 +7,36 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use openraft::ServerState;
 use permit_core::Kind;
-use permit_wire::{Health, StateDigest};
+use permit_wire::{Health, NotReady, StateDigest};
 
 use crate::metrics::{semaphore_labels, PER_SEMAPHORE_SERIES_MAX};
 use crate::node::Node;
 
-/// This node's view of the cluster: 200 when it knows a leader, 503 otherwise.
+/// Readiness: 200 only when this node can serve (a member that knows a leader, with a live Raft
+/// core and a writable data dir); 503 with the `reason` otherwise. For load balancers and
+/// Kubernetes readiness probes.
 #[utoipa::path(get, path = "/v1/health", tag = "system",
     responses((status = 200, body = Health), (status = 503, body = Health)))]
 pub async fn health(State(node): State<Arc<Node>>) -> impl IntoResponse {
+    let health = report(&node);
+    let status = if health.reason.is_none() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(health))
+}
+
+/// Liveness: 200 while the process works (even without a leader, while joining or once removed),
+/// 503 once it failed (`storage_error`) or is stopping (`shutdown`): then it exits soon. For
+/// Kubernetes liveness probes. The body is the same report as `/v1/health`.
+#[utoipa::path(get, path = "/v1/health/live", tag = "system",
+    responses((status = 200, body = Health), (status = 503, body = Health)))]
+pub async fn live(State(node): State<Arc<Node>>) -> impl IntoResponse {
+    let health = report(&node);
+    let dead = matches!(health.reason, Some(NotReady::Shutdown | NotReady::StorageError));
+    let status = if dead { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    (status, axum::Json(health))
+}
+
+/// This node's health report.
+fn report(node: &Node) -> Health {
     let metrics = node.raft.metrics().borrow().clone();
     let role = match metrics.state {
         ServerState::Leader => "leader",
@@ -24,17 +45,47 @@ pub async fn health(State(node): State<Arc<Node>>) -> impl IntoResponse {
         ServerState::Learner => "learner",
         ServerState::Shutdown => "shutdown",
     };
-    let health = Health {
-        status: if metrics.current_leader.is_some() { "ok" } else { "degraded" }.to_owned(),
+    let membership = metrics.membership_config.membership();
+    let members: Vec<u64> = membership.nodes().map(|(id, _)| *id).collect();
+    let (reason, detail) = match not_ready(node, &metrics) {
+        Some((reason, detail)) => (Some(reason), detail),
+        None => (None, None),
+    };
+    Health {
+        status: if reason.is_none() { "ok" } else { "degraded" }.to_owned(),
+        reason,
+        detail,
+        members,
         node_id: node.id,
         raft_leader: metrics.current_leader,
         raft_role: role.to_owned(),
         raft_term: metrics.current_term,
         applied_index: metrics.last_applied.map_or(0, |id| id.index),
-    };
-    let status =
-        if metrics.current_leader.is_some() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, axum::Json(health))
+    }
+}
+
+/// Why this node cannot serve, with details for humans; `None` when it can.
+fn not_ready(node: &Node, metrics: &crate::raft::RaftMetrics) -> Option<(NotReady, Option<String>)> {
+    if let Some(failure) = node.fail_stop.failure() {
+        return Some((failure.reason, Some(failure.message)));
+    }
+    if *node.shutdown.borrow() || metrics.state == ServerState::Shutdown {
+        return Some((NotReady::Shutdown, None));
+    }
+    if let Err(fatal) = &metrics.running_state {
+        return Some((NotReady::Shutdown, Some(fatal.to_string())));
+    }
+    let membership = metrics.membership_config.membership();
+    if membership.nodes().next().is_none() {
+        return Some((NotReady::Joining, Some("started with --join; not added to a cluster yet".into())));
+    }
+    if *node.removed.borrow() || membership.get_node(&node.id).is_none() {
+        return Some((NotReady::Removed, Some("removed from the cluster's membership".into())));
+    }
+    if metrics.current_leader.is_none() {
+        return Some((NotReady::NoLeader, None));
+    }
+    None
 }
 
 /// Prometheus metrics (text format).

@@ -10,7 +10,7 @@
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{LogId, NodeId, StorageError, TypeConfig};
+use crate::failstop::FailStop;
 
 /// First byte of every stored log entry and metadata value. Bump when the layout changes.
 /// Version 2: `ExpireSessions` carries the term that decided it.
@@ -38,7 +39,10 @@ const LAST_PURGED: &str = "last_purged";
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    path: PathBuf,
     append_seconds: Option<prometheus_client::metrics::histogram::Histogram>,
+    /// Told about the first failed write; after it, every write is refused (never retried).
+    fail_stop: Option<Arc<FailStop>>,
 }
 
 fn storage_error(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: impl std::error::Error) -> StorageError {
@@ -79,7 +83,7 @@ impl LogStore {
         txn.open_table(LOG)?;
         txn.open_table(META)?;
         txn.commit()?;
-        Ok(LogStore { db: Arc::new(db), append_seconds: None })
+        Ok(LogStore { db: Arc::new(db), path: path.to_owned(), append_seconds: None, fail_stop: None })
     }
 
     /// Records the duration of every append (one redb commit with its fsync) in `histogram`.
@@ -89,6 +93,30 @@ impl LogStore {
     ) -> LogStore {
         self.append_seconds = Some(histogram);
         self
+    }
+
+    /// Reports write failures to `fail_stop`, and refuses every write once it has failed.
+    pub fn with_fail_stop(mut self, fail_stop: Arc<FailStop>) -> LogStore {
+        self.fail_stop = Some(fail_stop);
+        self
+    }
+
+    /// Runs one durable write (a redb commit with its fdatasync). A failure is reported to the
+    /// fail-stop latch; once it has failed, no write runs again: a failed fsync is never retried.
+    fn write<R>(
+        &self,
+        operation: &str,
+        f: impl FnOnce() -> Result<R, redb::Error>,
+    ) -> Result<R, redb::Error> {
+        if self.fail_stop.as_ref().is_some_and(|latch| latch.is_failed()) {
+            let refused = std::io::Error::other("refused after an earlier storage failure");
+            return Err(redb::Error::Io(refused));
+        }
+        let result = Self::blocking(f);
+        if let (Err(e), Some(latch)) = (&result, &self.fail_stop) {
+            latch.storage(operation, &self.path, e);
+        }
+        result
     }
 
     fn read_meta<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StorageError> {
@@ -157,7 +185,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        Self::blocking(|| self.write_meta(VOTE, vote, Durability::Immediate))
+        self.write("vote save", || self.write_meta(VOTE, vote, Durability::Immediate))
             .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))
     }
 
@@ -169,7 +197,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// losing it loses nothing (the leader re-commits), so it is written without an fsync of its
     /// own and becomes durable with the next append.
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        Self::blocking(|| self.write_meta(COMMITTED, &committed, Durability::None)).map_err(write_logs_error)
+        self.write("commit index save", || self.write_meta(COMMITTED, &committed, Durability::None))
+            .map_err(write_logs_error)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
@@ -182,7 +211,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let started = std::time::Instant::now();
-        let result = Self::blocking(|| -> Result<(), redb::Error> {
+        let result = self.write("log append", || -> Result<(), redb::Error> {
             let mut txn = self.db.begin_write()?;
             txn.set_durability(Durability::Immediate)?;
             {
@@ -211,7 +240,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        Self::blocking(|| -> Result<(), redb::Error> {
+        self.write("log truncate", || -> Result<(), redb::Error> {
             let mut txn = self.db.begin_write()?;
             txn.set_durability(Durability::Immediate)?;
             txn.open_table(LOG)?.retain_in::<u64, _>(log_id.index.., |_, _| false)?;
@@ -222,7 +251,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        Self::blocking(|| -> Result<(), redb::Error> {
+        self.write("log purge", || -> Result<(), redb::Error> {
             let mut txn = self.db.begin_write()?;
             txn.set_durability(Durability::Immediate)?;
             txn.open_table(META)?.insert(LAST_PURGED, encode(&Some(log_id)).as_slice())?;

@@ -31,6 +31,8 @@ pub type Raft = openraft::Raft<TypeConfig>;
 pub type NodeId = u64;
 /// A log id.
 pub type LogId = openraft::LogId<NodeId>;
+/// Raft metrics of a node.
+pub type RaftMetrics = openraft::RaftMetrics<NodeId, openraft::BasicNode>;
 /// A storage error.
 pub type StorageError = openraft::StorageError<NodeId>;
 

@@ -8,10 +8,12 @@
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use openraft::SnapshotMeta;
 
 use super::NodeId;
+use crate::failstop::FailStop;
 
 const MAGIC: &[u8; 8] = b"PERMITSN";
 const FILE_FORMAT_VERSION: u8 = 1;
@@ -24,6 +26,8 @@ pub type Meta = SnapshotMeta<NodeId, openraft::BasicNode>;
 #[derive(Debug, Clone)]
 pub struct SnapshotStore {
     dir: PathBuf,
+    /// Told about the first failed write; after it, no snapshot is written again.
+    fail_stop: Option<Arc<FailStop>>,
 }
 
 impl SnapshotStore {
@@ -33,14 +37,33 @@ impl SnapshotStore {
     /// When the directory cannot be created.
     pub fn open(dir: &Path) -> std::io::Result<SnapshotStore> {
         fs::create_dir_all(dir)?;
-        Ok(SnapshotStore { dir: dir.to_owned() })
+        Ok(SnapshotStore { dir: dir.to_owned(), fail_stop: None })
+    }
+
+    /// Reports write failures to `fail_stop`, and refuses every write once it has failed.
+    pub fn with_fail_stop(mut self, fail_stop: Arc<FailStop>) -> SnapshotStore {
+        self.fail_stop = Some(fail_stop);
+        self
     }
 
     /// Writes `meta` and `state` as the current snapshot, durably.
     ///
     /// # Errors
-    /// On any I/O failure; the previous snapshot is then still in place.
+    /// On any I/O failure; the previous snapshot is then still in place. The failure is
+    /// reported to the fail-stop latch, and no later save is attempted (a failed fsync is never
+    /// retried).
     pub fn save(&self, meta: &Meta, state: &[u8]) -> std::io::Result<()> {
+        if self.fail_stop.as_ref().is_some_and(|latch| latch.is_failed()) {
+            return Err(std::io::Error::other("refused after an earlier storage failure"));
+        }
+        let result = self.write(meta, state);
+        if let (Err(e), Some(latch)) = (&result, &self.fail_stop) {
+            latch.storage("snapshot write", &self.dir.join(FILE_NAME), e);
+        }
+        result
+    }
+
+    fn write(&self, meta: &Meta, state: &[u8]) -> std::io::Result<()> {
         let meta_bytes = postcard::to_allocvec(meta).map_err(super::io_error)?;
         let meta_len = u32::try_from(meta_bytes.len()).map_err(super::io_error)?;
         let mut body = Vec::with_capacity(4 + meta_bytes.len() + state.len());

@@ -1,0 +1,157 @@
+//! Fail-stop: a node whose storage failed, or whose Raft core stopped on its own, refuses all
+//! work at once and then exits the process non-zero, so that a supervisor restarts it.
+//!
+//! A failed fsync is never retried: after a failed `fdatasync` the kernel may have dropped the
+//! dirty pages, so a second fsync that succeeds proves nothing (PostgreSQL's "fsyncgate"). The
+//! only safe recovery is a restart that reads back what is really on disk; everything
+//! acknowledged was fsynced before it was acknowledged, so a restart loses nothing.
+//!
+//! The durability path (log append, vote save, purge, truncate, snapshot write) reports its
+//! first error with [`FailStop::storage`]; a watcher of the Raft metrics reports a core that
+//! stopped without a shutdown with [`FailStop::stopped`]. The HTTP layer refuses every request
+//! but the health probes once [`FailStop::failure`] is set, and `serve` exits after
+//! [`FAILSTOP_LINGER`], long enough for probes to see the 503.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use permit_wire::NotReady;
+use tokio::sync::watch;
+
+use crate::raft::Raft;
+
+/// How long a failed node keeps answering 503 (so probes and clients see why) before it exits.
+pub const FAILSTOP_LINGER: Duration = Duration::from_secs(2);
+
+/// Why a node stopped serving.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The health reason: [`NotReady::StorageError`] or [`NotReady::Shutdown`].
+    pub reason: NotReady,
+    /// One line naming the path and the error.
+    pub message: String,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The node's fail-stop latch: set once, by the first failure, never cleared.
+#[derive(Debug)]
+pub struct FailStop {
+    failure: watch::Sender<Option<Failure>>,
+}
+
+impl Default for FailStop {
+    fn default() -> FailStop {
+        FailStop { failure: watch::channel(None).0 }
+    }
+}
+
+impl FailStop {
+    /// A latch that has not failed.
+    pub fn new() -> Arc<FailStop> {
+        Arc::new(FailStop::default())
+    }
+
+    /// Records a storage error of `operation` on `path`; the first failure wins and is logged.
+    pub fn storage(&self, operation: &str, path: &Path, error: &dyn fmt::Display) {
+        let message = format!("{operation} of {} failed: {error}", path.display());
+        self.set(Failure { reason: NotReady::StorageError, message });
+    }
+
+    /// Records that the Raft core stopped although no shutdown was asked for.
+    pub fn stopped(&self, why: &str) {
+        self.set(Failure { reason: NotReady::Shutdown, message: format!("raft stopped: {why}") });
+    }
+
+    fn set(&self, failure: Failure) {
+        let first = self.failure.send_if_modified(|current| {
+            if current.is_some() {
+                return false;
+            }
+            *current = Some(failure.clone());
+            true
+        });
+        if first {
+            tracing::error!(
+                reason = ?failure.reason,
+                "fail-stop: {}; refusing all requests and exiting (restart once the cause is fixed)",
+                failure.message
+            );
+        }
+    }
+
+    /// The failure, once there is one.
+    pub fn failure(&self) -> Option<Failure> {
+        self.failure.borrow().clone()
+    }
+
+    /// True once a failure was recorded.
+    pub fn is_failed(&self) -> bool {
+        self.failure.borrow().is_some()
+    }
+
+    /// Resolves with the first failure.
+    pub async fn wait(&self) -> Failure {
+        let mut receiver = self.failure.subscribe();
+        loop {
+            if let Some(failure) = receiver.borrow_and_update().clone() {
+                return failure;
+            }
+            if receiver.changed().await.is_err() {
+                // The sender lives in `self`, so this cannot happen; never resolve.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// Watches the Raft core: when it stops with a fatal error while `shutdown` is still false,
+/// records the failure in `fail_stop`, so that the node does not linger as a zombie.
+pub fn watch_core(raft: Raft, shutdown: watch::Receiver<bool>, fail_stop: Arc<FailStop>) {
+    tokio::spawn(async move {
+        let mut metrics = raft.metrics();
+        loop {
+            let fatal = match &metrics.borrow_and_update().running_state {
+                Ok(()) => None,
+                Err(fatal) => Some(fatal.to_string()),
+            };
+            let stopped = match fatal {
+                Some(fatal) => Some(fatal),
+                None => metrics.changed().await.err().map(|_| "the raft core is gone".to_owned()),
+            };
+            if let Some(why) = stopped {
+                if !*shutdown.borrow() {
+                    fail_stop.stopped(&why);
+                }
+                return;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_first_failure_wins_and_wakes_the_waiters() {
+        let latch = FailStop::new();
+        assert!(!latch.is_failed());
+        let waiter = tokio::spawn({
+            let latch = latch.clone();
+            async move { latch.wait().await }
+        });
+        latch.storage("log append", Path::new("/data/raft-log.redb"), &"No space left on device");
+        latch.stopped("the core stopped after it");
+        let failure = waiter.await.unwrap();
+        assert_eq!(failure.reason, NotReady::StorageError);
+        assert_eq!(failure.message, "log append of /data/raft-log.redb failed: No space left on device");
+        assert_eq!(latch.failure(), Some(failure));
+    }
+}
