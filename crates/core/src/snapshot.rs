@@ -127,6 +127,7 @@ impl State {
             applied_index: v1.applied_index,
         };
         for (key, object) in &mut state.objects {
+            object.queue.validate().map_err(|what| InvariantViolation(format!("{key}: {what}")))?;
             object.queue.rebuild_index();
             for (session, hold) in &object.holders {
                 if let Some(deadline) = hold.expires_at_ms {

@@ -103,6 +103,28 @@ impl WaitQueue {
         removed
     }
 
+    /// Checks a deserialised queue before [`WaitQueue::rebuild_index`], which (like
+    /// [`WaitQueue::check`]) assumes what this checks: one waiter per session, sequence numbers
+    /// below `next_seq`, and a window of sequence numbers small enough for the rank index.
+    ///
+    /// # Errors
+    /// What is wrong, for a corrupt snapshot.
+    pub(crate) fn validate(&self) -> Result<(), &'static str> {
+        let mut sessions = std::collections::BTreeSet::new();
+        if !self.by_seq.values().all(|waiter| sessions.insert(waiter.session)) {
+            return Err("a session waits twice in the queue");
+        }
+        let Some((&head, _)) = self.by_seq.first_key_value() else { return Ok(()) };
+        let (&tail, _) = self.by_seq.last_key_value().expect("not empty");
+        if tail >= self.next_seq {
+            return Err("a waiter's sequence number is not below the next one");
+        }
+        if self.next_seq - head > SEQ_WINDOW_MAX {
+            return Err("the queue's sequence numbers span too wide a window");
+        }
+        Ok(())
+    }
+
     /// Rebuilds the derived indexes after deserialisation.
     pub(crate) fn rebuild_index(&mut self) {
         self.seq_of = self.by_seq.iter().map(|(seq, w)| (w.session, *seq)).collect();
@@ -120,6 +142,11 @@ impl WaitQueue {
         }
     }
 }
+
+/// Widest window of sequence numbers (from the head's to the next one) that a snapshot may
+/// hold: the rank index has two counters per number in the window, so a live queue this wide
+/// would already hold 8 GiB of them. A wider one is a corrupt snapshot.
+const SEQ_WINDOW_MAX: u64 = 1 << 30;
 
 /// Ranks of sequence numbers: a Fenwick (binary indexed) tree counting the sequence numbers in
 /// use within a window `[base, base + len)`. The window slides forward as the head leaves; it is
