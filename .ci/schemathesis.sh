@@ -82,7 +82,7 @@ args=(
   run "http://$addr/v1/openapi.json"
   --url "http://$addr"
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance,negative_data_rejection,unsupported_method
-  --phases examples,coverage,fuzzing
+  --phases examples,coverage,fuzzing,stateful
   --max-examples "$max_examples"
   --workers 1
   --request-timeout 10

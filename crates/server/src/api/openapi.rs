@@ -2,6 +2,7 @@
 //! copy that a test keeps equal to this.
 
 use permit_core::limits::NAME_BYTES_MAX;
+use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::path::{Operation, ParameterIn};
 use utoipa::openapi::schema::{Object, Schema};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
@@ -29,7 +30,7 @@ at most 100000 waiters per semaphore and 10000 holds plus waits per session.",
         system::health, system::metrics, system::digest,
     ),
     components(schemas(permit_wire::ErrorCode, permit_wire::ErrorBody)),
-    modifiers(&CommonErrors, &NameParameters),
+    modifiers(&CommonErrors, &NameParameters, &OperationIds, &Links),
     tags(
         (name = "sessions", description = "Client liveness: a session's holds and waits end when it expires or closes."),
         (name = "semaphores", description = "Named counting semaphores with strict FIFO weighted queues and fencing tokens."),
@@ -137,12 +138,74 @@ fn constrain_name(schema: &mut Object) {
     schema.pattern = Some(NAME_PATTERN.to_owned());
 }
 
+/// Makes operation ids unique (utoipa takes the handler's name, and three handlers are `get`):
+/// `{tag}_{handler}`, e.g. `sessions_get`.
+struct OperationIds;
+
+impl Modify for OperationIds {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete];
+            for operation in operations.into_iter().flatten() {
+                let tag = operation.tags.as_ref().and_then(|tags| tags.first()).cloned();
+                if let (Some(tag), Some(id)) = (tag, operation.operation_id.as_mut()) {
+                    *id = format!("{tag}_{id}");
+                }
+            }
+        }
+    }
+}
+
+/// Links from the answers that create a session or a semaphore to the operations that use its
+/// id or name, so that clients (and the API fuzzer's stateful phase) can follow them.
+struct Links;
+
+impl Modify for Links {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let session_id = ("id", "$response.body#/id");
+        link(
+            openapi,
+            "/v1/sessions",
+            "201",
+            &[
+                ("sessions_get", session_id),
+                ("sessions_keepalive", session_id),
+                ("sessions_close", session_id),
+            ],
+        );
+        let name = ("name", "$response.body#/name");
+        link(
+            openapi,
+            "/v1/semaphores/{name}",
+            "201",
+            &[("semaphores_get", name), ("semaphores_delete", name), ("semaphores_validate", name)],
+        );
+    }
+}
+
+/// Adds, to the `status` answer of the operation at `path` that creates something, a link to
+/// each `(operation id, (parameter, runtime expression))` of `targets`.
+fn link(openapi: &mut utoipa::openapi::OpenApi, path: &str, status: &str, targets: &[(&str, (&str, &str))]) {
+    let Some(item) = openapi.paths.paths.get_mut(path) else { return };
+    let creator = if path == "/v1/sessions" { item.post.as_mut() } else { item.put.as_mut() };
+    let Some(RefOr::T(response)) = creator.and_then(|op| op.responses.responses.get_mut(status)) else {
+        return;
+    };
+    for (operation_id, (parameter, expression)) in targets {
+        let link = LinkBuilder::new().operation_id(*operation_id).parameter(*parameter, *expression).build();
+        response.links.insert((*operation_id).to_owned(), RefOr::T(link));
+    }
+}
+
 /// The spec as pretty JSON.
 pub fn spec_json() -> String {
     let spec = ApiDoc::openapi().to_pretty_json().expect("spec serialises");
-    // utoipa spells unsigned integer formats `u-int64`; the usual spelling is `uint64`. (An
-    // unsigned format keeps schema checkers from capping `u64` fields at `i64::MAX`.)
-    let mut spec = spec.replace("\"format\": \"u-int", "\"format\": \"uint");
+    // utoipa 5.5 spells unsigned integer formats `u-int64`; the usual spelling is `uint64`. (An
+    // unsigned format keeps schema checkers from capping `u64` fields at `i64::MAX`.) It also
+    // serialises a link's `operationId` as `operation_id`, which no tool reads.
+    let mut spec = spec
+        .replace("\"format\": \"u-int", "\"format\": \"uint")
+        .replace("\"operation_id\": ", "\"operationId\": ");
     spec.push('\n');
     spec
 }
