@@ -246,4 +246,18 @@ mod tests {
             assert_eq!(restored.position(*session), Some(i as u64 + 1));
         }
     }
+
+    #[test]
+    fn a_corrupt_deserialised_queue_is_refused_before_its_index_is_built() {
+        let queue = |seqs: &[(u64, u8)], next_seq: u64| WaitQueue {
+            by_seq: seqs.iter().map(|(seq, i)| (*seq, waiter(*i))).collect(),
+            next_seq,
+            ..WaitQueue::default()
+        };
+        assert!(queue(&[], 0).validate().is_ok());
+        assert!(queue(&[(3, 1), (7, 2)], 8).validate().is_ok());
+        assert!(queue(&[(3, 1), (7, 1)], 8).validate().is_err(), "a session twice");
+        assert!(queue(&[(3, 1), (8, 2)], 8).validate().is_err(), "a number not below next_seq");
+        assert!(queue(&[(0, 1)], u64::MAX).validate().is_err(), "too wide a window");
+    }
 }
