@@ -199,6 +199,7 @@ impl State {
             }
         }
         for (key, object) in &mut state.objects {
+            object.queue.validate().map_err(|what| InvariantViolation(format!("{key}: {what}")))?;
             object.queue.rebuild_index();
             for (session, hold) in &object.holders {
                 if let Some(deadline) = hold.expires_at_ms {

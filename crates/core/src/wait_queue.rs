@@ -103,6 +103,28 @@ impl WaitQueue {
         removed
     }
 
+    /// Checks a deserialised queue before [`WaitQueue::rebuild_index`], which (like
+    /// [`WaitQueue::check`]) assumes what this checks: one waiter per session, sequence numbers
+    /// below `next_seq`, and a window of sequence numbers small enough for the rank index.
+    ///
+    /// # Errors
+    /// What is wrong, for a corrupt snapshot.
+    pub(crate) fn validate(&self) -> Result<(), &'static str> {
+        let mut sessions = std::collections::BTreeSet::new();
+        if !self.by_seq.values().all(|waiter| sessions.insert(waiter.session)) {
+            return Err("a session waits twice in the queue");
+        }
+        let Some((&head, _)) = self.by_seq.first_key_value() else { return Ok(()) };
+        let (&tail, _) = self.by_seq.last_key_value().expect("not empty");
+        if tail >= self.next_seq {
+            return Err("a waiter's sequence number is not below the next one");
+        }
+        if self.next_seq - head > SEQ_WINDOW_MAX {
+            return Err("the queue's sequence numbers span too wide a window");
+        }
+        Ok(())
+    }
+
     /// Rebuilds the derived indexes after deserialisation.
     pub(crate) fn rebuild_index(&mut self) {
         self.seq_of = self.by_seq.iter().map(|(seq, w)| (w.session, *seq)).collect();
@@ -120,6 +142,11 @@ impl WaitQueue {
         }
     }
 }
+
+/// Widest window of sequence numbers (from the head's to the next one) that a snapshot may
+/// hold: the rank index has two counters per number in the window, so a live queue this wide
+/// would already hold 8 GiB of them. A wider one is a corrupt snapshot.
+const SEQ_WINDOW_MAX: u64 = 1 << 30;
 
 /// Ranks of sequence numbers: a Fenwick (binary indexed) tree counting the sequence numbers in
 /// use within a window `[base, base + len)`. The window slides forward as the head leaves; it is
@@ -218,5 +245,19 @@ mod tests {
         for (i, session) in sessions.iter().enumerate() {
             assert_eq!(restored.position(*session), Some(i as u64 + 1));
         }
+    }
+
+    #[test]
+    fn a_corrupt_deserialised_queue_is_refused_before_its_index_is_built() {
+        let queue = |seqs: &[(u64, u8)], next_seq: u64| WaitQueue {
+            by_seq: seqs.iter().map(|(seq, i)| (*seq, waiter(*i))).collect(),
+            next_seq,
+            ..WaitQueue::default()
+        };
+        assert!(queue(&[], 0).validate().is_ok());
+        assert!(queue(&[(3, 1), (7, 2)], 8).validate().is_ok());
+        assert!(queue(&[(3, 1), (7, 1)], 8).validate().is_err(), "a session twice");
+        assert!(queue(&[(3, 1), (8, 2)], 8).validate().is_err(), "a number not below next_seq");
+        assert!(queue(&[(0, 1)], u64::MAX).validate().is_err(), "too wide a window");
     }
 }

@@ -11,3 +11,48 @@ fn committed_openapi_spec_matches_the_code() {
     let committed = std::fs::read_to_string(path).unwrap_or_default();
     assert!(committed == generated, "docs/openapi.json is stale: rerun with PERMIT_UPDATE_OPENAPI=1");
 }
+
+/// The limits the spec declares (as literals in the wire types' schema attributes) are the
+/// limits the server enforces (the constants of `permit_core::limits`).
+#[test]
+fn the_spec_declares_the_enforced_limits() {
+    use permit_core::limits::*;
+    let spec: serde_json::Value = serde_json::from_str(&permit_server::api::openapi::spec_json()).unwrap();
+    let schemas = &spec["components"]["schemas"];
+    let field = |schema: &str, field: &str| schemas[schema]["properties"][field].clone();
+    let range = |schema: &str, name: &str| {
+        let value = field(schema, name);
+        (value["minimum"].as_u64(), value["maximum"].as_u64())
+    };
+    assert_eq!(range("PutSemaphoreRequest", "capacity"), (Some(1), Some(SEMAPHORE_CAPACITY_MAX)));
+    assert_eq!(range("AcquireRequest", "capacity"), (Some(1), Some(SEMAPHORE_CAPACITY_MAX)));
+    assert_eq!(range("AcquireRequest", "permits"), (Some(1), Some(SEMAPHORE_CAPACITY_MAX)));
+    assert_eq!(range("AcquireRequest", "max_hold_ms"), (Some(MAX_HOLD_MS_MIN), Some(MAX_HOLD_MS_MAX)));
+    assert_eq!(range("CreateSessionRequest", "ttl_ms"), (Some(SESSION_TTL_MS_MIN), Some(SESSION_TTL_MS_MAX)));
+    let max_length = |schema: &str, name: &str| field(schema, name)["maxLength"].as_u64();
+    assert_eq!(max_length("CreateSessionRequest", "name"), Some(SESSION_NAME_BYTES_MAX as u64));
+    assert_eq!(max_length("CampaignRequest", "value"), Some(ELECTION_VALUE_BYTES_MAX as u64));
+    let mut names = 0;
+    for (path, item) in spec["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            for parameter in operation["parameters"].as_array().into_iter().flatten() {
+                let session_page = path == "/v1/sessions" && parameter["name"] == "after";
+                if (parameter["name"] == "name" || parameter["name"] == "after") && !session_page {
+                    let schema = &parameter["schema"];
+                    assert_eq!(schema["maxLength"].as_u64(), Some(NAME_BYTES_MAX as u64), "{method} {path}");
+                    assert_eq!(
+                        schema["pattern"],
+                        permit_server::api::openapi::NAME_PATTERN,
+                        "{method} {path}"
+                    );
+                    names += 1;
+                }
+                let query = ["index", "wait_ms", "stale", "after", "limit"];
+                if query.contains(&parameter["name"].as_str().unwrap_or_default()) {
+                    assert_eq!(parameter["in"], "query", "{method} {path}: {parameter}");
+                }
+            }
+        }
+    }
+    assert_eq!(names, 12, "eleven `{{name}}` path parameters and the semaphore list's `after`");
+}

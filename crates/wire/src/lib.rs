@@ -47,9 +47,11 @@ pub const BODY_BYTES_MAX: usize = 64 * 1024;
 pub struct CreateSessionRequest {
     /// Time to live after the last keepalive, in ms: 200..=86400000, default 10000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 200, maximum = 86400000))]
     pub ttl_ms: Option<u64>,
     /// A name for humans (at most 256 bytes), shown by `GET` routes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(max_length = 256))]
     pub name: Option<String>,
 }
 
@@ -160,6 +162,7 @@ pub struct SessionList {
 #[serde(deny_unknown_fields)]
 pub struct PutSemaphoreRequest {
     /// Capacity in permits: 1..=1000000.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000000))]
     pub capacity: u64,
 }
 
@@ -258,15 +261,19 @@ pub struct AcquireRequest {
     pub session: String,
     /// Permits to acquire: 1..=capacity, default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000000))]
     pub permits: Option<u64>,
     /// How long to wait in the queue, in ms; 0 (default) is try-acquire. Capped at 60000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
-    /// Create the semaphore with this capacity if it does not exist (ignored if it does).
+    /// Create the semaphore with this capacity if it does not exist (ignored if it does):
+    /// 1..=1000000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000000))]
     pub capacity: Option<u64>,
     /// Release the hold this many ms after the grant even if the session lives: 100..=604800000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 100, maximum = 604800000))]
     pub max_hold_ms: Option<u64>,
     /// If this acquire creates the semaphore (with `capacity`), delete it again when its last
     /// holder and waiter leave, so that names made on the fly do not pile up. A later `PUT`
@@ -338,6 +345,7 @@ pub struct CampaignRequest {
     /// The campaigning session.
     pub session: String,
     /// The value to publish while leader (at most 4096 bytes), e.g. the leader's address.
+    #[cfg_attr(feature = "openapi", schema(max_length = 4096))]
     pub value: String,
     /// How long to wait to become leader, in ms; 0 (default) returns at once. Capped at 60000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -505,8 +513,10 @@ pub struct InitClusterRequest {
 #[serde(deny_unknown_fields)]
 pub struct MemberAddress {
     /// Node id (a positive integer chosen by the operator).
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub id: u64,
     /// `HOST:PORT` of its API and peer RPC.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1))]
     pub addr: String,
 }
 
@@ -561,9 +571,11 @@ pub struct ClusterView {
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AddMemberRequest {
-    /// The new node's id.
+    /// The new node's id (a positive integer).
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub id: u64,
-    /// Its `HOST:PORT`.
+    /// Its `HOST:PORT`; a Permit node started with `--join` must answer there with this id.
+    #[cfg_attr(feature = "openapi", schema(min_length = 1))]
     pub addr: String,
     /// Keep it a learner (non-voting) instead of promoting it.
     #[serde(default)]

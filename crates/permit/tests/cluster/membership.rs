@@ -39,6 +39,11 @@ async fn nodes_join_and_leave_under_traffic() {
     let live = http.get(format!("{}/v1/health/live", cluster.nodes[joiner].url)).send().await.unwrap();
     assert_eq!(live.status().as_u16(), 200);
     let mut admin = Failover::new(&urls, 0);
+    // A member is refused when its address is another member's, or its node has another id.
+    for (id, addr) in [(4, cluster.nodes[0].addr.clone()), (5, cluster.nodes[joiner].addr.clone())] {
+        let refused = admin.post("/v1/cluster/members", json!({ "id": id, "addr": addr })).await;
+        assert_eq!((refused.status, refused.code()), (400, "invalid_argument"), "{refused:?}");
+    }
     let added =
         admin.post("/v1/cluster/members", json!({ "id": 4, "addr": cluster.nodes[joiner].addr })).await;
     assert_eq!(added.status, 200, "{added:?}");

@@ -37,6 +37,7 @@ async fn a_leader_without_its_quorum_acknowledges_no_grant_release_read_or_keepa
     }
     // A stale read is still served locally, and says so by asking for it.
     assert_eq!(api.get("/v1/semaphores/p?stale=true").await.status, 200);
+    assert_eq!(api.get(&format!("/v1/sessions/{a}?stale=true")).await.status, 200);
     for f in &followers {
         cluster.nodes[*f].resume();
     }

@@ -51,6 +51,50 @@ async fn bad_bodies_get_typed_errors() {
 }
 
 #[tokio::test]
+async fn bodies_that_are_not_json_objects_are_invalid() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    // serde reads an array as a struct's fields in order: `[]` was a session with defaults.
+    for body in ["[]", "[5000]", r#"[5000, "x"]"#, "5", "null", r#""x""#, "true"] {
+        for (method, path) in [("POST", "/v1/sessions"), ("PUT", "/v1/semaphores/s")] {
+            let answer = api.raw(method, path, "application/json", body.as_bytes().to_vec()).await;
+            assert_eq!((answer.status, answer.code()), (422, "invalid_body"), "{method} {path} {body}");
+        }
+    }
+    assert_eq!(api.get("/v1/semaphores/s").await.status, 404, "nothing was created");
+    let metrics = api.get("/metrics").await.body.as_str().unwrap_or_default().to_owned();
+    assert!(metrics.lines().any(|line| line == "permit_sessions 0"), "no session was created: {metrics}");
+}
+
+#[tokio::test]
+async fn path_segments_that_are_not_utf8_get_typed_errors() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    for path in ["/v1/sessions/%FF", "/v1/semaphores/%C3", "/v1/elections/%FF%FE"] {
+        let answer = api.get(path).await;
+        assert_eq!((answer.status, answer.code()), (400, "invalid_argument"), "{path}");
+    }
+}
+
+#[tokio::test]
+async fn a_node_cannot_be_added_at_its_own_address_or_at_an_empty_port() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    // Replicating to itself as a learner made openraft panic and the node abort (API fuzzing).
+    let own = api.post("/v1/cluster/members", json!({ "id": 2, "addr": server.addr })).await;
+    assert_eq!((own.status, own.code()), (400, "invalid_argument"), "{own:?}");
+    let port = server.addr.rsplit_once(':').unwrap().1;
+    let alias =
+        api.post("/v1/cluster/members", json!({ "id": 2, "addr": format!("localhost:{port}") })).await;
+    assert_eq!((alias.status, alias.code()), (400, "invalid_argument"), "{alias:?}");
+    let nobody = api.post("/v1/cluster/members", json!({ "id": 2, "addr": "127.0.0.1:1" })).await;
+    assert_eq!((nobody.status, nobody.code()), (400, "invalid_argument"), "{nobody:?}");
+    assert_eq!(api.get("/v1/health").await.status, 200, "the node still serves");
+    let view = api.get("/v1/cluster").await;
+    assert_eq!(view.body["members"].as_array().map(Vec::len), Some(1), "{view:?}");
+}
+
+#[tokio::test]
 async fn out_of_range_numbers_and_bad_names_are_refused() {
     let server = Server::start();
     let api = Api::new(&server);

@@ -7,8 +7,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use permit_core::{validate_token, Access, Command, Outcome, Resource, Rule, Token, TokenId, ROOT_TOKEN_ID};
 use permit_wire::{
-    AclAccess, AclResource, AclRule, CreateTokenRequest, ErrorBody, ErrorCode, TokenCreated, TokenList,
-    TokenView,
+    AclAccess, AclResource, AclRule, CreateTokenRequest, ErrorCode, TokenCreated, TokenList, TokenView,
 };
 
 use super::error::ApiError;
@@ -22,7 +21,7 @@ const TOKEN_ID_ATTEMPTS: usize = 3;
 /// Create a token. The answer is the only time its secret is shown; the server keeps only a
 /// SHA-256 of it. Needs `acl` admin.
 #[utoipa::path(post, path = "/v1/acl/tokens", tag = "acl", request_body = CreateTokenRequest,
-    responses((status = 201, body = TokenCreated), (status = "4XX", body = ErrorBody)))]
+    responses((status = 201, body = TokenCreated)))]
 pub async fn create(
     State(node): State<Arc<Node>>,
     Json(request): Json<CreateTokenRequest>,
@@ -53,7 +52,7 @@ pub async fn create(
 
 /// Every token, without secrets. Needs `acl` read.
 #[utoipa::path(get, path = "/v1/acl/tokens", tag = "acl",
-    responses((status = 200, body = TokenList), (status = "4XX", body = ErrorBody)))]
+    responses((status = 200, body = TokenList)))]
 pub async fn list(State(node): State<Arc<Node>>) -> Result<axum::Json<TokenList>, ApiError> {
     node.ensure_linearizable().await?;
     let replica = node.replica.lock();
@@ -64,7 +63,7 @@ pub async fn list(State(node): State<Arc<Node>>) -> Result<axum::Json<TokenList>
 
 /// The token the request was made with. Any valid token may ask.
 #[utoipa::path(get, path = "/v1/acl/tokens/self", tag = "acl",
-    responses((status = 200, body = TokenView), (status = "4XX", body = ErrorBody)))]
+    responses((status = 200, body = TokenView)))]
 pub async fn current(
     State(node): State<Arc<Node>>,
     caller: Caller,
@@ -84,7 +83,7 @@ pub async fn current(
 /// created is closed (holds released, waits cancelled). Needs `acl` admin.
 #[utoipa::path(delete, path = "/v1/acl/tokens/{id}", tag = "acl",
     params(("id" = String, Path, description = "Token id (32 hex digits)")),
-    responses((status = 204), (status = "4XX", body = ErrorBody)))]
+    responses((status = 204)))]
 pub async fn delete(State(node): State<Arc<Node>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
     let id: TokenId = id.parse().map_err(|_| token_not_found())?;
     match node.propose(Command::DeleteToken { id }).await? {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use openraft::error::{ChangeMembershipError, ClientWriteError, InitializeError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
@@ -14,12 +14,14 @@ use permit_wire::{
 };
 
 use super::error::ApiError;
-use super::extract::Json;
+use super::extract::{Json, Path};
 use crate::node::Node;
 use crate::raft::NodeId;
 
 /// Longest wait for a member's health answer in a status.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
+/// Longest wait for a new member's health answer before it is added.
+const NEW_MEMBER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest wait for a new learner to catch up before it is promoted.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -41,7 +43,7 @@ fn membership_error(error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>
 
 /// The members, their roles and how far each has got.
 #[utoipa::path(get, path = "/v1/cluster", tag = "cluster",
-    responses((status = 200, body = ClusterView), (status = "5XX", body = ErrorBody)))]
+    responses((status = 200, body = ClusterView)))]
 pub async fn status(State(node): State<Arc<Node>>) -> Result<axum::Json<ClusterView>, ApiError> {
     Ok(axum::Json(view(&node).await))
 }
@@ -114,7 +116,7 @@ pub async fn init(
 /// Add a node started with `--join`: it joins as a learner, catches up (by snapshot if it is far
 /// behind), then becomes a voter (unless `learner` is set).
 #[utoipa::path(post, path = "/v1/cluster/members", tag = "cluster", request_body = AddMemberRequest,
-    responses((status = 200, body = ClusterView), (status = "4XX", body = ErrorBody)))]
+    responses((status = 200, body = ClusterView), (status = 409, body = ErrorBody)))]
 pub async fn add(
     State(node): State<Arc<Node>>,
     Json(request): Json<AddMemberRequest>,
@@ -131,6 +133,7 @@ pub async fn add(
             ),
         ));
     }
+    check_new_member(&node, &request).await?;
     let learner = node.raft.add_learner(request.id, BasicNode::new(request.addr.clone()), false);
     learner.await.map_err(membership_error)?;
     let caught_up = node
@@ -158,10 +161,39 @@ pub async fn add(
     Ok(axum::Json(view(&node).await))
 }
 
+/// Refuses a member whose address is another member's (this node's included) or whose node
+/// answers with another id. Replicating to a node's own address as to a learner makes openraft
+/// panic on an assertion (the API fuzzer found it), and a wrong address would only time out.
+async fn check_new_member(node: &Node, request: &AddMemberRequest) -> Result<(), ApiError> {
+    let invalid = |message: String| Err(ApiError::new(ErrorCode::InvalidArgument, message));
+    let membership = node.raft.metrics().borrow().membership_config.membership().clone();
+    for (id, member) in membership.nodes() {
+        if member.addr == request.addr && *id != request.id {
+            return invalid(format!("{} is the address of node {id}", request.addr));
+        }
+        if *id == request.id && member.addr != request.addr {
+            return invalid(format!("node {id} is a member at {}; remove it first", member.addr));
+        }
+    }
+    let url = format!("http://{}/v1/health", request.addr);
+    let probe = node.http.get(url).timeout(NEW_MEMBER_PROBE_TIMEOUT).send();
+    let health = match probe.await {
+        Ok(answer) => answer.json::<Health>().await.ok(),
+        Err(_) => None,
+    };
+    match health {
+        Some(health) if health.node_id == request.id => Ok(()),
+        Some(health) => {
+            invalid(format!("the node at {} is node {}, not {}", request.addr, health.node_id, request.id))
+        }
+        None => invalid(format!("no Permit node answers at {}: start it with --join first", request.addr)),
+    }
+}
+
 /// Remove a node from the cluster (voter or learner). Removing the leader makes another lead.
 #[utoipa::path(delete, path = "/v1/cluster/members/{id}", tag = "cluster",
     params(("id" = u64, Path, description = "Node id")),
-    responses((status = 204), (status = "4XX", body = ErrorBody)))]
+    responses((status = 204), (status = 409, body = ErrorBody)))]
 pub async fn remove(State(node): State<Arc<Node>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
     let id: NodeId =
         id.parse().map_err(|_| ApiError::new(ErrorCode::InvalidArgument, "node ids are integers"))?;

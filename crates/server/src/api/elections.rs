@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use permit_core::{validate_acquire, Acquire, Key, Name};
@@ -12,7 +12,7 @@ use permit_wire::{
 };
 
 use super::error::ApiError;
-use super::extract::{parse_name, parse_session, Json, Query};
+use super::extract::{parse_name, parse_session, Json, Path, Query};
 use super::grant::{self, capped_wait, Grant};
 use super::semaphores::release_key;
 use super::watch::{blocking_read, ReadParams};
@@ -25,7 +25,8 @@ use crate::node::Node;
     params(("name" = String, Path, description = "Election name: 1-128 bytes of [A-Za-z0-9._:-]")),
     responses((status = 200, body = CampaignResponse, description = "Leader"),
               (status = 202, body = CampaignResponse, description = "Still waiting"),
-              (status = "4XX", body = ErrorBody)))]
+              (status = 404, body = ErrorBody, description = "`session_not_found`"),
+              (status = 409, body = ErrorBody, description = "`unavailable`, `wait_cancelled`, `limit_exceeded`")))]
 pub async fn campaign(
     State(node): State<Arc<Node>>,
     caller: Caller,
@@ -79,7 +80,7 @@ fn read_view(node: &Node, name: &Name) -> (ElectionView, u64) {
 /// The current leader, or `null`. With `index`, blocks until the election changes.
 #[utoipa::path(get, path = "/v1/elections/{name}", tag = "elections",
     params(("name" = String, Path, description = "Election name"), ReadParams),
-    responses((status = 200, body = ElectionView, headers(("permit-index" = u64))), (status = "4XX", body = ErrorBody)))]
+    responses((status = 200, body = ElectionView, headers(("permit-index" = u64)))))]
 pub async fn get(
     State(node): State<Arc<Node>>,
     caller: Caller,
@@ -95,7 +96,7 @@ pub async fn get(
 /// Resign leadership, or withdraw a waiting candidacy.
 #[utoipa::path(post, path = "/v1/elections/{name}/resign", tag = "elections", request_body = ReleaseRequest,
     params(("name" = String, Path, description = "Election name")),
-    responses((status = 200, body = ReleaseResponse), (status = "4XX", body = ErrorBody)))]
+    responses((status = 200, body = ReleaseResponse), (status = 404, body = ErrorBody)))]
 pub async fn resign(
     State(node): State<Arc<Node>>,
     caller: Caller,
@@ -109,7 +110,7 @@ pub async fn resign(
 /// End another session's leadership or candidacy: an admin's answer to a stuck leader.
 #[utoipa::path(post, path = "/v1/elections/{name}/revoke", tag = "elections", request_body = RevokeRequest,
     params(("name" = String, Path, description = "Election name")),
-    responses((status = 200, body = ReleaseResponse), (status = "4XX", body = ErrorBody)))]
+    responses((status = 200, body = ReleaseResponse)))]
 pub async fn revoke(
     State(node): State<Arc<Node>>,
     Path(name): Path<String>,

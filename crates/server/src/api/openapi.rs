@@ -1,7 +1,12 @@
 //! The OpenAPI 3 spec, generated from the handlers and wire types. `docs/openapi.json` holds a
 //! copy that a test keeps equal to this.
 
-use utoipa::OpenApi;
+use permit_core::limits::NAME_BYTES_MAX;
+use utoipa::openapi::link::LinkBuilder;
+use utoipa::openapi::path::{Operation, ParameterIn};
+use utoipa::openapi::schema::{Object, Schema};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa::{Modify, OpenApi};
 
 use super::{acl, cluster, elections, semaphores, sessions, system};
 
@@ -28,8 +33,8 @@ and a session can be used only with the token that created it.",
         cluster::status, cluster::init, cluster::add, cluster::remove,
         system::health, system::live, system::metrics, system::digest,
     ),
-    components(schemas(permit_wire::ErrorCode)),
-    modifiers(&BearerAuth),
+    components(schemas(permit_wire::ErrorCode, permit_wire::ErrorBody)),
+    modifiers(&BearerAuth, &CommonErrors, &NameParameters, &OperationIds, &Links),
     security((), ("bearer" = [])),
     tags(
         (name = "sessions", description = "Client liveness: a session's holds and waits end when it expires or closes."),
@@ -54,9 +59,191 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
+/// Regular expression of a semaphore or election name (see `permit_core::Name`).
+pub const NAME_PATTERN: &str = "^[A-Za-z0-9._:-]+$";
+
+/// Adds the error answers that come from the router, the extractors and the forwarding layer
+/// rather than from a handler, so that every operation documents every status it can answer.
+struct CommonErrors;
+
+impl Modify for CommonErrors {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete];
+            for operation in operations.into_iter().flatten() {
+                add_common_errors(path, operation);
+            }
+        }
+    }
+}
+
+/// Routes that need no token even with `--auth`.
+const OPEN_PATHS: [&str; 3] = ["/v1/health", "/v1/health/live", "/v1/openapi.json"];
+
+/// Routes that every node answers from its own state and that cannot fail.
+const LOCAL_INFALLIBLE_PATHS: [&str; 3] = ["/v1/health", "/v1/debug/digest", "/metrics"];
+
+fn add_common_errors(path: &str, operation: &mut Operation) {
+    let has_body = operation.request_body.is_some();
+    let has_params = operation.parameters.as_ref().is_some_and(|p| !p.is_empty());
+    if has_body || has_params {
+        add_error(
+            operation,
+            "400",
+            "`malformed_json`, `invalid_name` or `invalid_argument` (the message names the field)",
+        );
+    }
+    if path.contains('{') {
+        add_error(operation, "404", "`not_found`: no route matches (e.g. an empty path segment)");
+    }
+    if has_body {
+        add_error(operation, "413", "`body_too_large`: the body is larger than 64 KiB");
+        add_error(
+            operation,
+            "415",
+            "`unsupported_media_type`: the body needs `Content-Type: application/json`",
+        );
+        add_error(operation, "422", "`invalid_body`: not a JSON object of the request's schema");
+    }
+    if !OPEN_PATHS.contains(&path) {
+        add_error(
+            operation,
+            "401",
+            "`unauthenticated` (with `--auth`): no valid `Authorization: Bearer SECRET`",
+        );
+        add_error(
+            operation,
+            "403",
+            "`permission_denied` (with `--auth`): the token lacks the access, or the session is another token's",
+        );
+        add_error(
+            operation,
+            "429",
+            "`limit_exceeded`: a limit or a per-token cap was reached; retry after `Retry-After` seconds",
+        );
+    }
+    if !LOCAL_INFALLIBLE_PATHS.contains(&path) {
+        add_error(operation, "500", "`internal`: a bug or an I/O failure on the server");
+        add_error(
+            operation,
+            "503",
+            "`no_leader`, `leader_unreachable`, `timeout` or `shutting_down`: retry (a write's outcome may be unknown)",
+        );
+    }
+}
+
+/// Adds an `ErrorBody` answer for `status` unless the handler documents that status itself.
+fn add_error(operation: &mut Operation, status: &str, description: &str) {
+    let responses = &mut operation.responses.responses;
+    if responses.contains_key(status) {
+        return;
+    }
+    let content = ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorBody"))).build();
+    let response =
+        ResponseBuilder::new().description(description).content("application/json", content).build();
+    responses.insert(status.to_owned(), RefOr::T(response));
+}
+
+/// Constrains every `name` path parameter and the `after` query parameter to the name syntax.
+struct NameParameters;
+
+impl Modify for NameParameters {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete];
+            for operation in operations.into_iter().flatten() {
+                for parameter in operation.parameters.iter_mut().flatten() {
+                    let is_name = match parameter.parameter_in {
+                        ParameterIn::Path => parameter.name == "name",
+                        // The session list pages by session id, not by name.
+                        ParameterIn::Query => parameter.name == "after" && path != "/v1/sessions",
+                        _ => false,
+                    };
+                    if let (true, Some(RefOr::T(Schema::Object(schema)))) =
+                        (is_name, parameter.schema.as_mut())
+                    {
+                        constrain_name(schema);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn constrain_name(schema: &mut Object) {
+    schema.min_length = Some(1);
+    schema.max_length = Some(NAME_BYTES_MAX);
+    schema.pattern = Some(NAME_PATTERN.to_owned());
+}
+
+/// Makes operation ids unique (utoipa takes the handler's name, and three handlers are `get`):
+/// `{tag}_{handler}`, e.g. `sessions_get`.
+struct OperationIds;
+
+impl Modify for OperationIds {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete];
+            for operation in operations.into_iter().flatten() {
+                let tag = operation.tags.as_ref().and_then(|tags| tags.first()).cloned();
+                if let (Some(tag), Some(id)) = (tag, operation.operation_id.as_mut()) {
+                    *id = format!("{tag}_{id}");
+                }
+            }
+        }
+    }
+}
+
+/// Links from the answers that create a session or a semaphore to the operations that use its
+/// id or name, so that clients (and the API fuzzer's stateful phase) can follow them.
+struct Links;
+
+impl Modify for Links {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let session_id = ("id", "$response.body#/id");
+        link(
+            openapi,
+            "/v1/sessions",
+            "201",
+            &[
+                ("sessions_get", session_id),
+                ("sessions_keepalive", session_id),
+                ("sessions_close", session_id),
+            ],
+        );
+        let name = ("name", "$response.body#/name");
+        link(
+            openapi,
+            "/v1/semaphores/{name}",
+            "201",
+            &[("semaphores_get", name), ("semaphores_delete", name), ("semaphores_validate", name)],
+        );
+    }
+}
+
+/// Adds, to the `status` answer of the operation at `path` that creates something, a link to
+/// each `(operation id, (parameter, runtime expression))` of `targets`.
+fn link(openapi: &mut utoipa::openapi::OpenApi, path: &str, status: &str, targets: &[(&str, (&str, &str))]) {
+    let Some(item) = openapi.paths.paths.get_mut(path) else { return };
+    let creator = if path == "/v1/sessions" { item.post.as_mut() } else { item.put.as_mut() };
+    let Some(RefOr::T(response)) = creator.and_then(|op| op.responses.responses.get_mut(status)) else {
+        return;
+    };
+    for (operation_id, (parameter, expression)) in targets {
+        let link = LinkBuilder::new().operation_id(*operation_id).parameter(*parameter, *expression).build();
+        response.links.insert((*operation_id).to_owned(), RefOr::T(link));
+    }
+}
+
 /// The spec as pretty JSON.
 pub fn spec_json() -> String {
-    let mut spec = ApiDoc::openapi().to_pretty_json().expect("spec serialises");
+    let spec = ApiDoc::openapi().to_pretty_json().expect("spec serialises");
+    // utoipa 5.5 spells unsigned integer formats `u-int64`; the usual spelling is `uint64`. (An
+    // unsigned format keeps schema checkers from capping `u64` fields at `i64::MAX`.) It also
+    // serialises a link's `operationId` as `operation_id`, which no tool reads.
+    let mut spec = spec
+        .replace("\"format\": \"u-int", "\"format\": \"uint")
+        .replace("\"operation_id\": ", "\"operationId\": ");
     spec.push('\n');
     spec
 }

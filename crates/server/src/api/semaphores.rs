@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use permit_core::{
@@ -17,7 +17,7 @@ use permit_wire::{
 use serde::Deserialize;
 
 use super::error::ApiError;
-use super::extract::{parse_name, parse_session, Json, Query};
+use super::extract::{parse_name, parse_session, Json, Path, Query};
 use super::grant::{self, capped_wait, Grant};
 use super::watch::{blocking_read, ReadParams};
 use crate::auth::Caller;
@@ -86,7 +86,7 @@ fn read_view(node: &Node, name: &Name) -> Result<(SemaphoreView, u64), ApiError>
     params(("name" = String, Path, description = "Semaphore name: 1-128 bytes of [A-Za-z0-9._:-]")),
     responses((status = 201, body = SemaphoreView, description = "Created"),
               (status = 200, body = SemaphoreView, description = "Capacity set"),
-              (status = "4XX", body = ErrorBody)))]
+              (status = 409, body = ErrorBody, description = "`limit_exceeded`: too many semaphores")))]
 pub async fn put(
     State(node): State<Arc<Node>>,
     Path(name): Path<String>,
@@ -123,11 +123,13 @@ pub async fn get(
 
 /// Query parameters of the list.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListParams {
     /// Start after this name (for sessions: this session id).
     pub after: Option<String>,
     /// Page size, default 100, at most 1000.
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     /// Serve from this node's applied state (may be stale).
     #[serde(default)]
@@ -148,7 +150,7 @@ pub fn list_limit(limit: Option<usize>) -> Result<usize, ApiError> {
 
 /// Semaphores in name order, one page at a time.
 #[utoipa::path(get, path = "/v1/semaphores", tag = "semaphores", params(ListParams),
-    responses((status = 200, body = SemaphoreList), (status = "4XX", body = ErrorBody)))]
+    responses((status = 200, body = SemaphoreList)))]
 pub async fn list(
     State(node): State<Arc<Node>>,
     caller: Caller,
@@ -202,7 +204,9 @@ pub async fn delete(State(node): State<Arc<Node>>, Path(name): Path<String>) -> 
     params(("name" = String, Path, description = "Semaphore name")),
     responses((status = 200, body = AcquireResponse, description = "Acquired"),
               (status = 202, body = AcquireResponse, description = "Still waiting"),
-              (status = "4XX", body = ErrorBody)))]
+              (status = 404, body = ErrorBody, description = "`session_not_found`, `semaphore_not_found`"),
+              (status = 409, body = ErrorBody, description = "`unavailable`, `permits_exceed_capacity`, \
+`permits_mismatch`, `wait_cancelled`, `limit_exceeded`")))]
 pub async fn acquire(
     State(node): State<Arc<Node>>,
     caller: Caller,
@@ -237,7 +241,7 @@ pub async fn acquire(
 /// Release the session's hold, or cancel its wait. Releasing nothing is not an error.
 #[utoipa::path(post, path = "/v1/semaphores/{name}/release", tag = "semaphores", request_body = ReleaseRequest,
     params(("name" = String, Path, description = "Semaphore name")),
-    responses((status = 200, body = ReleaseResponse), (status = "4XX", body = ErrorBody)))]
+    responses((status = 200, body = ReleaseResponse), (status = 404, body = ErrorBody)))]
 pub async fn release(
     State(node): State<Arc<Node>>,
     caller: Caller,
@@ -252,7 +256,7 @@ pub async fn release(
 /// The session lives on; its client sees the hold gone at its next call.
 #[utoipa::path(post, path = "/v1/semaphores/{name}/revoke", tag = "semaphores", request_body = RevokeRequest,
     params(("name" = String, Path, description = "Semaphore name")),
-    responses((status = 200, body = ReleaseResponse), (status = "4XX", body = ErrorBody)))]
+    responses((status = 200, body = ReleaseResponse)))]
 pub async fn revoke(
     State(node): State<Arc<Node>>,
     Path(name): Path<String>,
@@ -285,7 +289,7 @@ pub async fn release_key(
 /// Chubby's CheckSequencer): a resource that cannot store tokens can still reject stale holders.
 #[utoipa::path(post, path = "/v1/semaphores/{name}/validate", tag = "semaphores", request_body = ValidateRequest,
     params(("name" = String, Path, description = "Semaphore name")),
-    responses((status = 200, body = ValidateResponse), (status = "4XX", body = ErrorBody)))]
+    responses((status = 200, body = ValidateResponse)))]
 pub async fn validate(
     State(node): State<Arc<Node>>,
     Path(name): Path<String>,

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use permit_core::limits::SESSION_TTL_MS_DEFAULT;
@@ -14,8 +14,9 @@ use permit_wire::{
 use tokio::time::Instant;
 
 use super::error::ApiError;
-use super::extract::{parse_session, Json, Query};
+use super::extract::{parse_session, Json, Path, Query};
 use super::semaphores::{list_limit, ListParams};
+use super::watch::StaleParams;
 use crate::auth::Caller;
 use crate::node::Node;
 use permit_core::{Access, Resource};
@@ -25,7 +26,8 @@ const SESSION_ID_ATTEMPTS: usize = 3;
 
 /// Open a session.
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body = CreateSessionRequest,
-    responses((status = 201, body = SessionCreated), (status = "4XX", body = ErrorBody)))]
+    responses((status = 201, body = SessionCreated),
+              (status = 409, body = ErrorBody, description = "`limit_exceeded`: too many sessions")))]
 pub async fn create(
     State(node): State<Arc<Node>>,
     caller: Caller,
@@ -84,15 +86,18 @@ pub async fn keepalive(
 
 /// A session's holds and waits.
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions",
-    params(("id" = String, Path, description = "Session id")),
+    params(("id" = String, Path, description = "Session id"), StaleParams),
     responses((status = 200, body = SessionView), (status = 404, body = ErrorBody)))]
 pub async fn get(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Path(id): Path<String>,
+    Query(params): Query<StaleParams>,
 ) -> Result<axum::Json<SessionView>, ApiError> {
     let id = parse_session(&id)?;
-    node.ensure_linearizable().await?;
+    if !params.stale {
+        node.ensure_linearizable().await?;
+    }
     let replica = node.replica.lock();
     caller.owns_or(&replica.state, id, Access::Read)?;
     let session = replica.state.session(id).ok_or_else(ApiError::session_not_found)?;
@@ -138,7 +143,7 @@ pub async fn get(
 /// Live sessions in id order, one page at a time: name, TTL, time left, holds and waits. With
 /// `--auth`, only the caller's own sessions and those it may read.
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", params(ListParams),
-    responses((status = 200, body = SessionList), (status = "4XX", body = ErrorBody)))]
+    responses((status = 200, body = SessionList)))]
 pub async fn list(
     State(node): State<Arc<Node>>,
     caller: Caller,

@@ -89,7 +89,7 @@ fn not_ready(node: &Node, metrics: &crate::raft::RaftMetrics) -> Option<(NotRead
 }
 
 /// Prometheus metrics (text format).
-#[utoipa::path(get, path = "/metrics", tag = "system", responses((status = 200, body = String, content_type = "text/plain")))]
+#[utoipa::path(get, path = "/metrics", tag = "system", responses((status = 200, body = String, content_type = "application/openmetrics-text")))]
 pub async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
     refresh_gauges(&node);
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";

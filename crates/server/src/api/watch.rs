@@ -11,12 +11,23 @@ use crate::node::Node;
 
 /// Query parameters of reads.
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ReadParams {
     /// Block until the object's index is larger than this.
     pub index: Option<u64>,
     /// Longest block, in ms (capped at 60000). Default 0 with no `index`, 60000 with one.
     pub wait_ms: Option<u64>,
+    /// Serve from this node's applied state without confirming leadership (may be stale).
+    #[serde(default)]
+    pub stale: bool,
+}
+
+/// Query parameters of reads that do not block.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct StaleParams {
     /// Serve from this node's applied state without confirming leadership (may be stale).
     #[serde(default)]
     pub stale: bool,

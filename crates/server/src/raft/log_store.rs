@@ -61,7 +61,12 @@ fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     postcard::to_extend(value, vec![LOG_FORMAT_VERSION]).expect("encoding to memory cannot fail")
 }
 
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, std::io::Error> {
+/// Decodes a stored log entry or metadata value: [`LOG_FORMAT_VERSION`], then postcard.
+///
+/// # Errors
+/// When the record is empty, of another version, or not a valid encoding of `T`; never panics,
+/// whatever the bytes (the property tests in `tests/decoders.rs` feed it random ones).
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, std::io::Error> {
     match bytes.split_first() {
         Some((&LOG_FORMAT_VERSION, body)) => postcard::from_bytes(body).map_err(super::io_error),
         Some((version, _)) => Err(std::io::Error::other(format!("log format version {version} unsupported"))),
