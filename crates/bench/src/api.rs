@@ -16,6 +16,7 @@ pub struct Api {
 impl Api {
     /// A client of `url` with a pool of its own.
     pub fn new(url: &str) -> Api {
+        crate::install_crypto_provider();
         let http = reqwest::Client::builder()
             .no_proxy()
             .tcp_nodelay(true)

@@ -90,8 +90,17 @@ impl Report {
     }
 }
 
+/// Installs rustls' `ring` crypto provider as the process default unless one is installed:
+/// reqwest is built with `rustls-no-provider`, and every client it builds needs one.
+pub fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 /// An HTTP client like the benchmark's clients: keep-alive, no proxy, nodelay.
 pub fn api_client() -> reqwest::Client {
+    install_crypto_provider();
     reqwest::Client::builder().no_proxy().tcp_nodelay(true).build().expect("client builds")
 }
 

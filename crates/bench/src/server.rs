@@ -111,6 +111,7 @@ pub async fn cluster(bin: &Path, dir: &Path, size: u64) -> anyhow::Result<Vec<Se
     }
     let members: Vec<_> =
         nodes.iter().enumerate().map(|(i, n)| json!({ "id": i + 1, "addr": n.addr })).collect();
+    crate::install_crypto_provider();
     let http = reqwest::Client::new();
     let answer = http
         .post(format!("{}/v1/cluster/init", nodes[0].url))

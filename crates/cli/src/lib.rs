@@ -30,6 +30,7 @@ mod semaphores;
 mod supervise;
 mod table;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -93,14 +94,48 @@ pub enum ClientCommand {
     Cluster(cluster::ClusterCommand),
 }
 
+/// TLS options of the client commands: global flags of the binary.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct TlsArgs {
+    /// Trust only the CA certificates in this PEM file for `https://` servers (default: the
+    /// system's roots).
+    #[arg(long, global = true, env = "PERMIT_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// Present this PEM client certificate to servers that require one (with `--client-key`).
+    #[arg(long, global = true, env = "PERMIT_CLIENT_CERT", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// The PEM private key of `--client-cert`.
+    #[arg(long, global = true, env = "PERMIT_CLIENT_KEY", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// A client of `servers` with these options.
+    ///
+    /// # Errors
+    ///
+    /// Invalid server addresses, and files that cannot be read.
+    pub fn client(&self, servers: &[String]) -> anyhow::Result<Client> {
+        let mut builder = Client::builder(servers);
+        if let Some(ca) = &self.ca_file {
+            builder = builder.ca_file(ca).context("invalid --ca-file")?;
+        }
+        if let (Some(cert), Some(key)) = (&self.client_cert, &self.client_key) {
+            builder = builder.identity_files(cert, key).context("invalid --client-cert/--client-key")?;
+        }
+        builder.build().context("invalid --server or TLS option")
+    }
+}
+
 /// Runs `command` against the servers at `servers` (tried in order, with failover) and returns the
 /// process exit code (see the crate docs). Errors are to be printed and mapped to [`EXIT_ERROR`].
 ///
 /// # Errors
 ///
-/// Invalid server addresses, and any error of the server or the connection, with context.
-pub async fn execute(command: ClientCommand, servers: &[String]) -> anyhow::Result<i32> {
-    let client = Client::with_endpoints(servers).context("invalid --server")?;
+/// Invalid server addresses or TLS files, and any error of the server or the connection, with
+/// context.
+pub async fn execute(command: ClientCommand, servers: &[String], tls: &TlsArgs) -> anyhow::Result<i32> {
+    let client = tls.client(servers)?;
     match command {
         ClientCommand::Run(args) => run::run(&client, args).await,
         ClientCommand::Ls(args) => semaphores::ls(&client, args).await,

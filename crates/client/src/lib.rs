@@ -51,6 +51,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod builder;
 mod client;
 mod cluster;
 mod elections;
@@ -64,6 +65,7 @@ mod session;
 mod transport;
 mod waiter;
 
+pub use builder::ClientBuilder;
 pub use client::Client;
 pub use error::{Error, Result};
 pub use leadership::Leadership;
@@ -71,6 +73,7 @@ pub use permit::{AcquireOptions, Permit};
 pub use permit_wire::ErrorCode;
 pub use semaphores::LIST_LIMIT_MAX;
 pub use session::{Session, SessionOptions, SessionState};
+pub use transport::install_crypto_provider;
 
 /// The JSON bodies of the HTTP API, as the low-level [`Client`] methods take and return them.
 pub use permit_wire as wire;

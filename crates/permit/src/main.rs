@@ -22,6 +22,8 @@ struct Cli {
         default_value = "http://127.0.0.1:7376"
     )]
     server: Vec<String>,
+    #[command(flatten)]
+    tls: permit_cli::TlsArgs,
     #[command(subcommand)]
     command: TopCommand,
 }
@@ -54,6 +56,26 @@ struct ServeArgs {
     /// Do not form a cluster: wait to be added (`permit cluster add ID ADDR`) or initialised.
     #[arg(long, conflicts_with = "peers")]
     join: bool,
+    /// Close a connection that has not sent a complete request head (or TLS handshake) within
+    /// this time, or that sits idle between requests that long (slowloris).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    header_read_timeout: std::time::Duration,
+    /// Most connections open at once; more are closed as soon as they are accepted.
+    #[arg(long, default_value_t = permit_server::listener::CONNECTIONS_MAX_DEFAULT)]
+    connections_max: usize,
+    /// Serve HTTPS with this PEM certificate chain (also this node's identity towards its peers).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates signed by a CA in this PEM file.
+    #[arg(long, requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Verify peers' certificates against the CAs in this PEM file (default: `--tls-client-ca`,
+    /// else the system's roots).
+    #[arg(long, requires = "tls_cert")]
+    peer_ca: Option<PathBuf>,
 }
 
 fn parse_peer(text: &str) -> Result<(u64, String), String> {
@@ -90,12 +112,20 @@ fn main() -> anyhow::Result<()> {
                 peers: args.peers.into_iter().collect::<BTreeMap<_, _>>(),
                 snapshot_logs: args.snapshot_logs,
                 join: args.join,
+                header_read_timeout: args.header_read_timeout,
+                connections_max: args.connections_max,
+                tls: args.tls_cert.zip(args.tls_key).map(|(cert, key)| permit_server::tls::TlsConfig {
+                    cert,
+                    key,
+                    client_ca: args.tls_client_ca,
+                    peer_ca: args.peer_ca,
+                }),
                 ..permit_server::Config::default()
             };
             runtime.block_on(permit_server::serve(config, permit_server::shutdown_signal()))
         }
         TopCommand::Client(command) => {
-            let code = match runtime.block_on(permit_cli::execute(command, &cli.server)) {
+            let code = match runtime.block_on(permit_cli::execute(command, &cli.server, &cli.tls)) {
                 Ok(code) => code,
                 Err(error) => {
                     eprintln!("permit: {error:#}");

@@ -27,6 +27,13 @@ pub struct Config {
     /// Start without forming a cluster: wait to be added to one (`permit cluster add`) or
     /// initialised (`POST /v1/cluster/init`).
     pub join: bool,
+    /// Longest wait for a client's complete request head (and TLS handshake); an idle
+    /// keep-alive connection is closed after it too.
+    pub header_read_timeout: std::time::Duration,
+    /// Most connections open at once; more are closed as soon as they are accepted.
+    pub connections_max: usize,
+    /// Serve HTTPS (and reach peers over HTTPS) with these files.
+    pub tls: Option<crate::tls::TlsConfig>,
 }
 
 /// `permit serve`'s default address.
@@ -43,6 +50,9 @@ impl Default for Config {
             election_timeout_ms: (500, 1000),
             snapshot_logs: 10_000,
             join: false,
+            header_read_timeout: crate::listener::HEADER_READ_TIMEOUT_DEFAULT,
+            connections_max: crate::listener::CONNECTIONS_MAX_DEFAULT,
+            tls: None,
         }
     }
 }
@@ -60,6 +70,8 @@ impl Config {
         anyhow::ensure!(self.snapshot_logs >= 10, "snapshot interval must be at least 10 entries");
         anyhow::ensure!(!self.join || self.peers.is_empty(), "--join and --peers exclude each other");
         anyhow::ensure!(self.node_id > 0, "node ids start at 1");
+        anyhow::ensure!(self.connections_max > 0, "--connections-max must be at least 1");
+        anyhow::ensure!(!self.header_read_timeout.is_zero(), "--header-read-timeout must be positive");
         if !self.peers.is_empty() {
             anyhow::ensure!(
                 self.peers.contains_key(&self.node_id),

@@ -62,7 +62,7 @@ impl Node {
     /// # Errors
     /// When the data dir cannot be opened (or another server has it open) or Raft cannot start.
     pub async fn start(config: Config, addr: SocketAddr) -> anyhow::Result<Arc<Node>> {
-        let network = Network::new(Some(addr.ip()));
+        let network = Network::new(Some(addr.ip()), config.tls.as_ref())?;
         Node::start_with(config, addr, network).await
     }
 
@@ -136,6 +136,11 @@ impl Node {
         };
         tokio::spawn(driver.run());
         let (shutdown_tx, shutdown) = watch::channel(false);
+        let http = crate::tls::peer_client(reqwest::Client::builder(), config.tls.as_ref())?
+            .no_proxy()
+            .local_address(Some(addr.ip()).filter(|ip| !ip.is_unspecified()))
+            .pool_max_idle_per_host(32)
+            .build()?;
         Ok(Arc::new(Node {
             id: config.node_id,
             addr,
@@ -146,14 +151,15 @@ impl Node {
             metrics,
             config,
             leading,
-            http: reqwest::Client::builder()
-                .no_proxy()
-                .local_address(Some(addr.ip()).filter(|ip| !ip.is_unspecified()))
-                .pool_max_idle_per_host(32)
-                .build()?,
+            http,
             shutdown,
             shutdown_tx,
         }))
+    }
+
+    /// The URL scheme peers are reached with (`https` when this node has TLS).
+    pub fn peer_scheme(&self) -> &'static str {
+        crate::tls::peer_scheme(self.config.tls.as_ref())
     }
 
     /// Proposes a command and waits until it is applied.

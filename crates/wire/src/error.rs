@@ -116,6 +116,8 @@ error_codes! {
     /// This node could not deliver the request to a leader (none elected, or it did not accept
     /// the connection): nothing was done. Retry, here or on another node.
     LeaderUnreachable = "leader_unreachable", 503;
+    /// Plain HTTP was sent to a port that serves HTTPS only; the connection is closed.
+    TlsRequired = "tls_required", 400;
 }
 
 #[cfg(feature = "openapi")]
@@ -160,7 +162,7 @@ mod tests {
         invalid_name invalid_argument not_found method_not_allowed session_not_found \
         semaphore_not_found unavailable permits_exceed_capacity permits_mismatch semaphore_busy \
         wait_cancelled limit_exceeded no_leader shutting_down internal timeout already_initialized \
-        membership_change_in_progress leader_unreachable";
+        membership_change_in_progress leader_unreachable tls_required";
 
     #[test]
     fn error_codes_match_the_published_list() {

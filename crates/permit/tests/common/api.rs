@@ -36,6 +36,7 @@ impl Api {
 
     /// A client of the node at `url`.
     pub fn at(url: &str) -> Api {
+        permit_client::install_crypto_provider();
         Api { http: reqwest::Client::builder().no_proxy().build().unwrap(), url: url.to_owned() }
     }
 

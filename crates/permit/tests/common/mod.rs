@@ -171,6 +171,7 @@ impl Cluster {
             .enumerate()
             .map(|(i, n)| serde_json::json!({ "id": i as u64 + 1, "addr": n.addr }))
             .collect();
+        permit_client::install_crypto_provider();
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let answer = http
             .post(format!("{}/v1/cluster/init", nodes[0].url))
@@ -195,6 +196,7 @@ impl Cluster {
 
     /// Index in `nodes` of the leader as the reachable nodes report it, once they agree.
     pub async fn leader(&self, timeout: Duration) -> Option<usize> {
+        permit_client::install_crypto_provider();
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {

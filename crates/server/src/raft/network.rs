@@ -28,26 +28,34 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 #[derive(Clone)]
 pub struct Network {
     http: reqwest::Client,
+    scheme: &'static str,
 }
 
 impl Network {
     /// A network with its own connection pool, dialling from `local` when it is a specific
-    /// address (so peers and fault-injecting proxies see which node connects).
-    pub fn new(local: Option<std::net::IpAddr>) -> Network {
-        let http = reqwest::Client::builder()
+    /// address (so peers and fault-injecting proxies see which node connects), over HTTPS when
+    /// `tls` is set.
+    ///
+    /// # Errors
+    /// When a TLS file cannot be read.
+    pub fn new(
+        local: Option<std::net::IpAddr>,
+        tls: Option<&crate::tls::TlsConfig>,
+    ) -> anyhow::Result<Network> {
+        let http = crate::tls::peer_client(reqwest::Client::builder(), tls)?
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_max_idle_per_host(4)
             .local_address(local.filter(|ip| !ip.is_unspecified()))
             .no_proxy()
-            .build()
-            .expect("HTTP client builds");
-        Network { http }
+            .build()?;
+        Ok(Network { http, scheme: crate::tls::peer_scheme(tls) })
     }
 }
 
 /// A connection to one peer.
 pub struct PeerConnection {
     http: reqwest::Client,
+    scheme: &'static str,
     target: NodeId,
     addr: String,
 }
@@ -56,7 +64,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerConnection {
-        PeerConnection { http: self.http.clone(), target, addr: node.addr.clone() }
+        PeerConnection { http: self.http.clone(), scheme: self.scheme, target, addr: node.addr.clone() }
     }
 }
 
@@ -73,7 +81,7 @@ impl PeerConnection {
         E: std::error::Error + DeserializeOwned,
     {
         let body = postcard::to_allocvec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let url = format!("http://{}{RAFT_PATH_PREFIX}/{route}", self.addr);
+        let url = format!("{}://{}{RAFT_PATH_PREFIX}/{route}", self.scheme, self.addr);
         let response = self
             .http
             .post(url)
