@@ -86,6 +86,7 @@ impl Cluster {
             election_timeout_ms: self.settings.election_timeout_ms,
             snapshot_logs: self.settings.snapshot_logs,
             join: false,
+            ..Config::default()
         }
     }
 
