@@ -105,6 +105,18 @@ impl Server {
         std::mem::swap(self, &mut next);
     }
 
+    /// Waits up to `timeout` for the process to exit by itself; its status, or None.
+    pub fn wait_for_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
     /// Pauses the process (SIGSTOP): it keeps its sockets but answers nothing.
     pub fn pause(&mut self) {
         self.signal(libc::SIGSTOP);

@@ -1,6 +1,7 @@
-//! Connection limits and TLS against real `permit serve` processes: the header-read timeout
-//! (slowloris), the connection cap, HTTPS with the Rust client and the CLI, plain HTTP on a TLS
-//! port, client certificates, and a 3-node cluster over TLS. Certificates are made at test time.
+//! The listener against real `permit serve` processes: the header-read timeout (slowloris), the
+//! connection cap, shutdown with a long-poll open, HTTPS with the Rust client and the CLI, plain
+//! HTTP on a TLS port, client certificates, and a 3-node cluster over TLS. Certificates are made
+//! at test time.
 
 mod common;
 
@@ -151,6 +152,35 @@ async fn connections_beyond_the_cap_are_closed_and_clients_get_answers_after_the
     assert!(served, "no answer after the flood ended");
     let metrics = api.http.get(format!("{}/metrics", api.url)).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains("permit_connections_refused_total{reason=\"cap\"}"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_an_open_long_poll_early_and_the_server_exits() {
+    let (mut server, _temp) = start(&[]);
+    let client = Client::new(&server.url).unwrap();
+    let view = client.put_semaphore("quiet", 1).await.unwrap();
+    let watcher = client.clone();
+    let watch =
+        tokio::spawn(
+            async move { watcher.watch_semaphore("quiet", view.index, Duration::from_secs(60)).await },
+        );
+    // The long-poll's connection is open once the server counts two (it and this probe's).
+    let api = Api::new(&server);
+    let open = eventually(PATIENCE, async || {
+        let Ok(answer) = api.http.get(format!("{}/metrics", api.url)).send().await else { return false };
+        let metrics = answer.text().await.unwrap_or_default();
+        metrics.lines().any(|line| {
+            line.strip_prefix("permit_connections_open ").and_then(|n| n.parse::<u64>().ok()) >= Some(2)
+        })
+    })
+    .await;
+    assert!(open, "the long-poll never connected");
+    // SAFETY: sending a signal to our own child by its PID.
+    unsafe { libc::kill(server.pid() as libc::pid_t, libc::SIGTERM) };
+    let ended = tokio::time::timeout(PATIENCE, watch).await;
+    assert!(ended.is_ok(), "the long-poll outlived the shutdown");
+    let exited = tokio::task::spawn_blocking(move || server.wait_for_exit(PATIENCE)).await.unwrap();
+    assert!(exited.is_some(), "the server did not exit after SIGTERM");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
