@@ -17,7 +17,11 @@ impl Api {
     /// A client of `url` with a pool of its own.
     pub fn new(url: &str) -> Api {
         crate::install_crypto_provider();
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if let Some(ca) = crate::tls::trusted_ca() {
+            builder = builder.tls_certs_only([ca.clone()]);
+        }
+        let http = builder
             .no_proxy()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(1)

@@ -11,6 +11,7 @@ mod api;
 mod floors;
 mod server;
 mod stats;
+mod tls;
 mod workloads;
 
 use std::path::PathBuf;
@@ -32,7 +33,8 @@ struct Args {
     /// Length of each timed workload run.
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
-    /// Parts to run: floors,w1,w2,w3,w4,cluster,scale,failover,big (default: all but big).
+    /// Parts to run: floors,w1,tls,w2,w3,w4,cluster,scale,failover,big (default: all but big).
+    /// `tls` runs W1 over HTTPS on a second node, alternating with plain HTTP runs.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sessions (and semaphores) in the small scale step; the large step is 10x.
@@ -187,6 +189,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             report.add("W1 release p50", format!("{:.3} ms", median(&rel50)), None);
             report.add("W1 release p99", format!("{:.3} ms", median(&rel99)), None);
         }
+        if wants(&args, "tls") {
+            tls_rows(&mut report, &bin, work.path(), &url, &args, duration).await?;
+        }
         if wants(&args, "w2") {
             contended_rows(
                 &mut report,
@@ -261,6 +266,35 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if args.keep_data {
         println!("data dirs kept in {}", work.keep().display());
     }
+    Ok(())
+}
+
+/// W1 over HTTPS (a second node with a test certificate) against W1 over plain HTTP, runs
+/// alternating so that both see the same machine; the TLS cost on acquire p50.
+async fn tls_rows(
+    report: &mut Report,
+    bin: &std::path::Path,
+    work: &std::path::Path,
+    plain_url: &str,
+    args: &Args,
+    duration: Duration,
+) -> anyhow::Result<()> {
+    let files = tls::TestPki::create(&work.join("tls"))?;
+    let node = ServerProcess::start(bin, "127.0.0.1:0", &work.join("single-tls"), &files.serve_args())?;
+    let (mut plain, mut secure) = (vec![], vec![]);
+    for run in 0..args.runs {
+        plain.push(workloads::uncontended(plain_url, &format!("w1p-{run}"), duration).await?.acquire.p50());
+        secure.push(workloads::uncontended(&node.url, &format!("w1t-{run}"), duration).await?.acquire.p50());
+    }
+    let (plain, secure) = (median(&plain), median(&secure));
+    let cost = (secure / plain - 1.0) * 100.0;
+    println!("W1 over TLS (single node, runs alternating with plain HTTP)");
+    report.add("W1 acquire p50, plain HTTP (same run as TLS)", format!("{plain:.3} ms"), None);
+    report.add(
+        "W1 acquire p50, HTTPS (TLS 1.3, kept-alive connection)",
+        format!("{secure:.3} ms ({cost:+.1} %)"),
+        Some(("<= plain + 15 %".into(), cost <= 15.0)),
+    );
     Ok(())
 }
 

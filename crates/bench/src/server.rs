@@ -49,13 +49,14 @@ impl ServerProcess {
         let mut lines = BufReader::new(stdout).lines();
         let line = lines.next().context("no output")??;
         std::thread::spawn(move || for _ in lines {});
-        let addr = line
-            .strip_prefix("permit listening on http://")
+        let url = line
+            .strip_prefix("permit listening on ")
             .and_then(|rest| rest.split_whitespace().next())
             .with_context(|| format!("unexpected first line {line:?}"))?
             .to_owned();
+        let addr = url.split_once("://").map_or(url.as_str(), |(_, addr)| addr).to_owned();
         Ok(ServerProcess {
-            url: format!("http://{addr}"),
+            url,
             addr,
             data_dir: PathBuf::new(),
             args: Vec::new(),
