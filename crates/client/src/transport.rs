@@ -25,6 +25,9 @@ const TIMEOUTS_MAX: u32 = 2;
 /// First pause before going around the endpoints again; doubles up to `BACKOFF_MAX`.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Idle pooled connections are dropped after this long: before the server's header-read timeout
+/// (10 s by default) closes them, which could race with a request being sent on one.
+const POOL_IDLE: Duration = Duration::from_secs(4);
 /// Longest time spent connecting to one endpoint before trying the next.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -173,6 +176,7 @@ impl Transport {
         let http = tls
             .apply(reqwest::Client::builder())?
             .no_proxy()
+            .pool_idle_timeout(POOL_IDLE)
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .build()

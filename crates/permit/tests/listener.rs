@@ -131,6 +131,11 @@ fn a_client_that_sends_half_a_request_line_is_cut_off_after_the_header_read_time
     prompt.write_all(b"GET /v1/health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
     let answer = read_until_closed(&mut prompt);
     assert!(answer.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer));
+    // A kept-alive connection that goes idle after its answer is closed as well.
+    let mut idle = TcpStream::connect(&server.addr).unwrap();
+    idle.write_all(b"GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+    let answer = read_until_closed(&mut idle);
+    assert!(answer.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,6 +15,10 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 /// The first byte of a TLS record carrying a handshake (a ClientHello starts with it).
 pub const TLS_HANDSHAKE_BYTE: u8 = 0x16;
 
+/// Idle pooled connections to peers are dropped after this long, before a peer's
+/// header-read timeout (10 s by default) closes them under a request about to be sent.
+pub const PEER_POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(4);
+
 /// Largest PEM file read for a certificate, key or CA bundle.
 const PEM_BYTES_MAX: u64 = 1 << 20;
 
@@ -111,8 +115,9 @@ pub fn server_config(tls: &TlsConfig) -> anyhow::Result<Arc<rustls::ServerConfig
     Ok(Arc::new(config))
 }
 
-/// Adds the peer TLS settings to a client builder: only the peer CA as roots (when given) and
-/// the node's own certificate as its client identity (peers may require one).
+/// Adds the peer settings to a client builder: [`PEER_POOL_IDLE`], and with TLS only the peer
+/// CA as roots (when given) and the node's own certificate as its client identity (peers may
+/// require one).
 ///
 /// # Errors
 /// A message naming the file that cannot be read.
@@ -121,6 +126,7 @@ pub fn peer_client(
     tls: Option<&TlsConfig>,
 ) -> anyhow::Result<reqwest::ClientBuilder> {
     install_crypto_provider();
+    let builder = builder.pool_idle_timeout(PEER_POOL_IDLE);
     let Some(tls) = tls else { return Ok(builder) };
     let mut builder = builder;
     if let Some(ca) = tls.peer_ca_file() {
