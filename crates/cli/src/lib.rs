@@ -2,8 +2,9 @@
 //! `delete` and `leader`.
 //!
 //! The binary flattens [`ClientCommand`] into its parser next to `serve`, owns the global
-//! `--server` option (a comma-separated list, env `PERMIT_SERVER`), and calls [`execute`] with
-//! the list. Every server interaction goes through `permit-client`.
+//! `--server` option (a comma-separated list, env `PERMIT_SERVER`) and the TLS options
+//! ([`TlsArgs`]: `--ca-file`, `--client-cert`, `--client-key`), and calls [`execute`] with them.
+//! Every server interaction goes through `permit-client`.
 //!
 //! # Exit codes
 //!

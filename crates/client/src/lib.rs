@@ -1,6 +1,8 @@
 //! Async Rust client of Permit, a distributed semaphore service.
 //!
-//! A [`Client`] talks HTTP/JSON to one server or to any node of a cluster. A [`Session`] is the
+//! A [`Client`] talks HTTP/JSON to one server or to any node of a cluster, over `http://` or
+//! `https://` ([`Client::builder`] takes a private CA and a client certificate; TLS is rustls
+//! with the ring provider, see [`install_crypto_provider`]). A [`Session`] is the
 //! server-side identity that holds things; this client keeps it alive in the background
 //! (a keepalive every third of its TTL) and tracks its [`SessionState`]. From a session:
 //!
