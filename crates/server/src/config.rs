@@ -70,7 +70,11 @@ impl Config {
         anyhow::ensure!(self.snapshot_logs >= 10, "snapshot interval must be at least 10 entries");
         anyhow::ensure!(!self.join || self.peers.is_empty(), "--join and --peers exclude each other");
         anyhow::ensure!(self.node_id > 0, "node ids start at 1");
-        anyhow::ensure!(self.connections_max > 0, "--connections-max must be at least 1");
+        anyhow::ensure!(
+            (1..=crate::listener::CONNECTIONS_MAX_LIMIT).contains(&self.connections_max),
+            "--connections-max must be 1 to {}",
+            crate::listener::CONNECTIONS_MAX_LIMIT
+        );
         anyhow::ensure!(!self.header_read_timeout.is_zero(), "--header-read-timeout must be positive");
         if !self.peers.is_empty() {
             anyhow::ensure!(

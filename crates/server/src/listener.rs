@@ -37,6 +37,9 @@ pub const HEADER_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// a node's clients and peers need.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 4096;
 
+/// Largest `--connections-max` accepted (far above any file-descriptor limit in practice).
+pub const CONNECTIONS_MAX_LIMIT: usize = 1 << 24;
+
 /// The least time between two warnings about refused connections.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -70,7 +73,7 @@ pub async fn serve(
     stop: impl Future<Output = ()>,
 ) {
     let graceful = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(settings.connections_max.max(1)));
+    let slots = Arc::new(Semaphore::new(settings.connections_max.clamp(1, CONNECTIONS_MAX_LIMIT)));
     let mut refusals = RefusalLog::default();
     tokio::pin!(stop);
     loop {
