@@ -159,7 +159,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     report.add("HTTP round trips, 32 clients", format!("{http_rate:.0} /s"), None);
     report.add("fdatasync of a 4 KiB append, p50", format!("{fsync_p50:.3} ms"), None);
 
-    if wants(&args, "w1") || wants(&args, "w2") || wants(&args, "w3") || wants(&args, "w4") {
+    if ["w1", "tls", "w2", "w3", "w4"].iter().any(|part| wants(&args, part)) {
         let node = match &args.url {
             Some(_) => None,
             None => Some(ServerProcess::start(&bin, "127.0.0.1:0", &work.path().join("single"), &[])?),
