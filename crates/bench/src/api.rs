@@ -25,13 +25,17 @@ pub fn set_auth_token(secret: Option<String>) {
 impl Api {
     /// A client of `url` with a pool of its own.
     pub fn new(url: &str) -> Api {
+        crate::install_crypto_provider();
         let mut headers = reqwest::header::HeaderMap::new();
         if let Some(secret) = AUTH_TOKEN.read().expect("auth token lock").as_deref() {
             headers
                 .insert(reqwest::header::AUTHORIZATION, format!("Bearer {secret}").parse().expect("header"));
         }
-        let http = reqwest::Client::builder()
-            .default_headers(headers)
+        let mut builder = reqwest::Client::builder().default_headers(headers);
+        if let Some(ca) = crate::tls::trusted_ca() {
+            builder = builder.tls_certs_only([ca.clone()]);
+        }
+        let http = builder
             .no_proxy()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(1)

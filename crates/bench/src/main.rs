@@ -12,6 +12,7 @@ mod auth;
 mod floors;
 mod server;
 mod stats;
+mod tls;
 mod workloads;
 
 use std::path::PathBuf;
@@ -33,7 +34,8 @@ struct Args {
     /// Length of each timed workload run.
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
-    /// Parts to run: floors,w1,w2,w3,w4,auth,cluster,scale,failover,big (default: all but big).
+    /// Parts to run: floors,w1,tls,w2,w3,w4,auth,cluster,scale,failover,big (default: all but big).
+    /// `tls` runs W1 over HTTPS on a second node, alternating with plain HTTP runs.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sessions (and semaphores) in the small scale step; the large step is 10x.
@@ -91,8 +93,17 @@ impl Report {
     }
 }
 
+/// Installs rustls' `ring` crypto provider as the process default unless one is installed:
+/// reqwest is built with `rustls-no-provider`, and every client it builds needs one.
+pub fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 /// An HTTP client like the benchmark's clients: keep-alive, no proxy, nodelay.
 pub fn api_client() -> reqwest::Client {
+    install_crypto_provider();
     reqwest::Client::builder().no_proxy().tcp_nodelay(true).build().expect("client builds")
 }
 
@@ -149,7 +160,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     report.add("HTTP round trips, 32 clients", format!("{http_rate:.0} /s"), None);
     report.add("fdatasync of a 4 KiB append, p50", format!("{fsync_p50:.3} ms"), None);
 
-    if wants(&args, "w1") || wants(&args, "w2") || wants(&args, "w3") || wants(&args, "w4") {
+    if ["w1", "tls", "w2", "w3", "w4"].iter().any(|part| wants(&args, part)) {
         let node = match &args.url {
             Some(_) => None,
             None => Some(ServerProcess::start(&bin, "127.0.0.1:0", &work.path().join("single"), &[])?),
@@ -178,6 +189,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             report.add("W1 acquire p99", format!("{:.3} ms", median(&acq99)), None);
             report.add("W1 release p50", format!("{:.3} ms", median(&rel50)), None);
             report.add("W1 release p99", format!("{:.3} ms", median(&rel99)), None);
+        }
+        if wants(&args, "tls") {
+            tls_rows(&mut report, &bin, work.path(), &url, &args, duration).await?;
         }
         if wants(&args, "w2") {
             contended_rows(
@@ -282,6 +296,35 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if args.keep_data {
         println!("data dirs kept in {}", work.keep().display());
     }
+    Ok(())
+}
+
+/// W1 over HTTPS (a second node with a test certificate) against W1 over plain HTTP, runs
+/// alternating so that both see the same machine; the TLS cost on acquire p50.
+async fn tls_rows(
+    report: &mut Report,
+    bin: &std::path::Path,
+    work: &std::path::Path,
+    plain_url: &str,
+    args: &Args,
+    duration: Duration,
+) -> anyhow::Result<()> {
+    let files = tls::TestPki::create(&work.join("tls"))?;
+    let node = ServerProcess::start(bin, "127.0.0.1:0", &work.join("single-tls"), &files.serve_args())?;
+    let (mut plain, mut secure) = (vec![], vec![]);
+    for run in 0..args.runs {
+        plain.push(workloads::uncontended(plain_url, &format!("w1p-{run}"), duration).await?.acquire.p50());
+        secure.push(workloads::uncontended(&node.url, &format!("w1t-{run}"), duration).await?.acquire.p50());
+    }
+    let (plain, secure) = (median(&plain), median(&secure));
+    let cost = (secure / plain - 1.0) * 100.0;
+    println!("W1 over TLS (single node, runs alternating with plain HTTP)");
+    report.add("W1 acquire p50, plain HTTP (same run as TLS)", format!("{plain:.3} ms"), None);
+    report.add(
+        "W1 acquire p50, HTTPS (TLS 1.3, kept-alive connection)",
+        format!("{secure:.3} ms ({cost:+.1} %)"),
+        Some(("<= plain + 15 %".into(), cost <= 15.0)),
+    );
     Ok(())
 }
 

@@ -49,13 +49,14 @@ impl ServerProcess {
         let mut lines = BufReader::new(stdout).lines();
         let line = lines.next().context("no output")??;
         std::thread::spawn(move || for _ in lines {});
-        let addr = line
-            .strip_prefix("permit listening on http://")
+        let url = line
+            .strip_prefix("permit listening on ")
             .and_then(|rest| rest.split_whitespace().next())
             .with_context(|| format!("unexpected first line {line:?}"))?
             .to_owned();
+        let addr = url.split_once("://").map_or(url.as_str(), |(_, addr)| addr).to_owned();
         Ok(ServerProcess {
-            url: format!("http://{addr}"),
+            url,
             addr,
             data_dir: PathBuf::new(),
             args: Vec::new(),
@@ -124,6 +125,7 @@ pub async fn cluster(bin: &Path, dir: &Path, size: u64) -> anyhow::Result<Vec<Se
     }
     let members: Vec<_> =
         nodes.iter().enumerate().map(|(i, n)| json!({ "id": i + 1, "addr": n.addr })).collect();
+    crate::install_crypto_provider();
     let http = reqwest::Client::new();
     let answer = http
         .post(format!("{}/v1/cluster/init", nodes[0].url))

@@ -2,9 +2,10 @@
 //! `set-capacity`, `delete`, `leader` and `cluster`.
 //!
 //! The binary flattens [`ClientCommand`] into its parser next to `serve`, owns the global
-//! `--server` option (a comma-separated list, env `PERMIT_SERVER`), calls [`execute`] with the
-//! list, and maps an error to an exit code with [`exit_code_of`]. Every server interaction goes
-//! through `permit-client`.
+//! `--server` option (a comma-separated list, env `PERMIT_SERVER`), the TLS options
+//! ([`TlsArgs`]: `--ca-file`, `--client-cert`, `--client-key`) and `--auth-token`, calls
+//! [`execute`] with them, and maps an error to an exit code with [`exit_code_of`]. Every server
+//! interaction goes through `permit-client`.
 //!
 //! # Exit codes
 //!
@@ -26,6 +27,7 @@ mod semaphores;
 mod supervise;
 mod table;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -152,19 +154,54 @@ pub enum ClientCommand {
     Acl(acl::AclCommand),
 }
 
+/// TLS options of the client commands: global flags of the binary.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct TlsArgs {
+    /// Trust only the CA certificates in this PEM file for `https://` servers (default: the
+    /// system's roots).
+    #[arg(long, global = true, env = "PERMIT_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// Present this PEM client certificate to servers that require one (with `--client-key`).
+    #[arg(long, global = true, env = "PERMIT_CLIENT_CERT", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// The PEM private key of `--client-cert`.
+    #[arg(long, global = true, env = "PERMIT_CLIENT_KEY", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// A client of `servers` with these options.
+    ///
+    /// # Errors
+    ///
+    /// Invalid server addresses, and files that cannot be read.
+    pub fn client(&self, servers: &[String]) -> anyhow::Result<Client> {
+        let mut builder = Client::builder(servers);
+        if let Some(ca) = &self.ca_file {
+            builder = builder.ca_file(ca).context("invalid --ca-file")?;
+        }
+        if let (Some(cert), Some(key)) = (&self.client_cert, &self.client_key) {
+            builder = builder.identity_files(cert, key).context("invalid --client-cert/--client-key")?;
+        }
+        builder.build().context("invalid --server or TLS option")
+    }
+}
+
 /// Runs `command` against the servers at `servers` (tried in order, with failover) and returns the
 /// process exit code (see the crate docs). Errors are to be printed and mapped to an exit code by
 /// [`exit_code_of`].
 ///
 /// # Errors
 ///
-/// Invalid server addresses, and any error of the server or the connection, with context.
+/// Invalid server addresses or TLS files, and any error of the server or the connection, with
+/// context.
 pub async fn execute(
     command: ClientCommand,
     servers: &[String],
+    tls: &TlsArgs,
     auth_token: Option<&str>,
 ) -> anyhow::Result<i32> {
-    let mut client = Client::with_endpoints(servers).context("invalid --server")?;
+    let mut client = tls.client(servers)?;
     if let Some(secret) = auth_token {
         client = client.auth_token(secret);
     }

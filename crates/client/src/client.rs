@@ -42,7 +42,9 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client of the server at `url` (`http://host:port`; a bare `host:port` gets `http://`).
+    /// A client of the server at `url` (`http://host:port` or `https://host:port`; a bare
+    /// `host:port` gets `http://`). Over HTTPS the system's roots are trusted; use
+    /// [`Client::builder`] for a private CA or a client certificate.
     ///
     /// Nothing is sent until the first call.
     ///
@@ -55,7 +57,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidEndpoint`](crate::Error::InvalidEndpoint) if `url` is not an `http://` URL with a host and no path.
+    /// [`Error::InvalidEndpoint`](crate::Error::InvalidEndpoint) if `url` is not an `http://` or `https://` URL with a host and no path.
     pub fn new(url: &str) -> Result<Client> {
         Client::with_endpoints([url])
     }
@@ -76,14 +78,23 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidEndpoint`](crate::Error::InvalidEndpoint) if the list is empty or a URL is not an `http://` URL.
+    /// [`Error::InvalidEndpoint`](crate::Error::InvalidEndpoint) if the list is empty or a URL is not an `http://` or `https://` URL.
     pub fn with_endpoints<I, S>(urls: I) -> Result<Client>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let urls: Vec<String> = urls.into_iter().map(|url| url.as_ref().to_owned()).collect();
-        Ok(Client { transport: Arc::new(Transport::new(&urls)?) })
+        Client::builder(urls).build()
+    }
+
+    /// A [`ClientBuilder`](crate::ClientBuilder) for these endpoints, for TLS options (a
+    /// private CA, a client certificate).
+    pub fn builder<I, S>(urls: I) -> crate::ClientBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        crate::ClientBuilder::new(urls.into_iter().map(|url| url.as_ref().to_owned()).collect())
     }
 
     /// The same client, authenticating every request with this token's secret (for servers

@@ -1,6 +1,8 @@
 //! Async Rust client of Permit, a distributed semaphore service.
 //!
-//! A [`Client`] talks HTTP/JSON to one server or to any node of a cluster. A [`Session`] is the
+//! A [`Client`] talks HTTP/JSON to one server or to any node of a cluster, over `http://` or
+//! `https://` ([`Client::builder`] takes a private CA and a client certificate; TLS is rustls
+//! with the ring provider, see [`install_crypto_provider`]). A [`Session`] is the
 //! server-side identity that holds things; this client keeps it alive in the background
 //! (a keepalive every third of its TTL) and tracks its [`SessionState`]. From a session:
 //!
@@ -52,6 +54,7 @@
 #![deny(missing_docs)]
 
 mod acl;
+mod builder;
 mod client;
 mod cluster;
 mod elections;
@@ -65,6 +68,7 @@ mod session;
 mod transport;
 mod waiter;
 
+pub use builder::ClientBuilder;
 pub use client::Client;
 pub use error::{Error, Result};
 pub use leadership::Leadership;
@@ -72,6 +76,7 @@ pub use permit::{AcquireOptions, Permit};
 pub use permit_wire::ErrorCode;
 pub use semaphores::LIST_LIMIT_MAX;
 pub use session::{Session, SessionOptions, SessionState};
+pub use transport::install_crypto_provider;
 
 /// The JSON bodies of the HTTP API, as the low-level [`Client`] methods take and return them.
 pub use permit_wire as wire;

@@ -25,6 +25,9 @@ const TIMEOUTS_MAX: u32 = 2;
 /// First pause before going around the endpoints again; doubles up to `BACKOFF_MAX`.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Idle pooled connections are dropped after this long: before the server's header-read timeout
+/// (10 s by default) closes them, which could race with a request being sent on one.
+const POOL_IDLE: Duration = Duration::from_secs(4);
 /// Longest time spent connecting to one endpoint before trying the next.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -120,14 +123,62 @@ pub(crate) struct Transport {
     auth_token: Option<String>,
 }
 
+/// TLS settings of a client: CAs to trust instead of the system's roots, and a client identity.
+#[derive(Debug, Default)]
+pub(crate) struct TlsOptions {
+    /// PEM texts of trusted CAs; when any is given, only these are trusted.
+    pub ca_pems: Vec<Vec<u8>>,
+    /// PEM certificate chain followed by its private key.
+    pub identity: Option<Vec<u8>>,
+}
+
+impl TlsOptions {
+    /// Adds these settings to a reqwest builder.
+    fn apply(&self, mut builder: reqwest::ClientBuilder) -> Result<reqwest::ClientBuilder> {
+        let invalid = |what: &str, error: reqwest::Error| Error::InvalidArgument {
+            message: format!("{what}: {error}"),
+        };
+        let mut roots = Vec::new();
+        for pem in &self.ca_pems {
+            roots.extend(
+                reqwest::Certificate::from_pem_bundle(pem).map_err(|e| invalid("CA certificate", e))?,
+            );
+        }
+        if !self.ca_pems.is_empty() {
+            if roots.is_empty() {
+                return Err(Error::InvalidArgument { message: "the CA PEM holds no certificate".into() });
+            }
+            builder = builder.tls_certs_only(roots);
+        }
+        if let Some(identity) = &self.identity {
+            builder = builder
+                .identity(reqwest::Identity::from_pem(identity).map_err(|e| invalid("client identity", e))?);
+        }
+        Ok(builder)
+    }
+}
+
+/// Installs rustls' `ring` crypto provider as the process default unless one is installed.
+/// reqwest is built without a provider of its own (`rustls-no-provider`), and every reqwest
+/// client in the process needs one.
+pub fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race against another thread installing one is fine.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 impl Transport {
-    pub fn new(urls: &[String]) -> Result<Transport> {
+    pub fn new(urls: &[String], tls: &TlsOptions) -> Result<Transport> {
         if urls.is_empty() {
             return Err(Error::InvalidEndpoint { url: String::new(), reason: "no endpoint given".into() });
         }
         let endpoints = urls.iter().map(|url| normalize(url)).collect::<Result<Vec<_>>>()?;
-        let http = reqwest::Client::builder()
+        install_crypto_provider();
+        let http = tls
+            .apply(reqwest::Client::builder())?
             .no_proxy()
+            .pool_idle_timeout(POOL_IDLE)
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .build()
@@ -275,8 +326,8 @@ fn normalize(url: &str) -> Result<String> {
     let trimmed = url.trim();
     let with_scheme = if trimmed.contains("://") { trimmed.to_owned() } else { format!("http://{trimmed}") };
     let parsed = reqwest::Url::parse(&with_scheme).map_err(|error| invalid(&error.to_string()))?;
-    if parsed.scheme() != "http" {
-        return Err(invalid("only http:// endpoints are supported"));
+    if parsed.scheme() != "http" && parsed.scheme() != "https" {
+        return Err(invalid("only http:// and https:// endpoints are supported"));
     }
     if parsed.host_str().is_none_or(str::is_empty) {
         return Err(invalid("no host"));

@@ -44,6 +44,7 @@ struct Answer {
 impl Client {
     /// A client of the nodes at `urls`, starting with node `node`.
     pub fn new(id: u32, urls: Vec<String>, node: usize, recorder: Arc<Recorder>) -> Client {
+        crate::install_crypto_provider();
         let http =
             reqwest::Client::builder().no_proxy().timeout(CALL_TIMEOUT).build().expect("client builds");
         Client { id, urls, node, http, recorder, last_unknown: false }

@@ -116,6 +116,7 @@ impl Cluster {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join(CLUSTER_SECRET_FILE), CLUSTER_SECRET)?;
         let block = NEXT_BLOCK.fetch_add(1, Ordering::Relaxed) % 100 + (std::process::id() % 50) as u8;
+        crate::install_crypto_provider();
         let http = reqwest::Client::builder().no_proxy().build()?;
         let mut cluster = Cluster {
             nodes: Vec::new(),

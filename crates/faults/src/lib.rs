@@ -8,3 +8,11 @@ pub mod proxy;
 pub mod resource;
 pub mod scenario;
 pub mod workload;
+
+/// Installs rustls' `ring` crypto provider as the process default unless one is installed:
+/// reqwest is built with `rustls-no-provider`, and every client it builds needs one.
+pub fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}

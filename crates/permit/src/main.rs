@@ -28,6 +28,8 @@ struct Cli {
     /// `Authorization: Bearer SECRET`).
     #[arg(long, global = true, env = "PERMIT_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
+    #[command(flatten)]
+    tls: permit_cli::TlsArgs,
     #[command(subcommand)]
     command: TopCommand,
 }
@@ -73,6 +75,26 @@ struct ServeArgs {
     /// `--join`: peer requests are authenticated with it.
     #[arg(long)]
     cluster_secret_file: Option<PathBuf>,
+    /// Close a connection that has not sent a complete request head (or TLS handshake) within
+    /// this time, or that sits idle between requests that long (slowloris).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    header_read_timeout: std::time::Duration,
+    /// Most connections open at once; more are closed as soon as they are accepted.
+    #[arg(long, default_value_t = permit_server::listener::CONNECTIONS_MAX_DEFAULT)]
+    connections_max: usize,
+    /// Serve HTTPS with this PEM certificate chain (also this node's identity towards its peers).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates signed by a CA in this PEM file.
+    #[arg(long, requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Verify peers' certificates against the CAs in this PEM file (default: `--tls-client-ca`,
+    /// else the system's roots).
+    #[arg(long, requires = "tls_cert")]
+    peer_ca: Option<PathBuf>,
     #[command(flatten)]
     auth: AuthArgs,
 }
@@ -180,6 +202,14 @@ fn main() -> anyhow::Result<()> {
                 metrics_public: args.auth.metrics_public,
                 allow_unauthenticated: args.auth.allow_unauthenticated,
                 cluster_secret,
+                header_read_timeout: args.header_read_timeout,
+                connections_max: args.connections_max,
+                tls: args.tls_cert.zip(args.tls_key).map(|(cert, key)| permit_server::tls::TlsConfig {
+                    cert,
+                    key,
+                    client_ca: args.tls_client_ca,
+                    peer_ca: args.peer_ca,
+                }),
                 ..permit_server::Config::default()
             };
             let served = runtime.block_on(permit_server::serve(config, permit_server::shutdown_signal()));
@@ -191,6 +221,7 @@ fn main() -> anyhow::Result<()> {
             let code = match runtime.block_on(permit_cli::execute(
                 command,
                 &cli.server,
+                &cli.tls,
                 cli.auth_token.as_deref(),
             )) {
                 Ok(code) => code,

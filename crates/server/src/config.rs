@@ -44,6 +44,13 @@ pub struct Config {
     /// carry a credential derived from it. Required with `peers` or `join`; without it the node
     /// serves no `/raft/*` route.
     pub cluster_secret: Option<crate::peer::ClusterSecret>,
+    /// Longest wait for a client's complete request head (and TLS handshake); an idle
+    /// keep-alive connection is closed after it too.
+    pub header_read_timeout: std::time::Duration,
+    /// Most connections open at once; more are closed as soon as they are accepted.
+    pub connections_max: usize,
+    /// Serve HTTPS (and reach peers over HTTPS) with these files.
+    pub tls: Option<crate::tls::TlsConfig>,
 }
 
 /// `permit serve`'s default address.
@@ -67,6 +74,9 @@ impl Default for Config {
             metrics_public: false,
             allow_unauthenticated: false,
             cluster_secret: None,
+            header_read_timeout: crate::listener::HEADER_READ_TIMEOUT_DEFAULT,
+            connections_max: crate::listener::CONNECTIONS_MAX_DEFAULT,
+            tls: None,
         }
     }
 }
@@ -102,6 +112,12 @@ impl Config {
             "--peers and --join need --cluster-secret-file: {}",
             crate::peer::SECRET_HOWTO
         );
+        anyhow::ensure!(
+            (1..=crate::listener::CONNECTIONS_MAX_LIMIT).contains(&self.connections_max),
+            "--connections-max must be 1 to {}",
+            crate::listener::CONNECTIONS_MAX_LIMIT
+        );
+        anyhow::ensure!(!self.header_read_timeout.is_zero(), "--header-read-timeout must be positive");
         if !self.peers.is_empty() {
             anyhow::ensure!(
                 self.peers.contains_key(&self.node_id),

@@ -15,6 +15,7 @@ pub mod expiry;
 pub mod failstop;
 pub mod leadership;
 pub mod lessor;
+pub mod listener;
 pub mod metrics;
 pub mod node;
 pub mod notify;
@@ -23,6 +24,7 @@ pub mod proposer;
 pub mod raft;
 pub mod removal;
 pub mod replica;
+pub mod tls;
 
 use std::future::Future;
 use std::io::Write;
@@ -36,13 +38,20 @@ pub use node::Node;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// Runs a node until `stop` resolves: binds the listener, starts Raft, prints
-/// `permit listening on http://ADDR` on stdout, and serves the API.
+/// `permit listening on http://ADDR` (`https://` with TLS) on stdout, and serves the API.
 ///
 /// # Errors
-/// When the address cannot be bound, the data dir cannot be opened, or Raft fails to start;
-/// and when the node fails while serving (a storage error, or Raft stopped on its own: see
-/// [`failstop`]), after refusing all work for [`failstop::FAILSTOP_LINGER`].
+/// When the address cannot be bound, the data dir or a TLS file cannot be opened, or Raft fails
+/// to start; and when the node fails while serving (a storage error, or Raft stopped on its own:
+/// see [`failstop`]), after refusing all work for [`failstop::FAILSTOP_LINGER`].
 pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let acceptor = config.tls.as_ref().map(tls::server_config).transpose()?;
+    let settings = listener::ListenerSettings {
+        header_read_timeout: config.header_read_timeout,
+        connections_max: config.connections_max,
+        tls: acceptor.map(tokio_rustls::TlsAcceptor::from),
+    };
+    let scheme = tls::peer_scheme(config.tls.as_ref());
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
@@ -51,7 +60,7 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'stat
     let router = api::router(node.clone());
     {
         let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "permit listening on http://{addr} (node {})", node.id)?;
+        writeln!(stdout, "permit listening on {scheme}://{addr} (node {})", node.id)?;
         stdout.flush()?;
     }
     tracing::info!(%addr, data_dir = %node.config.data_dir.display(), "serving");
@@ -68,13 +77,13 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'stat
         stopper.shutdown().await;
         let _ = stopping_tx.send(());
     });
-    let server = axum::serve(listener, router).with_graceful_shutdown(async {
+    let server = crate::listener::serve(listener, router, settings, node.metrics.clone(), async {
         let _ = stopping_rx.await;
     });
     let mut shutdown = node.shutdown.clone();
     let failed = node.clone();
     tokio::select! {
-        result = server => result?,
+        () = server => {}
         failure = async {
             let failure = failed.fatal().await;
             // Keep answering 503 for a moment, so that probes and clients see why.

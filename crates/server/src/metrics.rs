@@ -29,6 +29,8 @@ pub struct Metrics {
     pub append_seconds: Histogram,
     sessions_expired: Counter,
     holds_expired: Counter,
+    connections_open: Gauge,
+    connections_refused: Family<Labels, Counter>,
     /// Gauges set at scrape time.
     pub gauges: StateGauges,
     scrapes: AtomicU64,
@@ -105,6 +107,14 @@ impl Metrics {
         registry.register("sessions_expired", "Sessions expired by the leader", sessions_expired.clone());
         let holds_expired = Counter::default();
         registry.register("holds_expired", "Holds released by max_hold_ms", holds_expired.clone());
+        let connections_open = Gauge::default();
+        registry.register("connections_open", "Open client and peer connections", connections_open.clone());
+        let connections_refused = Family::<Labels, Counter>::default();
+        registry.register(
+            "connections_refused",
+            "Connections closed without serving by reason: cap, plain_http (on a TLS port), tls_handshake",
+            connections_refused.clone(),
+        );
         let gauges = StateGauges::default();
         let g = &gauges;
         registry.register("sessions", "Live sessions", g.sessions.clone());
@@ -143,6 +153,8 @@ impl Metrics {
             append_seconds,
             sessions_expired,
             holds_expired,
+            connections_open,
+            connections_refused,
             gauges,
             scrapes: AtomicU64::new(0),
         }
@@ -177,6 +189,21 @@ impl Metrics {
     /// Counts holds released by `max_hold_ms`.
     pub fn holds_expired(&self, count: u64) {
         self.holds_expired.inc_by(count);
+    }
+
+    /// Counts an accepted connection as open.
+    pub fn connection_opened(&self) {
+        self.connections_open.inc();
+    }
+
+    /// Counts an open connection as closed.
+    pub fn connection_closed(&self) {
+        self.connections_open.dec();
+    }
+
+    /// Counts a connection closed without being served, by reason.
+    pub fn connection_refused(&self, reason: &str) {
+        self.connections_refused.get_or_create(&vec![("reason".to_owned(), reason.to_owned())]).inc();
     }
 
     /// Renders every metric in the Prometheus text format.

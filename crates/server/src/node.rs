@@ -72,7 +72,12 @@ impl Node {
     /// # Errors
     /// When the data dir cannot be opened (or another server has it open) or Raft cannot start.
     pub async fn start(config: Config, addr: SocketAddr) -> anyhow::Result<Arc<Node>> {
-        let network = Network::new(Some(addr.ip()), config.node_id, config.cluster_secret.as_ref());
+        let network = Network::new(
+            Some(addr.ip()),
+            config.node_id,
+            config.cluster_secret.as_ref(),
+            config.tls.as_ref(),
+        )?;
         Node::assemble(config, addr, network, true).await
     }
 
@@ -172,7 +177,7 @@ impl Node {
         tokio::spawn(driver.run());
         let (shutdown_tx, shutdown) = watch::channel(false);
         crate::failstop::watch_core(raft.clone(), shutdown.clone(), fail_stop.clone());
-        let http = reqwest::Client::builder()
+        let http = crate::tls::peer_client(reqwest::Client::builder(), config.tls.as_ref())?
             .no_proxy()
             .local_address(Some(addr.ip()).filter(|ip| !ip.is_unspecified()))
             .pool_max_idle_per_host(32)
@@ -219,6 +224,11 @@ impl Node {
         let metrics = metrics.borrow();
         let membership = metrics.membership_config.membership();
         membership.get_node(&peer).is_some() || membership.nodes().next().is_none()
+    }
+
+    /// The URL scheme peers are reached with (`https` when this node has TLS).
+    pub fn peer_scheme(&self) -> &'static str {
+        crate::tls::peer_scheme(self.config.tls.as_ref())
     }
 
     /// Proposes a command and waits until it is applied.

@@ -128,6 +128,8 @@ error_codes! {
     /// A write to this node's data dir failed (disk full, I/O error): it refuses all work and
     /// exits. Nothing it acknowledged is lost; retry on another node.
     StorageError = "storage_error", 503;
+    /// Plain HTTP was sent to a port that serves HTTPS only; the connection is closed.
+    TlsRequired = "tls_required", 400;
 }
 
 #[cfg(feature = "openapi")]
@@ -173,7 +175,7 @@ mod tests {
         semaphore_not_found unavailable permits_exceed_capacity permits_mismatch semaphore_busy \
         wait_cancelled limit_exceeded no_leader shutting_down internal timeout already_initialized \
         membership_change_in_progress leader_unreachable unauthenticated permission_denied \
-        token_not_found storage_error";
+        token_not_found storage_error tls_required";
 
     #[test]
     fn error_codes_match_the_published_list() {

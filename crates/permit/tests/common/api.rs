@@ -36,11 +36,13 @@ impl Api {
 
     /// A client of the node at `url`.
     pub fn at(url: &str) -> Api {
+        permit_client::install_crypto_provider();
         Api { http: reqwest::Client::builder().no_proxy().build().unwrap(), url: url.to_owned() }
     }
 
     /// A client of the node at `url` that sends `Authorization: Bearer SECRET`.
     pub fn with_token(url: &str, secret: &str) -> Api {
+        permit_client::install_crypto_provider();
         let mut headers = reqwest::header::HeaderMap::new();
         let value = format!("Bearer {secret}").parse().expect("header value");
         headers.insert(reqwest::header::AUTHORIZATION, value);

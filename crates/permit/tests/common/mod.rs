@@ -75,22 +75,23 @@ impl Server {
             let mut sent = false;
             while let Some(Ok(line)) = lines.next() {
                 if !sent {
-                    if let Some(addr) = line.strip_prefix("permit listening on http://") {
-                        let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_owned());
+                    if let Some(url) = line.strip_prefix("permit listening on ") {
+                        let _ = tx.send(url.split_whitespace().next().unwrap_or("").to_owned());
                         sent = true;
                     }
                 }
             }
         });
-        let addr = match rx.recv_timeout(START_TIMEOUT) {
-            Ok(addr) => addr,
+        let url = match rx.recv_timeout(START_TIMEOUT) {
+            Ok(url) => url,
             Err(_) => {
                 let _ = child.kill();
                 panic!("permit serve did not print its address within {START_TIMEOUT:?}");
             }
         };
+        let addr = url.split_once("://").map_or(url.as_str(), |(_, addr)| addr).to_owned();
         Server {
-            url: format!("http://{addr}"),
+            url,
             addr,
             data_dir: data_dir.to_owned(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
@@ -131,6 +132,18 @@ impl Server {
         let mut next = Server::start_in(&self.data_dir, &self.addr, &extra);
         next._temp = temp;
         std::mem::swap(self, &mut next);
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself; its status, or None.
+    pub fn wait_for_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
     }
 
     /// Pauses the process (SIGSTOP): it keeps its sockets but answers nothing.
@@ -180,12 +193,22 @@ pub struct Cluster {
     pub nodes: Vec<Server>,
     /// The cluster secret's file, given to every node.
     pub secret_file: PathBuf,
+    /// The client the harness talks to the nodes with.
+    pub http: reqwest::Client,
     _temp: tempfile::TempDir,
 }
 
 impl Cluster {
     /// Starts `size` nodes (ids 1..=size) and forms a cluster of all of them.
     pub async fn start(size: u64, extra: &[&str]) -> Cluster {
+        permit_client::install_crypto_provider();
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        Cluster::start_with(size, extra, http).await
+    }
+
+    /// Like [`Cluster::start`], talking to the nodes with `http` (one that trusts their CA, for
+    /// nodes serving HTTPS).
+    pub async fn start_with(size: u64, extra: &[&str], http: reqwest::Client) -> Cluster {
         let temp = tempfile::tempdir().expect("temp dir");
         let secret_file = write_cluster_secret(temp.path());
         let secret_arg = secret_file.display().to_string();
@@ -204,7 +227,6 @@ impl Cluster {
             .enumerate()
             .map(|(i, n)| serde_json::json!({ "id": i as u64 + 1, "addr": n.addr }))
             .collect();
-        let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let answer = http
             .post(format!("{}/v1/cluster/init", nodes[0].url))
             .json(&serde_json::json!({ "members": members }))
@@ -213,7 +235,7 @@ impl Cluster {
             .await
             .expect("init");
         assert!(answer.status().is_success(), "init: {}", answer.text().await.unwrap_or_default());
-        let cluster = Cluster { nodes, secret_file, _temp: temp };
+        let cluster = Cluster { nodes, secret_file, http, _temp: temp };
         cluster.leader(Duration::from_secs(10)).await.expect("a leader is elected");
         cluster
     }
@@ -230,7 +252,7 @@ impl Cluster {
 
     /// Index in `nodes` of the leader as the reachable nodes report it, once they agree.
     pub async fn leader(&self, timeout: Duration) -> Option<usize> {
-        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let http = &self.http;
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             for node in self.nodes.iter().filter(|n| !n.stopped) {

@@ -214,6 +214,7 @@ mod victim {
     /// The paused client: acquire, report the token, then write with it on each "go".
     pub async fn run(config: &str) {
         let (url, resource) = config.split_once('|').expect("config");
+        permit_client::install_crypto_provider();
         let http = reqwest::Client::new();
         let session: serde_json::Value = http
             .post(format!("{url}/v1/sessions"))

@@ -60,8 +60,9 @@ pub async fn view(node: &Node) -> ClusterView {
         .unwrap_or_default();
     let probes = membership.nodes().map(|(id, member)| {
         let (http, addr, id) = (node.http.clone(), member.addr.clone(), *id);
+        let scheme = node.peer_scheme();
         async move {
-            let url = format!("http://{addr}/v1/health");
+            let url = format!("{scheme}://{addr}/v1/health");
             let health =
                 async { http.get(url).timeout(PROBE_TIMEOUT).send().await.ok()?.json::<Health>().await.ok() };
             (id, addr, health.await)

@@ -97,7 +97,7 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut outgoing = node
         .http
-        .request(parts.method.clone(), format!("http://{addr}{path}"))
+        .request(parts.method.clone(), format!("{}://{addr}{path}", node.peer_scheme()))
         .timeout(FORWARD_TIMEOUT)
         .header(FORWARDED_HEADER, node.id.to_string())
         .body(body);

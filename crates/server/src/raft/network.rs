@@ -33,22 +33,31 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 pub struct Network {
     http: reqwest::Client,
     credential: Arc<[(&'static str, String)]>,
+    scheme: &'static str,
 }
 
 impl Network {
     /// A network with its own connection pool, dialling from `local` when it is a specific
-    /// address (so peers and fault-injecting proxies see which node connects). Requests carry
-    /// node `id`'s credential under `secret` (none without a secret: peers refuse them).
-    pub fn new(local: Option<std::net::IpAddr>, id: NodeId, secret: Option<&ClusterSecret>) -> Network {
-        let http = reqwest::Client::builder()
+    /// address (so peers and fault-injecting proxies see which node connects), over HTTPS when
+    /// `tls` is set. Requests carry node `id`'s credential under `secret` (none without a
+    /// secret: peers refuse them).
+    ///
+    /// # Errors
+    /// When a TLS file cannot be read.
+    pub fn new(
+        local: Option<std::net::IpAddr>,
+        id: NodeId,
+        secret: Option<&ClusterSecret>,
+        tls: Option<&crate::tls::TlsConfig>,
+    ) -> anyhow::Result<Network> {
+        let http = crate::tls::peer_client(reqwest::Client::builder(), tls)?
             .connect_timeout(CONNECT_TIMEOUT)
             .pool_max_idle_per_host(4)
             .local_address(local.filter(|ip| !ip.is_unspecified()))
             .no_proxy()
-            .build()
-            .expect("HTTP client builds");
+            .build()?;
         let credential = secret.map(|secret| secret.headers(id).to_vec()).unwrap_or_default();
-        Network { http, credential: credential.into() }
+        Ok(Network { http, credential: credential.into(), scheme: crate::tls::peer_scheme(tls) })
     }
 }
 
@@ -56,6 +65,7 @@ impl Network {
 pub struct PeerConnection {
     http: reqwest::Client,
     credential: Arc<[(&'static str, String)]>,
+    scheme: &'static str,
     target: NodeId,
     addr: String,
 }
@@ -67,6 +77,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         PeerConnection {
             http: self.http.clone(),
             credential: self.credential.clone(),
+            scheme: self.scheme,
             target,
             addr: node.addr.clone(),
         }
@@ -86,7 +97,7 @@ impl PeerConnection {
         E: std::error::Error + DeserializeOwned,
     {
         let body = postcard::to_allocvec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let url = format!("http://{}{RAFT_PATH_PREFIX}/{route}", self.addr);
+        let url = format!("{}://{}{RAFT_PATH_PREFIX}/{route}", self.scheme, self.addr);
         let mut outgoing =
             self.http.post(url).timeout(option.hard_ttl()).header("content-type", "application/octet-stream");
         for (name, value) in self.credential.iter() {
