@@ -319,6 +319,7 @@ impl Session {
     ///     capacity: Some(4),
     ///     max_hold: Some(Duration::from_secs(3600)),
     ///     timeout: Some(Duration::from_secs(60)),
+    ///     ephemeral: false,
     /// };
     /// if let Some(permit) = session.acquire_with("builds", 1, &options).await? {
     ///     println!("token {}, held until {:?} at the latest", permit.token(), permit.deadline());

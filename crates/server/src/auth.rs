@@ -254,9 +254,18 @@ fn identify(node: &Node, request: &Request) -> Result<Caller, ApiError> {
         .ok_or_else(|| unauthenticated("malformed Authorization header: expected `Bearer SECRET`"))?;
     let hash = secret_sha256(secret);
     let replica = node.replica.lock();
-    let (id, token) =
-        replica.state.token_by_secret(&hash).ok_or_else(|| unauthenticated("unknown or deleted token"))?;
-    Ok(Caller::Token { id, token: token.clone() })
+    if let Some((id, token)) = replica.state.token_by_secret(&hash) {
+        return Ok(Caller::Token { id, token: token.clone() });
+    }
+    // Before the bootstrap has committed the root token (a `--join` node waiting for
+    // `POST /v1/cluster/init`, or the first moments of a new cluster), the root secret this node
+    // was given already acts as root: it is the secret the bootstrap will install.
+    let configured = node.config.root_token.as_deref().map(secret_sha256);
+    if !replica.state.root_created() && configured == Some(hash) {
+        let token = Token { name: "root".to_owned(), secret_sha256: hash, rules: permit_core::root_rules() };
+        return Ok(Caller::Token { id: permit_core::ROOT_TOKEN_ID, token });
+    }
+    Err(unauthenticated("unknown or deleted token"))
 }
 
 /// Counts each token's open long-polls, to cap them (`--long-polls-per-token-max`).

@@ -3,6 +3,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod acl;
 mod client_failover;
 mod failover;
 mod membership;

@@ -106,8 +106,11 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
             outgoing = outgoing.header(name, value);
         }
     }
-    if let Some(content_type) = parts.headers.get(axum::http::header::CONTENT_TYPE) {
-        outgoing = outgoing.header(axum::http::header::CONTENT_TYPE, content_type.clone());
+    // The client's credential travels with its request: the leader authorises it (`auth.rs`).
+    for name in [axum::http::header::CONTENT_TYPE, axum::http::header::AUTHORIZATION] {
+        if let Some(value) = parts.headers.get(&name) {
+            outgoing = outgoing.header(name, value.clone());
+        }
     }
     let answer = match outgoing.send().await {
         Ok(answer) => answer,
