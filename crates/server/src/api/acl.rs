@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use permit_core::{validate_token, Access, Command, Outcome, Resource, Rule, Token, TokenId, ROOT_TOKEN_ID};
 use permit_wire::{
-    AclAccess, AclResource, AclRule, CreateTokenRequest, ErrorCode, TokenCreated, TokenList, TokenView,
+    AclAccess, AclResource, AclRule, CreateTokenRequest, ErrorBody, ErrorCode, TokenCreated, TokenList, TokenView,
 };
 
 use super::error::ApiError;
@@ -63,7 +63,8 @@ pub async fn list(State(node): State<Arc<Node>>) -> Result<axum::Json<TokenList>
 
 /// The token the request was made with. Any valid token may ask.
 #[utoipa::path(get, path = "/v1/acl/tokens/self", tag = "acl",
-    responses((status = 200, body = TokenView)))]
+    responses((status = 200, body = TokenView),
+              (status = 400, body = ErrorBody, description = "`invalid_argument`: auth is off, requests carry no token")))]
 pub async fn current(
     State(node): State<Arc<Node>>,
     caller: Caller,
