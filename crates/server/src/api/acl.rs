@@ -7,7 +7,8 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use permit_core::{validate_token, Access, Command, Outcome, Resource, Rule, Token, TokenId, ROOT_TOKEN_ID};
 use permit_wire::{
-    AclAccess, AclResource, AclRule, CreateTokenRequest, ErrorBody, ErrorCode, TokenCreated, TokenList, TokenView,
+    AclAccess, AclResource, AclRule, CreateTokenRequest, ErrorBody, ErrorCode, TokenCreated, TokenList,
+    TokenView,
 };
 
 use super::error::ApiError;
