@@ -251,7 +251,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Some(("<= 2x unloaded".into(), flooded <= 2.0)),
         );
         report.add(
-            "  flood requests (mostly 429 at the cap)",
+            "  flood requests (session creations, then 429s at the cap)",
             format!("{:.0} /s", cost.flood_requests_per_second),
             None,
         );

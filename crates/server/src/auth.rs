@@ -170,12 +170,16 @@ impl Caller {
         }
     }
 
-    /// A place for one long-poll of this caller on `node` (see [`LongPolls`]).
+    /// A place for one long-poll of this caller on `node` (see [`LongPolls`]); a refusal is
+    /// answered after [`PER_TOKEN_REFUSAL_DELAY`].
     ///
     /// # Errors
     /// `limit_exceeded`.
-    pub fn long_poll(&self, node: &Node) -> Result<LongPoll, ApiError> {
-        node.long_polls.enter(self, node.config.long_polls_per_token_max)
+    pub async fn long_poll(&self, node: &Node) -> Result<LongPoll, ApiError> {
+        match node.long_polls.enter(self, node.config.long_polls_per_token_max) {
+            Ok(poll) => Ok(poll),
+            Err(refusal) => Err(slowly(refusal).await),
+        }
     }
 }
 
@@ -185,6 +189,18 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Caller, ApiError> {
         parts.extensions.get::<Caller>().cloned().ok_or_else(|| ApiError::internal("no caller"))
     }
+}
+
+/// How long a refusal for a per-token cap waits before it is answered. A client that floods
+/// (retrying at once in a loop) then makes at most a few requests per second per connection, so
+/// the CPU it costs stays small and other tokens keep their latency; a well-behaved client waits
+/// for `Retry-After` anyway.
+pub const PER_TOKEN_REFUSAL_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Returns `refusal` after [`PER_TOKEN_REFUSAL_DELAY`].
+pub async fn slowly(refusal: ApiError) -> ApiError {
+    tokio::time::sleep(PER_TOKEN_REFUSAL_DELAY).await;
+    refusal
 }
 
 /// SHA-256 of a secret, as tokens store it.

@@ -116,7 +116,10 @@ pub async fn get(
     Query(params): Query<ReadParams>,
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
-    let _poll = params.index.map(|_| caller.long_poll(&node)).transpose()?;
+    let _poll = match params.index {
+        Some(_) => Some(caller.long_poll(&node).await?),
+        None => None,
+    };
     let (view, index) = blocking_read(&node, &params, |node| read_view(node, &name)).await?;
     Ok((index_header(index), axum::Json(view)).into_response())
 }
@@ -217,7 +220,7 @@ pub async fn acquire(
     let session = parse_session(&request.session)?;
     caller.check_owns(&node, session)?;
     let wait_ms = capped_wait(request.wait_ms);
-    let _poll = (wait_ms > 0).then(|| caller.long_poll(&node)).transpose()?;
+    let _poll = if wait_ms > 0 { Some(caller.long_poll(&node).await?) } else { None };
     let acquire = Acquire {
         key: Key::semaphore(name),
         session,

@@ -37,6 +37,15 @@ pub async fn create(
     validate_ttl_ms(ttl_ms)?;
     validate_session_name(request.name.as_deref())?;
     caller.require(Resource::Session, request.name.as_deref().unwrap_or(""), Access::Write)?;
+    if let Some(owner) = caller.token_id() {
+        // Refused here without a log write when the cap is clearly reached; `apply` decides
+        // the close cases (concurrent creations) the same way on every replica.
+        let max = node.config.sessions_per_token_max;
+        if node.replica.lock().state.sessions_of(owner) >= max {
+            let refusal = permit_core::Refusal::LimitExceeded(permit_core::Limit::SessionsPerToken);
+            return Err(crate::auth::slowly(refusal.into()).await);
+        }
+    }
     for _ in 0..SESSION_ID_ATTEMPTS {
         let id = SessionId::from_bytes(rand::random());
         let name = request.name.clone();
@@ -55,6 +64,9 @@ pub async fn create(
                 return Ok((StatusCode::CREATED, axum::Json(SessionCreated { id: id.to_string(), ttl_ms })));
             }
             Outcome::Refused(Refusal::SessionExists) => continue,
+            Outcome::Refused(
+                refusal @ permit_core::Refusal::LimitExceeded(permit_core::Limit::SessionsPerToken),
+            ) => return Err(crate::auth::slowly(refusal.into()).await),
             Outcome::Refused(refusal) => return Err(refusal.into()),
             other => return Err(ApiError::internal(other)),
         }
