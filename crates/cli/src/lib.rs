@@ -277,9 +277,9 @@ mod tests {
         let cli =
             Cli::parse_from(["permit", "run", "db", "-n", "2", "--ttl", "500ms", "--", "sh", "-c", "exit 3"]);
         let ClientCommand::Run(args) = cli.command else { panic!("not run: {cli:?}") };
-        assert_eq!(args.semaphore, "db");
-        assert_eq!(args.permits, 2);
-        assert_eq!(args.ttl, Duration::from_millis(500));
+        assert_eq!(args.permit.semaphore, "db");
+        assert_eq!(args.permit.permits, 2);
+        assert_eq!(args.permit.ttl, Duration::from_millis(500));
         assert_eq!(args.kill_after, Duration::from_secs(10));
         assert_eq!(args.command, ["sh", "-c", "exit 3"]);
     }

@@ -17,24 +17,9 @@ use crate::{parse_duration, EXIT_CODES_RUN, EXIT_LOST, EXIT_SIGNAL_BASE, EXIT_TI
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXIT_CODES_RUN)]
 pub struct RunArgs {
-    /// The semaphore: 1-128 bytes of [A-Za-z0-9._:-].
-    pub semaphore: String,
-    /// Permits to hold while the command runs.
-    #[arg(short = 'n', long, default_value_t = 1)]
-    pub permits: u64,
-    /// Create the semaphore with this capacity if it does not exist. A semaphore made this way
-    /// is ephemeral: the server deletes it when its last holder and waiter leave (see --keep).
-    #[arg(long)]
-    pub capacity: Option<u64>,
-    /// Keep a semaphore that --capacity creates after everyone leaves.
-    #[arg(long, requires = "capacity")]
-    pub keep: bool,
-    /// Session TTL: how soon the permits come back if this process dies or is cut off.
-    #[arg(long, default_value = TTL_DEFAULT, value_parser = parse_duration)]
-    pub ttl: Duration,
-    /// Give up waiting after this long and exit with 75 (default: wait as long as it takes).
-    #[arg(long, value_parser = parse_duration)]
-    pub timeout: Option<Duration>,
+    /// The semaphore and how to hold it.
+    #[command(flatten)]
+    pub permit: PermitArgs,
     /// Release the permits this long after the grant even if the command still runs (the
     /// command is then stopped as on a lost hold).
     #[arg(long, value_parser = parse_duration)]
@@ -55,24 +40,56 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+/// What `permit run` and `permit lock` hold: permits of a semaphore, through a session.
+#[derive(clap::Args, Debug)]
+pub struct PermitArgs {
+    /// The semaphore: 1-128 bytes of [A-Za-z0-9._:-].
+    pub semaphore: String,
+    /// Permits to hold.
+    #[arg(short = 'n', long, default_value_t = 1)]
+    pub permits: u64,
+    /// Create the semaphore with this capacity if it does not exist. A semaphore made this way
+    /// is ephemeral: the server deletes it when its last holder and waiter leave (see --keep).
+    #[arg(long)]
+    pub capacity: Option<u64>,
+    /// Keep a semaphore that --capacity creates after everyone leaves.
+    #[arg(long, requires = "capacity")]
+    pub keep: bool,
+    /// Session TTL: how soon the permits come back if this process dies or is cut off.
+    #[arg(long, default_value = TTL_DEFAULT, value_parser = parse_duration)]
+    pub ttl: Duration,
+    /// Give up waiting after this long and exit with 75 (default: wait as long as it takes).
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+}
+
+impl PermitArgs {
+    /// The acquire options these flags ask for.
+    pub(crate) fn options(&self, max_hold: Option<Duration>) -> AcquireOptions {
+        AcquireOptions { capacity: self.capacity, max_hold, timeout: self.timeout, ephemeral: !self.keep }
+    }
+
+    /// The hold of these permits by a session named `name` (default: `permit COMMAND`, the
+    /// semaphore and this process id), running `job` if any.
+    pub(crate) fn hold(&self, command: &str, name: Option<String>, job: Option<Job>) -> Hold {
+        let name = name
+            .unwrap_or_else(|| format!("permit {command} {} (pid {})", self.semaphore, std::process::id()));
+        Hold {
+            what: format!("{} permit(s) of semaphore {}", self.permits, self.semaphore),
+            ttl: self.ttl,
+            session_name: name,
+            timeout: self.timeout,
+            job,
+        }
+    }
+}
+
 /// Runs `permit run`.
 pub(crate) async fn run(client: &Client, args: RunArgs) -> anyhow::Result<i32> {
-    let name =
-        args.name.unwrap_or_else(|| format!("permit run {} (pid {})", args.semaphore, std::process::id()));
-    let options = AcquireOptions {
-        capacity: args.capacity,
-        max_hold: args.max_hold,
-        timeout: args.timeout,
-        ephemeral: !args.keep,
-    };
-    let hold = Hold {
-        what: format!("{} permit(s) of semaphore {}", args.permits, args.semaphore),
-        ttl: args.ttl,
-        session_name: name,
-        timeout: args.timeout,
-        job: Some(Job { command: args.command, kill_after: args.kill_after, foreground: args.foreground }),
-    };
-    let (semaphore, permits) = (args.semaphore, args.permits);
+    let options = args.permit.options(args.max_hold);
+    let job = Job { command: args.command, kill_after: args.kill_after, foreground: args.foreground };
+    let hold = args.permit.hold("run", args.name, Some(job));
+    let (semaphore, permits) = (args.permit.semaphore, args.permit.permits);
     hold.run(client, |session| async move {
         let permit = session.acquire_with(&semaphore, permits, &options).await?;
         Ok(permit.map(|permit| {
