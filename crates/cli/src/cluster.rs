@@ -95,3 +95,36 @@ fn print_view(view: &permit_client::wire::ClusterView) {
         .collect();
     print!("{}", table::format(&["ID", "ADDRESS", "ROLE", "MATCHED", "APPLIED", "REACHABLE"], &rows));
 }
+
+/// Backups of the whole state.
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Save a consistent backup (sessions, semaphores, holds, queues, elections, tokens, the
+    /// fencing-token counter) to FILE; `permit serve --restore FILE` starts a new cluster from it.
+    #[command(after_help = crate::EXIT_CODES_COMMON)]
+    Save(SaveArgs),
+}
+
+/// `permit snapshot save`.
+#[derive(Debug, Args)]
+pub struct SaveArgs {
+    /// Where to write the backup (written to FILE.tmp, fsynced, then renamed).
+    file: std::path::PathBuf,
+}
+
+/// Runs a snapshot command.
+pub async fn snapshot(client: &Client, command: SnapshotCommand) -> anyhow::Result<i32> {
+    let SnapshotCommand::Save(args) = command;
+    let bytes = client.snapshot().await.context("save a snapshot")?;
+    let temp = args.file.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        let mut file = std::fs::File::create(&temp)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&temp, &args.file)
+    };
+    write().with_context(|| format!("cannot write {}", args.file.display()))?;
+    println!("saved {} bytes to {}", bytes.len(), args.file.display());
+    Ok(0)
+}

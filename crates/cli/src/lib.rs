@@ -147,6 +147,9 @@ pub enum ClientCommand {
     /// Cluster membership: status, add, remove.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// Backups: `permit snapshot save FILE` (restore with `permit serve --restore FILE`).
+    #[command(subcommand)]
+    Snapshot(cluster::SnapshotCommand),
     /// List live sessions: name, TTL, time left, holds, waits.
     Sessions(semaphores::SessionsArgs),
     /// Access tokens of a server started with `--auth`: create, list, delete, self.
@@ -217,6 +220,7 @@ pub async fn execute(
         ClientCommand::Cluster(command) => cluster::execute(&client, command).await,
         ClientCommand::Acl(command) => acl::execute(&client, command).await,
         ClientCommand::Sessions(args) => semaphores::sessions(&client, args).await,
+        ClientCommand::Snapshot(command) => cluster::snapshot(&client, command).await,
     }
 }
 

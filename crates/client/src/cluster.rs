@@ -92,4 +92,32 @@ impl Client {
         let call = Call::new(Method::DELETE, format!("/v1/cluster/members/{id}")).timeout(MEMBERSHIP_TIMEOUT);
         self.transport.send(&call).await.map(drop)
     }
+
+    /// `GET /v1/snapshot`: a consistent backup of the whole state, as the bytes of a snapshot
+    /// file; `permit serve --restore FILE` starts a new cluster from it. Needs `cluster` admin.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> permit_client::Result<()> {
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// let backup = client.snapshot().await?;
+    /// std::fs::write("permit.backup", backup).expect("written");
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `permission_denied`, `no_leader`, and transport errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: a read.
+    pub async fn snapshot(&self) -> Result<Vec<u8>> {
+        let call = Call::new(Method::GET, "/v1/snapshot".into())
+            .retry(Retry::Idempotent)
+            .timeout(MEMBERSHIP_TIMEOUT);
+        Ok(self.transport.send(&call).await?.bytes)
+    }
 }

@@ -95,6 +95,10 @@ struct ServeArgs {
     /// else the system's roots).
     #[arg(long, requires = "tls_cert")]
     peer_ca: Option<PathBuf>,
+    /// Start a new single-node cluster from a backup (`permit snapshot save`); the data dir must
+    /// be empty. Add more nodes with `permit cluster add`.
+    #[arg(long, conflicts_with_all = ["peers", "join"])]
+    restore: Option<PathBuf>,
     #[command(flatten)]
     auth: AuthArgs,
 }
@@ -204,6 +208,7 @@ fn main() -> anyhow::Result<()> {
                 cluster_secret,
                 header_read_timeout: args.header_read_timeout,
                 connections_max: args.connections_max,
+                restore: args.restore,
                 tls: args.tls_cert.zip(args.tls_key).map(|(cert, key)| permit_server::tls::TlsConfig {
                     cert,
                     key,

@@ -83,6 +83,7 @@ pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> 
         ("POST", "/v1/elections/{name}/campaign" | "/v1/elections/{name}/resign") => Named(Election, Write),
         ("POST", "/v1/elections/{name}/revoke") => Named(Election, Admin),
         ("GET", "/v1/cluster") => Global(Cluster, Read),
+        ("GET", "/v1/snapshot") => Global(Cluster, Admin),
         ("POST", "/v1/cluster/init" | "/v1/cluster/members") => Global(Cluster, Admin),
         ("DELETE", "/v1/cluster/members/{id}") => Global(Cluster, Admin),
         ("GET", "/v1/debug/digest") => Global(Cluster, Admin),

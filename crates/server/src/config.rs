@@ -49,6 +49,9 @@ pub struct Config {
     pub header_read_timeout: std::time::Duration,
     /// Most connections open at once; more are closed as soon as they are accepted.
     pub connections_max: usize,
+    /// Start a new single-node cluster from this backup (`--restore`, `GET /v1/snapshot`); the
+    /// data dir must be empty.
+    pub restore: Option<PathBuf>,
     /// Serve HTTPS (and reach peers over HTTPS) with these files.
     pub tls: Option<crate::tls::TlsConfig>,
 }
@@ -77,6 +80,7 @@ impl Default for Config {
             header_read_timeout: crate::listener::HEADER_READ_TIMEOUT_DEFAULT,
             connections_max: crate::listener::CONNECTIONS_MAX_DEFAULT,
             tls: None,
+            restore: None,
         }
     }
 }
@@ -93,6 +97,10 @@ impl Config {
         anyhow::ensure!(max > min, "election timeout range is empty");
         anyhow::ensure!(self.snapshot_logs >= 10, "snapshot interval must be at least 10 entries");
         anyhow::ensure!(!self.join || self.peers.is_empty(), "--join and --peers exclude each other");
+        anyhow::ensure!(
+            self.restore.is_none() || (self.peers.is_empty() && !self.join),
+            "--restore starts a single node; add the others with `permit cluster add`"
+        );
         anyhow::ensure!(self.node_id > 0, "node ids start at 1");
         anyhow::ensure!(
             self.auth || self.allow_unauthenticated || self.listen.ip().is_loopback(),

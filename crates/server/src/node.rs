@@ -108,6 +108,16 @@ impl Node {
         let metrics = Arc::new(Metrics::new());
         let fail_stop = FailStop::new();
         let opening = std::time::Instant::now();
+        if let Some(file) = &config.restore {
+            let snapshots = SnapshotStore::open(&config.data_dir.join("snapshots"))?;
+            crate::raft::state_machine::restore(
+                file,
+                &snapshots,
+                &log_path,
+                config.node_id,
+                &addr.to_string(),
+            )?;
+        }
         let log_store = LogStore::open(&log_path)
             .map_err(|e| open_error(&log_path, &e))?
             .with_append_histogram(metrics.append_seconds.clone())

@@ -129,3 +129,58 @@ async fn a_restart_recovers_from_the_snapshot_plus_the_log_tail() {
     expected.sort();
     assert_eq!(holds, expected);
 }
+
+#[tokio::test]
+async fn a_backup_restores_every_object_and_the_token_counter_into_a_new_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut old = Server::start_in(&dir.path().join("old"), "127.0.0.1:0", &[]);
+    let api = Api::new(&old);
+    let (a, b) = (api.session(120_000).await, api.session(120_000).await);
+    assert_eq!(api.acquire("db", json!({ "session": a, "capacity": 2, "permits": 2 })).await.status, 200);
+    assert_eq!(api.acquire("db", json!({ "session": b, "wait_ms": 0 })).await.code(), "unavailable");
+    let queued = api.acquire("db", json!({ "session": b, "wait_ms": 1 })).await;
+    assert_eq!(queued.status, 202, "{queued:?}");
+    let lead = api.post("/v1/elections/sched/campaign", json!({ "session": b, "value": "host-b" })).await;
+    assert_eq!(lead.status, 200, "{lead:?}");
+    api.semaphore("idle", 7).await;
+    let before = (api.get("/v1/semaphores/db").await.body, api.get("/v1/elections/sched").await.body);
+    let last_token = lead.body["token"].as_u64().unwrap();
+
+    let file = dir.path().join("permit.backup");
+    let saved = std::process::Command::new(crate::common::permit_bin())
+        .args(["snapshot", "save"])
+        .arg(&file)
+        .env("PERMIT_SERVER", &old.url)
+        .output()
+        .unwrap();
+    assert!(saved.status.success(), "{}", String::from_utf8_lossy(&saved.stderr));
+    old.kill9();
+
+    let restore = file.display().to_string();
+    let new = Server::start_in(&dir.path().join("new"), "127.0.0.1:0", &["--restore", &restore]);
+    let api = Api::new(&new);
+    let after = (api.get("/v1/semaphores/db").await.body, api.get("/v1/elections/sched").await.body);
+    let strip = |mut view: serde_json::Value| {
+        view.as_object_mut().unwrap().remove("index");
+        view
+    };
+    assert_eq!(
+        (strip(after.0), strip(after.1)),
+        (strip(before.0), strip(before.1)),
+        "holders, queue and leader"
+    );
+    assert_eq!(api.get("/v1/semaphores/idle").await.body["capacity"], 7);
+    // The sessions live on (with a fresh lease) and the token counter continues.
+    assert_eq!(api.post(&format!("/v1/sessions/{a}/keepalive"), json!(null)).await.status, 200);
+    let c = api.session(10_000).await;
+    let next = api.acquire("fresh", json!({ "session": c, "capacity": 1 })).await;
+    assert!(next.body["token"].as_u64().unwrap() > last_token, "{next:?}");
+    // A restore needs an empty data dir.
+    let again = std::process::Command::new(crate::common::permit_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--restore", &restore, "--data-dir"])
+        .arg(dir.path().join("new"))
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("must be empty"), "{again:?}");
+}

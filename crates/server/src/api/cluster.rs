@@ -209,3 +209,16 @@ pub async fn remove(State(node): State<Arc<Node>>, Path(id): Path<String>) -> Re
     node.raft.change_membership(change, false).await.map_err(membership_error)?;
     Ok(StatusCode::NO_CONTENT)
 }
+
+/// A consistent backup of the whole state (sessions, semaphores, holds, queues, elections,
+/// tokens and the fencing-token counter) as of a linearizable read: the bytes of a snapshot
+/// file. `permit serve --restore FILE` starts a new cluster from it. Needs `cluster` admin (it
+/// holds session ids and token hashes).
+#[utoipa::path(get, path = "/v1/snapshot", tag = "cluster",
+    responses((status = 200, description = "The backup", content_type = "application/octet-stream", body = Vec<u8>)))]
+pub async fn snapshot(State(node): State<Arc<Node>>) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    node.ensure_linearizable().await?;
+    let bytes = crate::raft::state_machine::backup(&node.replica.lock()).map_err(ApiError::internal)?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}

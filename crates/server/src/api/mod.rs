@@ -53,6 +53,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/acl/tokens/self", get(acl::current))
         .route("/v1/acl/tokens/{id}", axum::routing::delete(acl::delete))
         .route("/v1/cluster", get(cluster::status))
+        .route("/v1/snapshot", get(cluster::snapshot))
         .route("/v1/cluster/init", post(cluster::init))
         .route("/v1/cluster/members", post(cluster::add))
         .route("/v1/cluster/members/{id}", axum::routing::delete(cluster::remove))

@@ -64,18 +64,10 @@ impl SnapshotStore {
     }
 
     fn write(&self, meta: &Meta, state: &[u8]) -> std::io::Result<()> {
-        let meta_bytes = postcard::to_allocvec(meta).map_err(super::io_error)?;
-        let meta_len = u32::try_from(meta_bytes.len()).map_err(super::io_error)?;
-        let mut body = Vec::with_capacity(4 + meta_bytes.len() + state.len());
-        body.extend_from_slice(&meta_len.to_le_bytes());
-        body.extend_from_slice(&meta_bytes);
-        body.extend_from_slice(state);
+        let bytes = encode(meta, state)?;
         let temp = self.dir.join(format!("{FILE_NAME}.tmp"));
         let mut file = File::create(&temp)?;
-        file.write_all(MAGIC)?;
-        file.write_all(&[FILE_FORMAT_VERSION])?;
-        file.write_all(&crc32fast::hash(&body).to_le_bytes())?;
-        file.write_all(&body)?;
+        file.write_all(&bytes)?;
         file.sync_all()?;
         drop(file);
         fs::rename(&temp, self.dir.join(FILE_NAME))?;
@@ -92,22 +84,49 @@ impl SnapshotStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let corrupt = |what: &str| std::io::Error::other(format!("snapshot file corrupt: {what}"));
-        if bytes.len() < 17 || &bytes[..8] != MAGIC {
-            return Err(corrupt("bad magic"));
-        }
-        if bytes[8] != FILE_FORMAT_VERSION {
-            return Err(corrupt("unsupported version"));
-        }
-        let crc = u32::from_le_bytes(bytes[9..13].try_into().expect("4 bytes"));
-        let body = &bytes[13..];
-        if crc32fast::hash(body) != crc {
-            return Err(corrupt("checksum mismatch"));
-        }
-        let meta_len = u32::from_le_bytes(body[..4].try_into().expect("4 bytes")) as usize;
-        let meta_end =
-            4usize.checked_add(meta_len).filter(|end| *end <= body.len()).ok_or_else(|| corrupt("meta"))?;
-        let meta: Meta = postcard::from_bytes(&body[4..meta_end]).map_err(super::io_error)?;
-        Ok(Some((meta, body[meta_end..].to_vec())))
+        decode(&bytes).map(Some)
     }
+}
+
+/// The bytes of a snapshot file (also the format of a backup, `GET /v1/snapshot`).
+///
+/// # Errors
+/// When the meta does not encode (never, in practice).
+pub fn encode(meta: &Meta, state: &[u8]) -> std::io::Result<Vec<u8>> {
+    let meta_bytes = postcard::to_allocvec(meta).map_err(super::io_error)?;
+    let meta_len = u32::try_from(meta_bytes.len()).map_err(super::io_error)?;
+    let mut body = Vec::with_capacity(4 + meta_bytes.len() + state.len());
+    body.extend_from_slice(&meta_len.to_le_bytes());
+    body.extend_from_slice(&meta_bytes);
+    body.extend_from_slice(state);
+    let mut bytes = Vec::with_capacity(13 + body.len());
+    bytes.extend_from_slice(MAGIC);
+    bytes.push(FILE_FORMAT_VERSION);
+    bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    bytes.extend_from_slice(&body);
+    Ok(bytes)
+}
+
+/// The meta and state bytes of a snapshot file.
+///
+/// # Errors
+/// When the bytes are corrupt (bad magic, version, checksum or meta).
+pub fn decode(bytes: &[u8]) -> std::io::Result<(Meta, Vec<u8>)> {
+    let corrupt = |what: &str| std::io::Error::other(format!("snapshot file corrupt: {what}"));
+    if bytes.len() < 17 || &bytes[..8] != MAGIC {
+        return Err(corrupt("bad magic"));
+    }
+    if bytes[8] != FILE_FORMAT_VERSION {
+        return Err(corrupt("unsupported version"));
+    }
+    let crc = u32::from_le_bytes(bytes[9..13].try_into().expect("4 bytes"));
+    let body = &bytes[13..];
+    if crc32fast::hash(body) != crc {
+        return Err(corrupt("checksum mismatch"));
+    }
+    let meta_len = u32::from_le_bytes(body[..4].try_into().expect("4 bytes")) as usize;
+    let meta_end =
+        4usize.checked_add(meta_len).filter(|end| *end <= body.len()).ok_or_else(|| corrupt("meta"))?;
+    let meta: Meta = postcard::from_bytes(&body[4..meta_end]).map_err(super::io_error)?;
+    Ok((meta, body[meta_end..].to_vec()))
 }

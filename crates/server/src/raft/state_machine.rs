@@ -61,15 +61,10 @@ impl StateMachine {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let (bytes, last_applied, membership) = {
+        let (meta, bytes) = {
             let replica = self.replica.lock();
-            (replica.state.encode_snapshot(), replica.last_applied, replica.membership.clone())
+            (snapshot_meta(&replica), replica.state.encode_snapshot())
         };
-        let snapshot_id = match last_applied {
-            Some(id) => format!("{}-{}", id.leader_id.term, id.index),
-            None => "0-0".to_owned(),
-        };
-        let meta = Meta { last_log_id: last_applied, last_membership: membership, snapshot_id };
         super::blocking(|| self.snapshots.save(&meta, &bytes))
             .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
@@ -169,6 +164,68 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             super::blocking(|| self.snapshots.load()).map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
         Ok(loaded.map(|(meta, bytes)| Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) }))
     }
+}
+
+/// The meta of a snapshot of `replica` as it stands.
+fn snapshot_meta(replica: &crate::replica::ReplicaState) -> Meta {
+    let snapshot_id = match replica.last_applied {
+        Some(id) => format!("{}-{}", id.leader_id.term, id.index),
+        None => "0-0".to_owned(),
+    };
+    Meta { last_log_id: replica.last_applied, last_membership: replica.membership.clone(), snapshot_id }
+}
+
+/// A backup of the applied state: the bytes of a snapshot file (`GET /v1/snapshot`), which
+/// `permit serve --restore` starts a new cluster from.
+///
+/// # Errors
+/// When the meta does not encode (never, in practice).
+pub fn backup(replica: &crate::replica::ReplicaState) -> std::io::Result<Vec<u8>> {
+    super::snapshot_store::encode(&snapshot_meta(replica), &replica.state.encode_snapshot())
+}
+
+/// Makes a new data dir start from the backup in `file`: the state of the backup, as a cluster
+/// whose only voter is node `id` at `addr` (grow it with `permit cluster add`). The backup's
+/// log ids are rewritten to term 0, so that this cluster's first election (term 1) follows them.
+///
+/// # Errors
+/// When the data dir holds a log or a snapshot already, or the file is not a consistent backup.
+pub fn restore(
+    file: &std::path::Path,
+    snapshots: &SnapshotStore,
+    log_path: &std::path::Path,
+    id: NodeId,
+    addr: &str,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !log_path.exists() && snapshots.load()?.is_none(),
+        "--restore starts a new cluster: the data dir must be empty, but {} holds one",
+        log_path.parent().map_or_else(String::new, |dir| dir.display().to_string())
+    );
+    let bytes = std::fs::read(file).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
+    let (meta, state_bytes) =
+        super::snapshot_store::decode(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let state =
+        State::decode_snapshot(&state_bytes).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let index = meta.last_log_id.map(|log_id| log_id.index);
+    anyhow::ensure!(
+        index.is_some() && index == Some(state.applied_index()),
+        "{}: the backup's state is not at its meta's log index",
+        file.display()
+    );
+    let log_id = openraft::LogId::new(openraft::CommittedLeaderId::new(0, id), state.applied_index());
+    let membership = openraft::Membership::new(
+        vec![std::collections::BTreeSet::from([id])],
+        std::collections::BTreeMap::from([(id, BasicNode::new(addr))]),
+    );
+    let meta = Meta {
+        last_log_id: Some(log_id),
+        last_membership: StoredMembership::new(Some(log_id), membership),
+        snapshot_id: format!("restored-{}", log_id.index),
+    };
+    snapshots.save(&meta, &state_bytes)?;
+    tracing::info!(file = %file.display(), index = log_id.index, sessions = state.session_count(), "restored a backup");
+    Ok(())
 }
 
 /// Loads the latest snapshot from disk as the starting state of a node.
