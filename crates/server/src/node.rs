@@ -129,10 +129,9 @@ impl Node {
             .with_fail_stop(fail_stop.clone());
         let replica_state = load_replica(&snapshots)
             .map_err(|e| anyhow::anyhow!("cannot load the snapshot in {}: {e:#}", snapshot_dir.display()))?;
-        let applied_index = replica_state.last_applied.map_or(0, |id| id.index);
         let clock = Arc::new(LeaderClock::new(replica_state.state.now_ms()));
         let replica = Arc::new(Replica::new(replica_state));
-        let notifier = Notifier::new(applied_index);
+        let notifier = Notifier::new();
         let expiry_wake = Arc::new(Notify::new());
         let state_machine =
             StateMachine::new(replica.clone(), notifier.clone(), snapshots, expiry_wake.clone());
@@ -284,6 +283,27 @@ impl Node {
             }
             Err(RaftError::Fatal(_)) => Err(ProposeError::ShuttingDown),
         }
+    }
+
+    /// Confirms with a quorum that this node leads (as [`Node::ensure_linearizable`]), then runs
+    /// `refresh` on the replica, but only if the lessor still leads in the term that was
+    /// confirmed. A keepalive goes through here: a node that stepped down (or was re-elected)
+    /// between the confirmation and the refresh must not promise a lease, since an expiry it
+    /// decided before stepping down may still be in its log.
+    ///
+    /// # Errors
+    /// [`ProposeError::NotLeader`] when it does not lead, or no longer in the confirmed term.
+    pub async fn with_lease_authority<R>(
+        &self,
+        refresh: impl FnOnce(&mut crate::replica::ReplicaState) -> R,
+    ) -> Result<R, ProposeError> {
+        let term = self.raft.metrics().borrow().current_term;
+        self.ensure_linearizable().await?;
+        let mut replica = self.replica.lock();
+        if replica.lessor.promoted_term() != Some(term) {
+            return Err(ProposeError::NotLeader { leader: None });
+        }
+        Ok(refresh(&mut replica))
     }
 
     /// The leader's id and address, waiting up to `patience` for one to be known.

@@ -21,7 +21,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Red
         let snapshots = SnapshotStore::open(&dir.path().join("snapshots")).expect("snapshot dir");
         let machine = StateMachine::new(
             Arc::new(Replica::default()),
-            Notifier::new(0),
+            Notifier::new(),
             snapshots,
             Arc::new(Notify::new()),
         );

@@ -153,13 +153,18 @@ impl Gateway {
     pub async fn keepalive(&self, rng: &mut impl Rng, session: SessionId) -> Option<bool> {
         let node = self.leader(rng).await?;
         let op = self.recorder.invoke(self.client, node.id, Operation::Keepalive { session });
-        if let Err(error) = node.ensure_linearizable().await {
-            self.recorder.note(format!("client {} keepalive {op} on node {}: {error}", self.client, node.id));
-            return None;
-        }
-        let kept = {
-            let mut replica = node.replica.lock();
-            replica.state.session(session).is_some() && replica.lessor.keepalive(session, Instant::now())
+        let refreshed = node
+            .with_lease_authority(|replica| {
+                replica.state.session(session).is_some() && replica.lessor.keepalive(session, Instant::now())
+            })
+            .await;
+        let kept = match refreshed {
+            Ok(kept) => kept,
+            Err(error) => {
+                self.recorder
+                    .note(format!("client {} keepalive {op} on node {}: {error}", self.client, node.id));
+                return None;
+            }
         };
         if kept {
             self.recorder.ack(self.client, op, Answer::KeptAlive);

@@ -92,7 +92,8 @@ pub async fn get(
         Some(_) => Some(caller.long_poll(&node).await?),
         None => None,
     };
-    let (view, index) = blocking_read(&node, &params, |node| Ok(read_view(node, &name))).await?;
+    let (view, index) =
+        blocking_read(&node, Key::election(name.clone()), &params, |node| Ok(read_view(node, &name))).await?;
     Ok(([(HeaderName::from_static(INDEX_HEADER), index.to_string())], axum::Json(view)).into_response())
 }
 

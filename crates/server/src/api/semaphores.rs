@@ -120,7 +120,8 @@ pub async fn get(
         Some(_) => Some(caller.long_poll(&node).await?),
         None => None,
     };
-    let (view, index) = blocking_read(&node, &params, |node| read_view(node, &name)).await?;
+    let (view, index) =
+        blocking_read(&node, Key::semaphore(name.clone()), &params, |node| read_view(node, &name)).await?;
     Ok((index_header(index), axum::Json(view)).into_response())
 }
 

@@ -86,13 +86,16 @@ pub async fn keepalive(
     let id = parse_session(&id)?;
     // Confirm leadership first: a deposed leader must not promise a deadline its successor will
     // not honour. The successor extended every deadline when it took over, before this point.
-    node.ensure_linearizable().await?;
-    let mut replica = node.replica.lock();
-    caller.owns(&replica.state, id)?;
-    let ttl_ms = replica.state.session(id).ok_or_else(ApiError::session_not_found)?.ttl_ms;
-    if !replica.lessor.keepalive(id, Instant::now()) {
-        return Err(ApiError::session_not_found());
-    }
+    let ttl_ms = node
+        .with_lease_authority(|replica| {
+            caller.owns(&replica.state, id)?;
+            let ttl_ms = replica.state.session(id).ok_or_else(ApiError::session_not_found)?.ttl_ms;
+            if !replica.lessor.keepalive(id, Instant::now()) {
+                return Err(ApiError::session_not_found());
+            }
+            Ok(ttl_ms)
+        })
+        .await??;
     Ok(axum::Json(KeepaliveResponse { ttl_ms }))
 }
 

@@ -6,6 +6,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::time::Instant;
 
+use permit_core::Key;
+
 use super::error::ApiError;
 use crate::node::Node;
 
@@ -33,10 +35,12 @@ pub struct StaleParams {
     pub stale: bool,
 }
 
-/// Reads with `read` (which returns the object's view and index) after an optional
-/// linearizable barrier, blocking as the parameters ask.
+/// Reads object `key` with `read` (which returns its view and index) after an optional
+/// linearizable barrier, blocking as the parameters ask. Only a change of `key` wakes the
+/// request (`Notifier::watch`), not every apply.
 pub async fn blocking_read<T>(
     node: &Node,
+    key: Key,
     params: &ReadParams,
     read: impl Fn(&Node) -> Result<(T, u64), ApiError>,
 ) -> Result<(T, u64), ApiError> {
@@ -46,16 +50,20 @@ pub async fn blocking_read<T>(
     let Some(seen) = params.index else { return read(node) };
     let wait_ms = params.wait_ms.unwrap_or(permit_wire::WAIT_MS_MAX).min(permit_wire::WAIT_MS_MAX);
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
-    let mut applied = node.notifier.applied();
+    let subscription = node.notifier.watch(key);
     let mut shutdown = node.shutdown.clone();
     loop {
-        applied.borrow_and_update();
+        // Enabled before the read, so that a change applied between the read and the wait is
+        // not missed.
+        let changed = subscription.notify().notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
         let (view, index) = read(node)?;
         if index != seen {
             return Ok((view, index));
         }
         tokio::select! {
-            changed = applied.changed() => if changed.is_err() { return Ok((view, index)) },
+            () = &mut changed => {}
             () = tokio::time::sleep_until(deadline) => return Ok((view, index)),
             _ = shutdown.wait_for(|stopping| *stopping) => return Ok((view, index)),
         }

@@ -45,7 +45,6 @@ impl StateMachine {
 
     /// Replaces the state with a snapshot's, re-tracking every session from now.
     fn restore(&self, meta: &Meta, state: State) {
-        let applied_index = meta.last_log_id.map_or(0, |id| id.index);
         {
             let mut replica = self.replica.lock();
             let sessions = state.sessions().map(|(id, session)| (*id, session.ttl_ms));
@@ -54,7 +53,7 @@ impl StateMachine {
             replica.last_applied = meta.last_log_id;
             replica.membership = meta.last_membership.clone();
         }
-        self.notifier.wake_all(applied_index);
+        self.notifier.wake_all();
         self.expiry_wake.notify_one();
     }
 }
@@ -88,7 +87,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let mut effects = Vec::new();
         let mut replies = Vec::new();
-        let applied_index;
         {
             let mut replica = self.replica.lock();
             for entry in entries {
@@ -118,9 +116,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     _ => {}
                 }
             }
-            applied_index = replica.last_applied.map_or(0, |id| id.index);
         }
-        self.notifier.dispatch(&effects, applied_index);
+        self.notifier.dispatch(&effects);
         let rearm = effects
             .iter()
             .any(|e| matches!(e, Effect::SessionCreated { .. } | Effect::HoldDeadlineSet { .. }));
