@@ -35,6 +35,7 @@ async fn nodes_join_and_leave_under_traffic() {
     // Not a member yet: alive, but not ready.
     let (status, body, _) = readiness(&cluster.nodes[joiner].url).await.expect("the joiner answers");
     assert_eq!((status, body["reason"].as_str()), (503, Some("joining")), "{body}");
+    permit_client::install_crypto_provider();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let live = http.get(format!("{}/v1/health/live", cluster.nodes[joiner].url)).send().await.unwrap();
     assert_eq!(live.status().as_u16(), 200);
@@ -83,6 +84,7 @@ async fn nodes_join_and_leave_under_traffic() {
 
 /// A node's readiness: status, body and `Retry-After`, or `None` when it does not answer.
 async fn readiness(url: &str) -> Option<(u16, serde_json::Value, Option<String>)> {
+    permit_client::install_crypto_provider();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let answer = http.get(format!("{url}/v1/health")).timeout(Duration::from_secs(2)).send().await.ok()?;
     let retry_after = answer.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -120,6 +122,7 @@ async fn a_removed_node_says_so_and_stops_campaigning_until_added_back() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Alive, though: liveness answers 200, and the others still serve.
+    permit_client::install_crypto_provider();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let live = http.get(format!("{node3}/v1/health/live")).send().await.unwrap();
     assert_eq!(live.status().as_u16(), 200);

@@ -26,6 +26,7 @@ enum Credential {
 
 /// POSTs `body` to `path` on `url` with `credential`; the status and the error code (if any).
 async fn post_peer(url: &str, path: &str, body: Vec<u8>, credential: Credential) -> (u16, String) {
+    permit_client::install_crypto_provider();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let mut request = http
         .post(format!("{url}{path}"))
@@ -209,6 +210,7 @@ async fn a_forwarded_header_without_a_peer_credential_is_ignored() {
     let cluster = Cluster::start(3, &[]).await;
     let leader = cluster.leader(Duration::from_secs(10)).await.unwrap();
     let follower = &cluster.nodes[(leader + 1) % 3];
+    permit_client::install_crypto_provider();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     // Honoured, the header would make the follower answer `leader_unreachable` instead of
     // forwarding; ignored, the follower forwards the write and it succeeds.

@@ -74,6 +74,7 @@ pub(crate) struct Acked {
 
 /// Creates sessions and takes a capacity-1 semaphore with each, until a write is refused.
 pub(crate) async fn writer(url: String, worker: usize, acked: Arc<Mutex<Acked>>, deadline: Instant) {
+    permit_client::install_crypto_provider();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let name_of_session = "x".repeat(200);
     for i in 0.. {
@@ -111,6 +112,7 @@ pub(crate) struct Seen {
 
 /// Polls readiness and liveness until `stop`, recording the first `storage_error` answer.
 pub(crate) async fn monitor(url: String, seen: Arc<Mutex<Seen>>, stop: Arc<AtomicBool>) {
+    permit_client::install_crypto_provider();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     while !stop.load(Ordering::Relaxed) {
         let ready = http.get(format!("{url}/v1/health")).timeout(Duration::from_secs(1)).send().await;
@@ -159,23 +161,9 @@ async fn a_full_disk_stops_the_node_and_a_restart_recovers_every_acknowledged_wr
     let mut server = Server::start_in(&data_dir, "127.0.0.1:0", &[]);
     leave_free(&tmpfs.path);
 
-    let acked = Arc::new(Mutex::new(Acked::default()));
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let watcher = tokio::spawn(monitor(server.url.clone(), seen.clone(), stop.clone()));
-    let deadline = Instant::now() + FILL_TIMEOUT;
-    let writers: Vec<_> = (0..WORKERS)
-        .map(|worker| tokio::spawn(writer(server.url.clone(), worker, acked.clone(), deadline)))
-        .collect();
-    for writer in writers {
-        writer.await.unwrap();
-    }
-    let status = server.wait_exit(EXIT_TIMEOUT).await;
-    stop.store(true, Ordering::Relaxed);
-    watcher.await.unwrap();
+    let (status, seen, acked) = write_until_it_stops(&mut server, WORKERS, FILL_TIMEOUT).await;
     let status = status.expect("the node exits after the disk filled");
     assert!(!status.success(), "a failed node exits non-zero: {status}");
-    let seen = std::mem::take(&mut *seen.lock().unwrap());
     let (body, retry_after) = seen.storage_error.expect("health answered 503 storage_error before the exit");
     // The first write to fail is a log append, or a snapshot write if one was due.
     let detail = body["detail"].as_str().unwrap();
@@ -186,7 +174,6 @@ async fn a_full_disk_stops_the_node_and_a_restart_recovers_every_acknowledged_wr
     assert!(seen.live_503, "liveness fails too once storage failed");
 
     // Restart on a roomy copy (as an operator would after freeing space).
-    let acked = std::mem::take(&mut *acked.lock().unwrap());
     assert!(acked.sessions.len() > 100, "the disk filled only after some writes: {}", acked.sessions.len());
     let roomy = temp.path().join("roomy");
     copy_dir(&data_dir, &roomy);
@@ -194,6 +181,33 @@ async fn a_full_disk_stops_the_node_and_a_restart_recovers_every_acknowledged_wr
     drop(tmpfs);
     let restarted = Server::start_in(&roomy, "127.0.0.1:0", &[]);
     assert_recovered(&restarted, &acked).await;
+}
+
+/// Runs `workers` writers against `server` (for at most `timeout`) while a monitor watches its
+/// health, until the node fails and exits (or [`EXIT_TIMEOUT`] after the writers stop). Returns
+/// its exit status, what health said, and every acknowledged write.
+pub(crate) async fn write_until_it_stops(
+    server: &mut Server,
+    workers: usize,
+    timeout: Duration,
+) -> (Option<std::process::ExitStatus>, Seen, Acked) {
+    let acked = Arc::new(Mutex::new(Acked::default()));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = tokio::spawn(monitor(server.url.clone(), seen.clone(), stop.clone()));
+    let deadline = Instant::now() + timeout;
+    let writers: Vec<_> = (0..workers)
+        .map(|worker| tokio::spawn(writer(server.url.clone(), worker, acked.clone(), deadline)))
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let status = server.wait_exit(EXIT_TIMEOUT).await;
+    stop.store(true, Ordering::Relaxed);
+    watcher.await.unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
+    (status, seen, acked)
 }
 
 /// Waits until `server` is ready, then checks that every acknowledged write is there.

@@ -5,11 +5,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::full_disk::{assert_recovered, monitor, writer, Acked, Seen};
+use super::full_disk::{assert_recovered, write_until_it_stops};
 use crate::common::Server;
 
 /// Syncs that succeed before the shim fails them all: enough to start and serve a while.
@@ -18,8 +16,6 @@ const SYNCS_BEFORE_FAILING: &str = "300";
 const WORKERS: usize = 4;
 /// Longest the writers may run before the injected failure must have stopped them.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Longest a failed node may take to exit.
-const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 
 const SHIM: &str = r#"
 #define _GNU_SOURCE
@@ -97,23 +93,9 @@ async fn a_failed_fsync_stops_the_node_without_a_retry_and_a_restart_recovers_ev
     ];
     let mut server = Server::start_with_env(&data_dir, "127.0.0.1:0", &[], &env);
 
-    let acked = Arc::new(Mutex::new(Acked::default()));
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let watcher = tokio::spawn(monitor(server.url.clone(), seen.clone(), stop.clone()));
-    let deadline = Instant::now() + WRITE_TIMEOUT;
-    let writers: Vec<_> = (0..WORKERS)
-        .map(|worker| tokio::spawn(writer(server.url.clone(), worker, acked.clone(), deadline)))
-        .collect();
-    for writer in writers {
-        writer.await.unwrap();
-    }
-    let status = server.wait_exit(EXIT_TIMEOUT).await;
-    stop.store(true, Ordering::Relaxed);
-    watcher.await.unwrap();
+    let (status, seen, acked) = write_until_it_stops(&mut server, WORKERS, WRITE_TIMEOUT).await;
     let status = status.expect("the node exits after a failed fsync");
     assert!(!status.success(), "a failed node exits non-zero: {status}");
-    let seen = std::mem::take(&mut *seen.lock().unwrap());
     let (body, retry_after) = seen.storage_error.expect("health answered 503 storage_error before the exit");
     let detail = body["detail"].as_str().unwrap();
     assert!(detail.contains("raft-log.redb") && detail.contains("os error 5"), "{detail}");
@@ -122,7 +104,6 @@ async fn a_failed_fsync_stops_the_node_without_a_retry_and_a_restart_recovers_ev
     let failed = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(failed.lines().count(), 1, "a failed fsync is never retried: {failed:?}");
 
-    let acked = std::mem::take(&mut *acked.lock().unwrap());
     assert!(!acked.sessions.is_empty(), "some writes were acknowledged before the failure");
     drop(server);
     let restarted = Server::start_in(&data_dir, "127.0.0.1:0", &[]);
