@@ -1,0 +1,105 @@
+//! The codemap of `docs/ARCHITECTURE.md`, enforced: which crate may depend on which. A new edge
+//! between crates, or a crate without a rule, fails here, so the map cannot drift silently.
+
+use std::path::Path;
+
+/// One crate's rule: the Permit crates it may depend on, and either the only outside crates it
+/// may use (`Only`) or those it must never use (`Never`).
+struct Rule {
+    dir: &'static str,
+    permit_deps: &'static [&'static str],
+    outside: Outside,
+}
+
+enum Outside {
+    Only(&'static [&'static str]),
+    Never(&'static [&'static str]),
+}
+
+const RULES: &[Rule] = &[
+    Rule { dir: "core", permit_deps: &[], outside: Outside::Only(&["serde", "postcard", "thiserror"]) },
+    Rule { dir: "wire", permit_deps: &[], outside: Outside::Only(&["serde", "utoipa"]) },
+    Rule { dir: "server", permit_deps: &["permit-core", "permit-wire"], outside: Outside::Never(&["clap"]) },
+    Rule {
+        dir: "client",
+        permit_deps: &["permit-wire"],
+        outside: Outside::Never(&["openraft", "redb", "axum", "hyper", "postcard"]),
+    },
+    Rule {
+        dir: "cli",
+        permit_deps: &["permit-client"],
+        outside: Outside::Never(&["reqwest", "openraft", "redb", "axum"]),
+    },
+    Rule { dir: "permit", permit_deps: &["permit-server", "permit-cli"], outside: Outside::Never(&[]) },
+    Rule { dir: "check", permit_deps: &[], outside: Outside::Only(&["serde", "serde_json", "thiserror"]) },
+    Rule { dir: "faults", permit_deps: &["permit-check"], outside: Outside::Never(&["openraft", "redb"]) },
+    Rule { dir: "sim", permit_deps: &["permit-core", "permit-server"], outside: Outside::Never(&[]) },
+    Rule { dir: "bench", permit_deps: &[], outside: Outside::Never(&["openraft", "redb"]) },
+];
+
+/// The names under `[dependencies]` of a Cargo.toml (not dev- or build-dependencies).
+fn dependencies(manifest: &str) -> Vec<String> {
+    let mut in_section = false;
+    let mut names = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_section = line == "[dependencies]";
+            continue;
+        }
+        if in_section && !line.is_empty() && !line.starts_with('#') {
+            let name = line.split(|c: char| c == '=' || c == '.' || c.is_whitespace()).next().unwrap_or("");
+            names.push(name.to_owned());
+        }
+    }
+    names
+}
+
+#[test]
+fn every_crate_depends_only_on_what_the_codemap_allows() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut dirs: Vec<String> = std::fs::read_dir(crates)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|entry| entry.path().join("Cargo.toml").exists())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    dirs.sort();
+    let mut ruled: Vec<String> = RULES.iter().map(|rule| rule.dir.to_owned()).collect();
+    ruled.sort();
+    assert_eq!(dirs, ruled, "every crate has a rule here and a row in docs/ARCHITECTURE.md's codemap");
+    let mut broken = Vec::new();
+    for rule in RULES {
+        let manifest = std::fs::read_to_string(crates.join(rule.dir).join("Cargo.toml")).unwrap();
+        for dependency in dependencies(&manifest) {
+            let allowed = if dependency.starts_with("permit-") {
+                rule.permit_deps.contains(&dependency.as_str())
+            } else {
+                match rule.outside {
+                    Outside::Only(only) => only.contains(&dependency.as_str()),
+                    Outside::Never(never) => !never.contains(&dependency.as_str()),
+                }
+            };
+            if !allowed {
+                broken.push(format!("crates/{} depends on {dependency}", rule.dir));
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "edges the codemap does not allow (a new edge is a change of its own):\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn the_codemap_names_every_crate() {
+    let map =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/ARCHITECTURE.md")).unwrap();
+    for rule in RULES {
+        assert!(
+            map.contains(&format!("`crates/{}`", rule.dir)),
+            "docs/ARCHITECTURE.md has no row for crates/{}",
+            rule.dir
+        );
+    }
+}
