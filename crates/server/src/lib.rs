@@ -22,6 +22,7 @@ pub mod notify;
 pub mod peer;
 pub mod proposer;
 pub mod raft;
+pub mod read_barrier;
 pub mod removal;
 pub mod replica;
 pub mod tls;

@@ -29,6 +29,10 @@ pub struct Metrics {
     pub append_seconds: Histogram,
     sessions_expired: Counter,
     holds_expired: Counter,
+    /// ReadIndex rounds (quorum confirmations) run for linearizable reads and keepalives.
+    pub read_rounds: Counter,
+    /// Linearizable reads and keepalives that waited for a ReadIndex round.
+    pub read_barrier_waits: Counter,
     connections_open: Gauge,
     connections_refused: Family<Labels, Counter>,
     /// Gauges set at scrape time.
@@ -107,6 +111,18 @@ impl Metrics {
         registry.register("sessions_expired", "Sessions expired by the leader", sessions_expired.clone());
         let holds_expired = Counter::default();
         registry.register("holds_expired", "Holds released by max_hold_ms", holds_expired.clone());
+        let read_rounds = Counter::default();
+        registry.register(
+            "read_index_rounds",
+            "ReadIndex rounds (one quorum confirmation each) run for linearizable reads and keepalives",
+            read_rounds.clone(),
+        );
+        let read_barrier_waits = Counter::default();
+        registry.register(
+            "read_barrier_waits",
+            "Linearizable reads and keepalives served by a ReadIndex round (several share one)",
+            read_barrier_waits.clone(),
+        );
         let connections_open = Gauge::default();
         registry.register("connections_open", "Open client and peer connections", connections_open.clone());
         let connections_refused = Family::<Labels, Counter>::default();
@@ -153,6 +169,8 @@ impl Metrics {
             append_seconds,
             sessions_expired,
             holds_expired,
+            read_rounds,
+            read_barrier_waits,
             connections_open,
             connections_refused,
             gauges,

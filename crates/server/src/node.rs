@@ -51,6 +51,8 @@ pub struct Node {
     pub http: reqwest::Client,
     /// This node's leadership, once its barrier is committed (see `leadership`).
     pub leading: watch::Receiver<crate::leadership::Leading>,
+    /// Batches linearizable reads and keepalives into shared ReadIndex rounds.
+    pub reads: Arc<crate::read_barrier::ReadBarrier>,
     /// Open long-polls per token, for `--long-polls-per-token-max`.
     pub long_polls: Arc<crate::auth::LongPolls>,
     /// The snapshot being received from a leader, chunk by chunk (`/raft/snapshot`).
@@ -212,6 +214,7 @@ impl Node {
             config,
             leading,
             http,
+            reads: crate::read_barrier::ReadBarrier::new(),
             long_polls: Arc::default(),
             snapshot_receiver: Default::default(),
             shutdown,
@@ -257,32 +260,15 @@ impl Node {
         if crate::bugs::is(crate::bugs::Bug::StaleReads) {
             return Ok(());
         }
-        let deadline = tokio::time::Instant::now() + READ_TIMEOUT;
-        // A new leader serves reads only once its barrier is applied, so that everything
-        // committed before it took over is applied too.
-        if self.raft.metrics().borrow().state == openraft::ServerState::Leader {
-            let mut leading = self.leading.clone();
-            let term = self.raft.metrics().borrow().current_term;
-            let ready =
-                tokio::time::timeout_at(deadline, leading.wait_for(|l| l.is_some_and(|b| b.term >= term)));
-            if ready.await.is_err() {
-                return Err(ProposeError::Timeout);
-            }
-        }
-        let confirmed = tokio::time::timeout_at(deadline, self.raft.ensure_linearizable()).await;
-        let Ok(confirmed) = confirmed else { return Err(ProposeError::Timeout) };
-        match confirmed {
-            Ok(_) => Ok(()),
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
-                Err(ProposeError::NotLeader {
-                    leader: forward.leader_id.zip(forward.leader_node.map(|node| node.addr)),
-                })
-            }
-            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
-                Err(ProposeError::NotLeader { leader: None })
-            }
-            Err(RaftError::Fatal(_)) => Err(ProposeError::ShuttingDown),
-        }
+        self.metrics.read_barrier_waits.inc();
+        let (raft, leading, rounds) =
+            (self.raft.clone(), self.leading.clone(), self.metrics.read_rounds.clone());
+        self.reads
+            .wait(move || {
+                rounds.inc();
+                confirm_leadership(raft.clone(), leading.clone())
+            })
+            .await
     }
 
     /// Confirms with a quorum that this node leads (as [`Node::ensure_linearizable`]), then runs
@@ -338,6 +324,40 @@ impl Node {
     pub async fn shutdown(&self) {
         self.shutdown_tx.send_replace(true);
         let _ = tokio::time::timeout(Duration::from_secs(5), self.raft.shutdown()).await;
+    }
+}
+
+/// One ReadIndex round: this node confirms with a quorum that it still leads and applies
+/// everything committed before the round began.
+async fn confirm_leadership(
+    raft: Raft,
+    leading: watch::Receiver<crate::leadership::Leading>,
+) -> Result<(), ProposeError> {
+    let deadline = tokio::time::Instant::now() + READ_TIMEOUT;
+    // A new leader serves reads only once its barrier is applied, so that everything
+    // committed before it took over is applied too.
+    if raft.metrics().borrow().state == openraft::ServerState::Leader {
+        let mut leading = leading;
+        let term = raft.metrics().borrow().current_term;
+        let ready =
+            tokio::time::timeout_at(deadline, leading.wait_for(|l| l.is_some_and(|b| b.term >= term)));
+        if ready.await.is_err() {
+            return Err(ProposeError::Timeout);
+        }
+    }
+    let confirmed = tokio::time::timeout_at(deadline, raft.ensure_linearizable()).await;
+    let Ok(confirmed) = confirmed else { return Err(ProposeError::Timeout) };
+    match confirmed {
+        Ok(_) => Ok(()),
+        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
+            Err(ProposeError::NotLeader {
+                leader: forward.leader_id.zip(forward.leader_node.map(|node| node.addr)),
+            })
+        }
+        Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
+            Err(ProposeError::NotLeader { leader: None })
+        }
+        Err(RaftError::Fatal(_)) => Err(ProposeError::ShuttingDown),
     }
 }
 
