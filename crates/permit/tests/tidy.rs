@@ -103,3 +103,58 @@ fn the_codemap_names_every_crate() {
         );
     }
 }
+
+/// Files of `crates/server/src` outside `raft/` that may name openraft today. The seam of issue
+/// 12 is to empty this list; a new file naming openraft fails the test below.
+const OPENRAFT_OUTSIDE_RAFT: &[&str] = &[
+    "api/cluster.rs",
+    "api/raft.rs",
+    "api/system.rs",
+    "leadership.rs",
+    "node.rs",
+    "proposer.rs",
+    "replica.rs",
+];
+
+/// Where the server may name a library, by path prefix under `crates/server/src`.
+const SERVER_LIBRARIES: &[(&str, &[&str])] =
+    &[("redb", &["raft/log_store.rs", "node.rs"]), ("axum", &["api/", "auth.rs", "listener.rs", "peer.rs"])];
+
+/// Every `.rs` file under `dir`, as paths relative to `root`.
+fn rust_files(root: &Path, dir: &Path, files: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir).unwrap().filter_map(Result::ok) {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(root, &path, files);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            files.push(path.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+        }
+    }
+}
+
+fn names(source: &str, library: &str) -> bool {
+    source.contains(&format!("{library}::")) || source.contains(&format!("use {library}"))
+}
+
+#[test]
+fn the_server_names_openraft_redb_and_axum_only_where_the_codemap_says() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/src");
+    let mut files = Vec::new();
+    rust_files(&root, &root, &mut files);
+    files.sort();
+    assert!(files.len() > 20, "the scan found the server's sources: {files:?}");
+    let mut broken = Vec::new();
+    for file in &files {
+        let source = std::fs::read_to_string(root.join(file)).unwrap();
+        let openraft_allowed = file.starts_with("raft/") || OPENRAFT_OUTSIDE_RAFT.contains(&file.as_str());
+        if names(&source, "openraft") && !openraft_allowed {
+            broken.push(format!("{file} names openraft"));
+        }
+        for (library, allowed) in SERVER_LIBRARIES {
+            if names(&source, library) && !allowed.iter().any(|prefix| file.starts_with(prefix)) {
+                broken.push(format!("{file} names {library}"));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "outside the codemap:\n{}", broken.join("\n"));
+}
