@@ -301,10 +301,7 @@ mod tests {
         assert!(!t.allows(Resource::Semaphore, "locked.x", Access::Write));
     }
 
-    fn apply(state: &mut State, commands: Vec<crate::Command>) -> Vec<Outcome> {
-        let index = state.applied_index() + 1;
-        state.apply(index, 1, &crate::Batch { now_ms: index, commands }, &mut Vec::new())
-    }
+    use crate::test_support::{acquire_one, apply_next as apply};
 
     fn owned_session(id: u8, owner: TokenId, max: u64) -> crate::Command {
         crate::Command::CreateOwnedSession {
@@ -318,23 +315,13 @@ mod tests {
 
     #[test]
     fn deleting_a_token_closes_its_sessions_and_frees_their_permits() {
-        use crate::{Acquire, Command, Key, Name};
+        use crate::{Command, Key, Name};
         let mut state = State::default();
         let (alice, bob) = (TokenId::from_bytes([1; 16]), TokenId::from_bytes([2; 16]));
         let mut bob_token = token(root_rules());
         bob_token.secret_sha256 = [2; 32];
         let key = Key::semaphore(Name::new("db").unwrap());
-        let acquire = |session: u8| {
-            Command::Acquire(Acquire {
-                key: key.clone(),
-                session: SessionId::from_bytes([session; 16]),
-                permits: 1,
-                wait: true,
-                capacity: Some(1),
-                max_hold_ms: None,
-                value: None,
-            })
-        };
+        let acquire = |session: u8| Command::Acquire(acquire_one(&key, session));
         let outcomes = apply(
             &mut state,
             vec![

@@ -35,3 +35,28 @@ pub use snapshot::{SnapshotError, SNAPSHOT_FORMAT_VERSION};
 pub use state::{validate_acquire, validate_capacity, validate_session_name, validate_ttl_ms, State};
 pub use verify::InvariantViolation;
 pub use wait_queue::WaitQueue;
+
+/// Helpers shared by the unit tests of this crate.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use crate::{Acquire, Batch, Command, Key, Outcome, SessionId, State};
+
+    /// Applies `commands` as the next log entry (term 1, leader time = index).
+    pub(crate) fn apply_next(state: &mut State, commands: Vec<Command>) -> Vec<Outcome> {
+        let index = state.applied_index() + 1;
+        state.apply(index, 1, &Batch { now_ms: index, commands }, &mut Vec::new())
+    }
+
+    /// A blocking acquire of one permit of `key` (capacity 1 if it creates it) by session `[id; 16]`.
+    pub(crate) fn acquire_one(key: &Key, id: u8) -> Acquire {
+        Acquire {
+            key: key.clone(),
+            session: SessionId::from_bytes([id; 16]),
+            permits: 1,
+            wait: true,
+            capacity: Some(1),
+            max_hold_ms: None,
+            value: None,
+        }
+    }
+}

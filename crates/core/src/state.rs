@@ -624,22 +624,7 @@ pub fn validate_acquire(acquire: &Acquire) -> Result<(), Refusal> {
 mod ephemeral_tests {
     use super::*;
 
-    fn run(state: &mut State, commands: Vec<Command>) -> Vec<Outcome> {
-        let index = state.applied_index() + 1;
-        state.apply(index, 1, &Batch { now_ms: index, commands }, &mut Vec::new())
-    }
-
-    fn acquire(key: &Key, session: u8) -> Acquire {
-        Acquire {
-            key: key.clone(),
-            session: SessionId::from_bytes([session; 16]),
-            permits: 1,
-            wait: true,
-            capacity: Some(1),
-            max_hold_ms: None,
-            value: None,
-        }
-    }
+    use crate::test_support::{acquire_one as acquire, apply_next as run};
 
     #[test]
     fn an_ephemeral_semaphore_goes_when_its_last_holder_and_waiter_leave_and_tokens_keep_growing() {
