@@ -167,7 +167,7 @@ impl Caller {
     pub fn check_owns(&self, node: &Node, session: SessionId) -> Result<(), ApiError> {
         match self {
             Caller::Anyone => Ok(()),
-            Caller::Token { .. } => self.owns(&node.replica.lock().state, session),
+            Caller::Token { .. } => self.owns(&node.replica().read().state, session),
         }
     }
 
@@ -270,7 +270,7 @@ fn identify(node: &Node, request: &Request) -> Result<Caller, ApiError> {
         .filter(|secret| !secret.is_empty())
         .ok_or_else(|| unauthenticated("malformed Authorization header: expected `Bearer SECRET`"))?;
     let hash = secret_sha256(secret);
-    let replica = node.replica.lock();
+    let replica = node.replica().read();
     if let Some((id, token)) = replica.state.token_by_secret(&hash) {
         return Ok(Caller::Token { id, token: token.clone() });
     }
@@ -338,10 +338,10 @@ pub const ROOT_TOKEN_FILE: &str = "root-token";
 /// never had one. The secret is the configured one (`PERMIT_ROOT_TOKEN`, `--root-token-file`)
 /// or one generated into `DATA_DIR/root-token` (mode 0600). Ends when the root exists.
 pub async fn bootstrap_root(node: Arc<Node>) {
-    let mut leading = node.leading.clone();
+    let mut leading = node.consensus.leading().clone();
     let mut shutdown = node.shutdown.clone();
     loop {
-        if node.replica.lock().state.root_created() || *shutdown.borrow() {
+        if node.replica().read().state.root_created() || *shutdown.borrow() {
             return;
         }
         if leading.borrow_and_update().is_some() {

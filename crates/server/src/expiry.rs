@@ -12,10 +12,10 @@ use permit_core::{Command, Outcome};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use crate::clock::LeaderClock;
 use crate::metrics::Metrics;
-use crate::proposer::Proposer;
-use crate::replica::Replica;
+use crate::raft::clock::LeaderClock;
+use crate::raft::proposer::Proposer;
+use crate::raft::replica::Replica;
 
 /// Pause after a failed proposal, or a due deadline with nothing to propose, so that the
 /// driver does not spin.
@@ -32,7 +32,7 @@ pub struct ExpiryDriver {
     /// Poked when a deadline may have moved earlier.
     pub wake: Arc<Notify>,
     /// This node's leadership, once its barrier is applied.
-    pub leading: watch::Receiver<crate::leadership::Leading>,
+    pub leading: watch::Receiver<crate::raft::leadership::Leading>,
     /// Counters.
     pub metrics: Arc<Metrics>,
 }
@@ -77,7 +77,7 @@ impl ExpiryDriver {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        let replica = self.replica.lock();
+        let replica = self.replica.write();
         let session = replica.lessor.next_deadline();
         let hold = replica.state.next_hold_deadline_ms().map(|ms| self.clock.instant_of(ms));
         session.into_iter().chain(hold).min()
@@ -89,7 +89,7 @@ impl ExpiryDriver {
         // (it waited in the proposer's queue across a re-election), it does nothing.
         let Some(decided_term) = self.leading.borrow().map(|barrier| barrier.term) else { return false };
         let (sessions, holds_due) = {
-            let mut replica = self.replica.lock();
+            let mut replica = self.replica.write();
             if replica.lessor.promoted_term() != Some(decided_term) {
                 return false;
             }
@@ -106,7 +106,7 @@ impl ExpiryDriver {
                 Ok(other) => tracing::error!(?other, "unexpected outcome of ExpireSessions"),
                 Err(error) => {
                     tracing::warn!(%error, "could not propose session expiry");
-                    self.replica.lock().lessor.unmark(&sessions);
+                    self.replica.write().lessor.unmark(&sessions);
                     tokio::time::sleep(RETRY_DELAY).await;
                 }
             }

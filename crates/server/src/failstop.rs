@@ -8,7 +8,7 @@
 //!
 //! The durability path (log append, vote save, purge, truncate, snapshot write) reports its
 //! first error with [`FailStop::storage`]; a watcher of the Raft metrics reports a core that
-//! stopped without a shutdown with [`FailStop::stopped`]. The HTTP layer refuses every request
+//! stopped without a shutdown with [`FailStop::stopped`] (`raft::consensus`). The HTTP layer refuses every request
 //! but the health probes once [`FailStop::failure`] is set, and `serve` exits after
 //! [`FAILSTOP_LINGER`], long enough for probes to see the 503.
 
@@ -19,8 +19,6 @@ use std::time::Duration;
 
 use permit_wire::NotReady;
 use tokio::sync::watch;
-
-use crate::raft::Raft;
 
 /// How long a failed node keeps answering 503 (so probes and clients see why) before it exits.
 pub const FAILSTOP_LINGER: Duration = Duration::from_secs(2);
@@ -109,30 +107,6 @@ impl FailStop {
             }
         }
     }
-}
-
-/// Watches the Raft core: when it stops with a fatal error while `shutdown` is still false,
-/// records the failure in `fail_stop`, so that the node does not linger as a zombie.
-pub fn watch_core(raft: Raft, shutdown: watch::Receiver<bool>, fail_stop: Arc<FailStop>) {
-    tokio::spawn(async move {
-        let mut metrics = raft.metrics();
-        loop {
-            let fatal = match &metrics.borrow_and_update().running_state {
-                Ok(()) => None,
-                Err(fatal) => Some(fatal.to_string()),
-            };
-            let stopped = match fatal {
-                Some(fatal) => Some(fatal),
-                None => metrics.changed().await.err().map(|_| "the raft core is gone".to_owned()),
-            };
-            if let Some(why) = stopped {
-                if !*shutdown.borrow() {
-                    fail_stop.stopped(&why);
-                }
-                return;
-            }
-        }
-    });
 }
 
 #[cfg(test)]

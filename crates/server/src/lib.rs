@@ -9,22 +9,16 @@
 pub mod api;
 pub mod auth;
 pub mod bugs;
-pub mod clock;
 pub mod config;
 pub mod expiry;
 pub mod failstop;
-pub mod leadership;
 pub mod lessor;
 pub mod listener;
 pub mod metrics;
 pub mod node;
 pub mod notify;
 pub mod peer;
-pub mod proposer;
 pub mod raft;
-pub mod read_barrier;
-pub mod removal;
-pub mod replica;
 pub mod tls;
 
 use std::future::Future;

@@ -14,8 +14,9 @@ fn config(dir: &std::path::Path) -> Config {
 async fn a_raft_core_that_stops_on_its_own_fails_the_node() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(config(dir.path()), "127.0.0.1:1".parse().unwrap()).await.unwrap();
-    assert!(!node.fail_stop.is_failed());
-    node.raft.shutdown().await.unwrap();
+    let early = tokio::time::timeout(Duration::from_millis(50), node.fatal()).await;
+    assert!(early.is_err(), "failed before the core stopped: {early:?}");
+    node.consensus().raft().shutdown().await.unwrap();
     let failure = tokio::time::timeout(Duration::from_secs(5), node.fatal()).await.expect("the node fails");
     assert_eq!(failure.reason, NotReady::Shutdown);
 }

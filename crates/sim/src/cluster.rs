@@ -114,7 +114,7 @@ impl Cluster {
                 Err(error) => return Err(error.context(format!("node {id} does not start"))),
             }
         };
-        self.router.attach(id, node.raft.clone());
+        self.router.attach(id, node.consensus().raft().clone());
         self.observer.watch(id, &node);
         self.lock().insert(id, Some(node));
         self.recorder.note(format!("node {id} started"));
@@ -141,7 +141,7 @@ impl Cluster {
     pub fn leaders(&self) -> Vec<Arc<Node>> {
         self.running()
             .into_iter()
-            .filter(|node| node.raft.metrics().borrow().state == ServerState::Leader)
+            .filter(|node| node.consensus().raft().metrics().borrow().state == ServerState::Leader)
             .collect()
     }
 

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use permit_core::SessionId;
+use permit_server::raft::replica::ReplicaState;
 use permit_server::raft::NodeId;
-use permit_server::replica::ReplicaState;
 use tokio::time::Instant;
 
 /// A session that vanished early.

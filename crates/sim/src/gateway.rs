@@ -183,7 +183,7 @@ impl Gateway {
             self.recorder.note(format!("client {} read on node {}: {error}", self.client, node.id));
             return None;
         }
-        let observation = read_session(&node.replica.lock().state, session);
+        let observation = read_session(&node.replica().read().state, session);
         let event = Event::Observed {
             node: node.id,
             session,

@@ -41,7 +41,8 @@ fn convergence(cluster: &Cluster) -> Result<u64, String> {
     if nodes.len() != NODE_IDS.len() {
         return Err(format!("nodes down: {:?}", cluster.down()));
     }
-    let metrics: Vec<_> = nodes.iter().map(|node| node.raft.metrics().borrow().clone()).collect();
+    let metrics: Vec<_> =
+        nodes.iter().map(|node| node.consensus().raft().metrics().borrow().clone()).collect();
     let leaders: Vec<_> = metrics.iter().filter(|m| m.state == ServerState::Leader).collect();
     let [leader] = leaders.as_slice() else {
         return Err(format!("{} nodes believe they lead", leaders.len()));
@@ -66,7 +67,7 @@ pub fn check_replicas_agree(cluster: &Cluster, recorder: &Recorder, applied_max:
         .running()
         .iter()
         .map(|node| {
-            let replica = node.replica.lock();
+            let replica = node.replica().read();
             (node.id, replica.state.applied_index(), replica.state.digest())
         })
         .collect();
@@ -131,7 +132,7 @@ async fn read_idle_capacities(
         recorder.violation(format!("no permit lost: leader {} cannot read: {error}", node.id));
         return None;
     }
-    let replica = node.replica.lock();
+    let replica = node.replica().read();
     let state = &replica.state;
     let others: Vec<String> =
         state.sessions().filter(|(id, _)| **id != session).map(|(id, _)| id.to_string()).collect();

@@ -77,8 +77,8 @@ impl Observer {
             run
         };
         let observer = self.clone();
-        let mut metrics = node.raft.metrics();
-        let replica = node.replica.clone();
+        let mut metrics = node.consensus().raft().metrics();
+        let replica = node.replica().clone();
         tokio::spawn(async move {
             loop {
                 let snapshot = metrics.borrow_and_update().clone();
@@ -177,11 +177,17 @@ impl Observer {
         }
     }
 
-    fn observe_replica(&self, id: NodeId, run: u64, replica: &permit_server::replica::Replica, leads: bool) {
+    fn observe_replica(
+        &self,
+        id: NodeId,
+        run: u64,
+        replica: &permit_server::raft::replica::Replica,
+        leads: bool,
+    ) {
         let last_checked = self.lock().applied.get(&id).filter(|(r, _)| *r == run).map(|(_, index)| *index);
         let now = tokio::time::Instant::now();
         let (index, digest, verified) = {
-            let replica = replica.lock();
+            let replica = replica.read();
             let deadlines = leads.then(|| early_expiry::deadlines(&replica, now));
             let early = self.lock().early_expiries.observe(id, run, deadlines, now);
             for early in early {

@@ -53,17 +53,16 @@ async fn wait_for(what: &str, patience: Duration, mut ready: impl FnMut() -> boo
 }
 
 fn leads(node: &Node, after_term: u64) -> bool {
-    let metrics = node.raft.metrics().borrow().clone();
+    let metrics = node.consensus().raft().metrics().borrow().clone();
     metrics.state == ServerState::Leader && metrics.current_term > after_term
 }
 
 /// Keepalive as `POST /v1/sessions/{id}/keepalive` runs it; true when acknowledged.
 async fn keepalive(node: &Node) -> bool {
-    if node.ensure_linearizable().await.is_err() {
-        return false;
-    }
-    let mut replica = node.replica.lock();
-    replica.state.session(SESSION).is_some() && replica.lessor.keepalive(SESSION, Instant::now())
+    let refreshed = node.with_lease_authority(|replica| {
+        replica.state.session(SESSION).is_some() && replica.lessor.keepalive(SESSION, Instant::now())
+    });
+    refreshed.await.unwrap_or(false)
 }
 
 async fn scenario(attempt: u64) -> Seen {
@@ -83,7 +82,7 @@ async fn scenario(attempt: u64) -> Seen {
     let follower = *NODE_IDS.iter().find(|id| **id != leader.id).expect("a follower");
     cluster.crash(follower).await;
     router.with_faults(|faults| faults.isolate(leader.id, &NODE_IDS));
-    let term = leader.raft.metrics().borrow().current_term;
+    let term = leader.consensus().raft().metrics().borrow().current_term;
     let stuck = Arc::clone(&leader);
     let name = Name::new("stuck").expect("valid name");
     tokio::spawn(async move { stuck.propose(Command::PutSemaphore { name, capacity: 1 }).await });
@@ -96,7 +95,7 @@ async fn scenario(attempt: u64) -> Seen {
     let seen = if keepalive(&leader).await {
         sleep(Duration::from_millis(TTL_MS / 2)).await;
         leader.ensure_linearizable().await.expect("the leader reads");
-        Seen::KeptAlive { present: leader.replica.lock().state.session(SESSION).is_some() }
+        Seen::KeptAlive { present: leader.replica().read().state.session(SESSION).is_some() }
     } else {
         Seen::KeepaliveRefused
     };

@@ -56,7 +56,7 @@ pub async fn create(
     responses((status = 200, body = TokenList)))]
 pub async fn list(State(node): State<Arc<Node>>) -> Result<axum::Json<TokenList>, ApiError> {
     node.ensure_linearizable().await?;
-    let replica = node.replica.lock();
+    let replica = node.replica().read();
     let state = &replica.state;
     let tokens = state.tokens().map(|(id, token)| view(*id, token, state.sessions_of(*id))).collect();
     Ok(axum::Json(TokenList { tokens }))
@@ -75,7 +75,7 @@ pub async fn current(
             Err(ApiError::new(ErrorCode::InvalidArgument, "auth is off: requests carry no token"))
         }
         Caller::Token { id, token } => {
-            let sessions = node.replica.lock().state.sessions_of(id);
+            let sessions = node.replica().read().state.sessions_of(id);
             Ok(axum::Json(view(id, &token, sessions)))
         }
     }

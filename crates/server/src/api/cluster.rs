@@ -1,14 +1,12 @@
 //! `/v1/cluster`: membership. Status, initialise a cluster of `--join` nodes, add a node (as a
 //! learner that catches up, then a voter), remove a node.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use openraft::error::{ChangeMembershipError, ClientWriteError, InitializeError, RaftError};
-use openraft::{BasicNode, ChangeMembers, ServerState};
 use permit_wire::{
     AddMemberRequest, ClusterView, ErrorBody, ErrorCode, Health, InitClusterRequest, MemberRole, MemberView,
 };
@@ -16,29 +14,24 @@ use permit_wire::{
 use super::error::ApiError;
 use super::extract::{Json, Path};
 use crate::node::Node;
+use crate::raft::membership::MembershipError;
 use crate::raft::NodeId;
 
 /// Longest wait for a member's health answer in a status.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 /// Longest wait for a new member's health answer before it is added.
 const NEW_MEMBER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-/// Longest wait for a new learner to catch up before it is promoted.
-const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn membership_error(error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ApiError {
-    match error {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => ApiError::new(
-            ErrorCode::NoLeader,
-            "leadership moved during the change; check the status and retry",
-        ),
-        RaftError::APIError(ClientWriteError::ChangeMembershipError(ChangeMembershipError::InProgress(
-            e,
-        ))) => ApiError::new(ErrorCode::MembershipChangeInProgress, e.to_string()),
-        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
-            ApiError::new(ErrorCode::InvalidArgument, e.to_string())
-        }
-        RaftError::Fatal(e) => ApiError::new(ErrorCode::ShuttingDown, e.to_string()),
-    }
+fn membership_error(error: MembershipError) -> ApiError {
+    let code = match &error {
+        MembershipError::NotLeader => ErrorCode::NoLeader,
+        MembershipError::InProgress(_) => ErrorCode::MembershipChangeInProgress,
+        MembershipError::Invalid(_) => ErrorCode::InvalidArgument,
+        MembershipError::AlreadyInitialized => ErrorCode::AlreadyInitialized,
+        MembershipError::CatchUpTimeout => ErrorCode::Timeout,
+        MembershipError::Stopped(_) => ErrorCode::ShuttingDown,
+    };
+    ApiError::new(code, error.to_string())
 }
 
 /// The members, their roles and how far each has got.
@@ -50,16 +43,9 @@ pub async fn status(State(node): State<Arc<Node>>) -> Result<axum::Json<ClusterV
 
 /// Builds the cluster view from this node's Raft metrics, probing each member's health.
 pub async fn view(node: &Node) -> ClusterView {
-    let metrics = node.raft.metrics().borrow().clone();
-    let membership = metrics.membership_config.membership().clone();
-    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
-    let matched: BTreeMap<NodeId, Option<u64>> = metrics
-        .replication
-        .as_ref()
-        .map(|r| r.iter().map(|(id, log)| (*id, log.map(|l| l.index))).collect())
-        .unwrap_or_default();
-    let probes = membership.nodes().map(|(id, member)| {
-        let (http, addr, id) = (node.http.clone(), member.addr.clone(), *id);
+    let status = node.status();
+    let probes = status.members.values().map(|member| {
+        let (http, addr, id) = (node.http.clone(), member.addr.clone(), member.id);
         let scheme = node.peer_scheme();
         async move {
             let url = format!("{scheme}://{addr}/v1/health");
@@ -74,19 +60,18 @@ pub async fn view(node: &Node) -> ClusterView {
         .map(|(id, addr, health)| MemberView {
             id,
             addr,
-            role: if voters.contains(&id) { MemberRole::Voter } else { MemberRole::Learner },
-            leader: metrics.current_leader == Some(id),
-            matched_index: matched.get(&id).copied().flatten(),
+            role: if status.members.get(&id).is_some_and(|m| m.voter) {
+                MemberRole::Voter
+            } else {
+                MemberRole::Learner
+            },
+            leader: status.leader == Some(id),
+            matched_index: status.matched.get(&id).copied().flatten(),
             applied_index: health.as_ref().map(|h| h.applied_index),
             reachable: health.is_some(),
         })
         .collect();
-    ClusterView {
-        leader: metrics.current_leader,
-        term: metrics.current_term,
-        commit_index: metrics.last_applied.map(|id| id.index),
-        members,
-    }
+    ClusterView { leader: status.leader, term: status.term, commit_index: status.applied_index, members }
 }
 
 /// Initialise a cluster on a pristine node started with `--join`: it becomes a member with
@@ -100,18 +85,9 @@ pub async fn init(
     if request.members.is_empty() || request.members.iter().any(|m| m.id == 0 || m.addr.is_empty()) {
         return Err(ApiError::new(ErrorCode::InvalidArgument, "members need ids > 0 and addresses"));
     }
-    let members: BTreeMap<NodeId, BasicNode> =
-        request.members.iter().map(|m| (m.id, BasicNode::new(m.addr.clone()))).collect();
-    match node.raft.initialize(members).await {
-        Ok(()) => Ok(axum::Json(view(&node).await)),
-        Err(RaftError::APIError(InitializeError::NotAllowed(e))) => {
-            Err(ApiError::new(ErrorCode::AlreadyInitialized, e.to_string()))
-        }
-        Err(RaftError::APIError(InitializeError::NotInMembers(e))) => {
-            Err(ApiError::new(ErrorCode::InvalidArgument, e.to_string()))
-        }
-        Err(RaftError::Fatal(e)) => Err(ApiError::new(ErrorCode::ShuttingDown, e.to_string())),
-    }
+    let members: BTreeMap<NodeId, String> = request.members.iter().map(|m| (m.id, m.addr.clone())).collect();
+    node.consensus.init_cluster(&members).await.map_err(membership_error)?;
+    Ok(axum::Json(view(&node).await))
 }
 
 /// Add a node started with `--join`: it joins as a learner, catches up (by snapshot if it is far
@@ -135,30 +111,7 @@ pub async fn add(
         ));
     }
     check_new_member(&node, &request).await?;
-    let learner = node.raft.add_learner(request.id, BasicNode::new(request.addr.clone()), false);
-    learner.await.map_err(membership_error)?;
-    let caught_up = node
-        .raft
-        .wait(Some(CATCH_UP_TIMEOUT))
-        .metrics(
-            |m| {
-                let last = m.last_log_index;
-                let matched = m.replication.as_ref().and_then(|r| r.get(&request.id).copied().flatten());
-                m.state != ServerState::Leader || matched.map(|l| l.index) >= last
-            },
-            "new member caught up",
-        )
-        .await;
-    if caught_up.is_err() {
-        return Err(ApiError::new(
-            ErrorCode::Timeout,
-            "the new member did not catch up in time; it stays a learner",
-        ));
-    }
-    if !request.learner {
-        let change = ChangeMembers::AddVoterIds(BTreeSet::from([request.id]));
-        node.raft.change_membership(change, false).await.map_err(membership_error)?;
-    }
+    node.consensus.add_member(request.id, &request.addr, request.learner).await.map_err(membership_error)?;
     Ok(axum::Json(view(&node).await))
 }
 
@@ -167,12 +120,12 @@ pub async fn add(
 /// panic on an assertion (the API fuzzer found it), and a wrong address would only time out.
 async fn check_new_member(node: &Node, request: &AddMemberRequest) -> Result<(), ApiError> {
     let invalid = |message: String| Err(ApiError::new(ErrorCode::InvalidArgument, message));
-    let membership = node.raft.metrics().borrow().membership_config.membership().clone();
-    for (id, member) in membership.nodes() {
-        if member.addr == request.addr && *id != request.id {
+    for member in node.status().members.values() {
+        let id = member.id;
+        if member.addr == request.addr && id != request.id {
             return invalid(format!("{} is the address of node {id}", request.addr));
         }
-        if *id == request.id && member.addr != request.addr {
+        if id == request.id && member.addr != request.addr {
             return invalid(format!("node {id} is a member at {}; remove it first", member.addr));
         }
     }
@@ -198,15 +151,7 @@ async fn check_new_member(node: &Node, request: &AddMemberRequest) -> Result<(),
 pub async fn remove(State(node): State<Arc<Node>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
     let id: NodeId =
         id.parse().map_err(|_| ApiError::new(ErrorCode::InvalidArgument, "node ids are integers"))?;
-    let membership = node.raft.metrics().borrow().membership_config.membership().clone();
-    let change = if membership.voter_ids().any(|voter| voter == id) {
-        ChangeMembers::RemoveVoters(BTreeSet::from([id]))
-    } else if membership.get_node(&id).is_some() {
-        ChangeMembers::RemoveNodes(BTreeSet::from([id]))
-    } else {
-        return Err(ApiError::new(ErrorCode::InvalidArgument, format!("node {id} is not a member")));
-    };
-    node.raft.change_membership(change, false).await.map_err(membership_error)?;
+    node.consensus.remove_member(id).await.map_err(membership_error)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -219,6 +164,6 @@ pub async fn remove(State(node): State<Arc<Node>>, Path(id): Path<String>) -> Re
 pub async fn snapshot(State(node): State<Arc<Node>>) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     node.ensure_linearizable().await?;
-    let bytes = crate::raft::state_machine::backup(&node.replica.lock()).map_err(ApiError::internal)?;
+    let bytes = crate::raft::state_machine::backup(&node.replica().read()).map_err(ApiError::internal)?;
     Ok(([(axum::http::header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }

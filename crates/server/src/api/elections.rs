@@ -59,7 +59,7 @@ pub async fn campaign(
 }
 
 fn read_view(node: &Node, name: &Name) -> (ElectionView, u64) {
-    let replica = node.replica.lock();
+    let replica = node.replica().read();
     let view = match replica.state.object(&Key::election(name.clone())) {
         None => ElectionView { name: name.to_string(), leader: None, candidates: 0, index: 0 },
         Some(object) => ElectionView {

@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use permit_core::{Limit, Refusal};
 use permit_wire::{ErrorBody, ErrorCode, ErrorDetail};
 
-use crate::proposer::ProposeError;
+use crate::raft::proposer::ProposeError;
 
 /// What to do about a missing semaphore, in every `semaphore_not_found` message.
 pub const SEMAPHORE_NOT_FOUND_HINT: &str = "create it with PUT /v1/semaphores/{name} {\"capacity\": N} \

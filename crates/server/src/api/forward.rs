@@ -83,7 +83,7 @@ fn stamp(node: &Node, headers: &mut HeaderMap) {
     if headers.contains_key(NODE_HEADER) {
         return;
     }
-    let term = node.raft.metrics().borrow().current_term;
+    let term = node.consensus.term();
     headers.insert(HeaderName::from_static(NODE_HEADER), HeaderValue::from(node.id));
     headers.insert(HeaderName::from_static(TERM_HEADER), HeaderValue::from(term));
 }

@@ -99,7 +99,7 @@ enum Status {
 
 /// Where `session` stands on `key` in the applied state.
 fn status(node: &Node, key: &Key, session: SessionId) -> Status {
-    let replica = node.replica.lock();
+    let replica = node.replica().read();
     if replica.state.session(session).is_none() {
         return Status::Ended(ApiError::session_not_found());
     }
@@ -121,13 +121,13 @@ fn status(node: &Node, key: &Key, session: SessionId) -> Status {
 /// `ack_before_commit`: answers what applying the acquire to the current state would give, and
 /// proposes it without waiting for the commit.
 fn predict(node: &Node, acquire: &Acquire) -> Option<Grant> {
-    let mut state = node.replica.lock().state.clone();
+    let mut state = node.replica().read().state.clone();
     let next_index = state.applied_index() + 1;
     let batch =
         permit_core::Batch { now_ms: state.now_ms(), commands: vec![Command::Acquire(acquire.clone())] };
     let outcome = state.apply(next_index, 0, &batch, &mut Vec::new()).pop()?;
     let Outcome::Acquired { permits, token } = outcome else { return None };
-    let proposer = node.proposer.clone();
+    let proposer = node.consensus.proposer().clone();
     let command = Command::Acquire(acquire.clone());
     tokio::spawn(async move { proposer.propose(command).await });
     Some(Grant::Acquired { permits, token })

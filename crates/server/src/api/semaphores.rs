@@ -68,7 +68,7 @@ pub fn view(state: &CoreState, name: &Name, object: &Semaphore) -> SemaphoreView
 }
 
 fn read_view(node: &Node, name: &Name) -> Result<(SemaphoreView, u64), ApiError> {
-    let replica = node.replica.lock();
+    let replica = node.replica().read();
     let object = replica.state.object(&Key::semaphore(name.clone())).ok_or_else(|| {
         ApiError::new(
             ErrorCode::SemaphoreNotFound,
@@ -165,7 +165,7 @@ pub async fn list(
     if !params.stale {
         node.ensure_linearizable().await?;
     }
-    let replica = node.replica.lock();
+    let replica = node.replica().read();
     let mut page = replica.state.objects_after(Kind::Semaphore, after.as_ref());
     let semaphores: Vec<SemaphoreSummary> = page
         .by_ref()
@@ -301,7 +301,7 @@ pub async fn validate(
 ) -> Result<axum::Json<ValidateResponse>, ApiError> {
     let key = Key::semaphore(parse_name(&name)?);
     node.ensure_linearizable().await?;
-    let replica = node.replica.lock();
+    let replica = node.replica().read();
     let holder = replica.state.object(&key).and_then(|object| object.holder_of_token(request.token));
     Ok(axum::Json(ValidateResponse { valid: holder.is_some(), session: holder.map(|s| s.to_string()) }))
 }

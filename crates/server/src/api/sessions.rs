@@ -41,7 +41,7 @@ pub async fn create(
         // Refused here without a log write when the cap is clearly reached; `apply` decides
         // the close cases (concurrent creations) the same way on every replica.
         let max = node.config.sessions_per_token_max;
-        if node.replica.lock().state.sessions_of(owner) >= max {
+        if node.replica().read().state.sessions_of(owner) >= max {
             let refusal = permit_core::Refusal::LimitExceeded(permit_core::Limit::SessionsPerToken);
             return Err(crate::auth::slowly(refusal.into()).await);
         }
@@ -113,7 +113,7 @@ pub async fn get(
     if !params.stale {
         node.ensure_linearizable().await?;
     }
-    let replica = node.replica.lock();
+    let replica = node.replica().read();
     caller.owns_or(&replica.state, id, Access::Read)?;
     let session = replica.state.session(id).ok_or_else(ApiError::session_not_found)?;
     let kind = |kind: Kind| match kind {
@@ -172,7 +172,7 @@ pub async fn list(
         node.ensure_linearizable().await?;
     }
     let now = Instant::now();
-    let replica = node.replica.lock();
+    let replica = node.replica().read();
     let visible = |(id, session): &(&SessionId, &permit_core::Session)| {
         let name = session.name.as_deref().unwrap_or("");
         caller.owns(&replica.state, **id).is_ok() || caller.can(Resource::Session, name, Access::Read)
@@ -204,7 +204,7 @@ pub async fn close(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let id = parse_session(&id)?;
-    caller.owns_or(&node.replica.lock().state, id, Access::Admin)?;
+    caller.owns_or(&node.replica().read().state, id, Access::Admin)?;
     match node.propose(Command::CloseSession { id }).await? {
         Outcome::SessionClosed => Ok(StatusCode::NO_CONTENT),
         Outcome::Refused(refusal) => Err(refusal.into()),

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use openraft::ServerState;
 use permit_core::Kind;
 use permit_wire::{Health, NotReady, StateDigest};
 
 use crate::metrics::{semaphore_labels, PER_SEMAPHORE_SERIES_MAX};
 use crate::node::Node;
+use crate::raft::status::{Role, Status};
 
 /// Readiness: 200 only when this node can serve (a member that knows a leader, with a live Raft
 /// core and a writable data dir); 503 with the `reason` otherwise. For load balancers and
@@ -37,17 +37,8 @@ pub async fn live(State(node): State<Arc<Node>>) -> impl IntoResponse {
 
 /// This node's health report.
 fn report(node: &Node) -> Health {
-    let metrics = node.raft.metrics().borrow().clone();
-    let role = match metrics.state {
-        ServerState::Leader => "leader",
-        ServerState::Follower => "follower",
-        ServerState::Candidate => "candidate",
-        ServerState::Learner => "learner",
-        ServerState::Shutdown => "shutdown",
-    };
-    let membership = metrics.membership_config.membership();
-    let members: Vec<u64> = membership.nodes().map(|(id, _)| *id).collect();
-    let (reason, detail) = match not_ready(node, &metrics) {
+    let status = node.status();
+    let (reason, detail) = match not_ready(node, &status) {
         Some((reason, detail)) => (Some(reason), detail),
         None => (None, None),
     };
@@ -55,34 +46,33 @@ fn report(node: &Node) -> Health {
         status: if reason.is_none() { "ok" } else { "degraded" }.to_owned(),
         reason,
         detail,
-        members,
+        members: status.members.keys().copied().collect(),
         node_id: node.id,
-        raft_leader: metrics.current_leader,
-        raft_role: role.to_owned(),
-        raft_term: metrics.current_term,
-        applied_index: metrics.last_applied.map_or(0, |id| id.index),
+        raft_leader: status.leader,
+        raft_role: status.role.as_str().to_owned(),
+        raft_term: status.term,
+        applied_index: status.applied_index.unwrap_or(0),
     }
 }
 
 /// Why this node cannot serve, with details for humans; `None` when it can.
-fn not_ready(node: &Node, metrics: &crate::raft::RaftMetrics) -> Option<(NotReady, Option<String>)> {
+fn not_ready(node: &Node, status: &Status) -> Option<(NotReady, Option<String>)> {
     if let Some(failure) = node.fail_stop.failure() {
         return Some((failure.reason, Some(failure.message)));
     }
-    if *node.shutdown.borrow() || metrics.state == ServerState::Shutdown {
+    if *node.shutdown.borrow() || status.role == Role::Shutdown {
         return Some((NotReady::Shutdown, None));
     }
-    if let Err(fatal) = &metrics.running_state {
-        return Some((NotReady::Shutdown, Some(fatal.to_string())));
+    if let Some(fatal) = &status.fatal {
+        return Some((NotReady::Shutdown, Some(fatal.clone())));
     }
-    let membership = metrics.membership_config.membership();
-    if membership.nodes().next().is_none() {
+    if status.pristine() {
         return Some((NotReady::Joining, Some("started with --join; not added to a cluster yet".into())));
     }
-    if *node.removed.borrow() || membership.get_node(&node.id).is_none() {
+    if *node.removed.borrow() || !status.members.contains_key(&node.id) {
         return Some((NotReady::Removed, Some("removed from the cluster's membership".into())));
     }
-    if metrics.current_leader.is_none() {
+    if status.leader.is_none() {
         return Some((NotReady::NoLeader, None));
     }
     None
@@ -97,15 +87,15 @@ pub async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
 }
 
 fn refresh_gauges(node: &Node) {
-    let raft = node.raft.metrics().borrow().clone();
+    let raft = node.status();
     let g = &node.metrics.gauges;
-    g.raft_term.set(raft.current_term as i64);
-    g.raft_is_leader.set(i64::from(raft.state == ServerState::Leader));
+    g.raft_term.set(raft.term as i64);
+    g.raft_is_leader.set(i64::from(raft.role == Role::Leader));
     g.raft_last_log_index.set(raft.last_log_index.unwrap_or(0) as i64);
-    g.raft_applied_index.set(raft.last_applied.map_or(0, |id| id.index) as i64);
-    g.raft_snapshot_index.set(raft.snapshot.map_or(0, |id| id.index) as i64);
-    g.raft_purged_index.set(raft.purged.map_or(0, |id| id.index) as i64);
-    let replica = node.replica.lock();
+    g.raft_applied_index.set(raft.applied_index.unwrap_or(0) as i64);
+    g.raft_snapshot_index.set(raft.snapshot_index.unwrap_or(0) as i64);
+    g.raft_purged_index.set(raft.purged_index.unwrap_or(0) as i64);
+    let replica = node.replica().read();
     let state = &replica.state;
     g.sessions.set(state.session_count() as i64);
     g.last_token.set(state.last_token() as i64);
@@ -144,7 +134,7 @@ pub async fn openapi() -> impl IntoResponse {
 /// This node's applied state as a hash, to check that replicas converge (always local).
 #[utoipa::path(get, path = "/v1/debug/digest", tag = "system", responses((status = 200, body = StateDigest)))]
 pub async fn digest(State(node): State<Arc<Node>>) -> axum::Json<StateDigest> {
-    let replica = node.replica.lock();
-    let applied_index = replica.last_applied.map_or(0, |id| id.index);
+    let replica = node.replica().read();
+    let applied_index = replica.applied_index();
     axum::Json(StateDigest { node_id: node.id, applied_index, digest: replica.state.digest() })
 }

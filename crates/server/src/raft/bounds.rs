@@ -24,8 +24,8 @@ pub const VOTE_BODY_BYTES_MAX: usize = 64 * 1024;
 /// Largest body of `/raft/append`.
 pub const APPEND_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// Largest encoded log entry: the proposer cuts a batch once it reaches
-/// `crate::proposer::BATCH_BYTES_SOFT_MAX`, and one command adds at most as much again.
-pub const ENTRY_BYTES_MAX: usize = 2 * crate::proposer::BATCH_BYTES_SOFT_MAX;
+/// `crate::raft::proposer::BATCH_BYTES_SOFT_MAX`, and one command adds at most as much again.
+pub const ENTRY_BYTES_MAX: usize = 2 * crate::raft::proposer::BATCH_BYTES_SOFT_MAX;
 /// Most entries in one AppendEntries (openraft's `max_payload_entries`): enough that a full
 /// request stays under [`APPEND_BODY_BYTES_MAX`] with room for its header.
 pub const APPEND_ENTRIES_MAX: u64 = (APPEND_BODY_BYTES_MAX / ENTRY_BYTES_MAX) as u64 - 1;

@@ -1,12 +1,27 @@
-//! The openraft glue: type configuration, log store, state machine adapter and peer network.
+//! Consensus: everything that touches openraft. [`consensus::Consensus`] is the seam the rest of
+//! the server uses (propose, linearizable reads, lease refresh, status, membership, peer RPC as
+//! bytes); behind it are the log store, the state machine adapter, the snapshot store, the peer
+//! network, the group-commit proposer, the leadership watcher, the read barrier, the leader
+//! clock and the replica.
 //!
-//! openraft is used only inside this module, so that a move to openraft 0.10 stays local.
+//! openraft is used only inside this module (the tidy test checks it), so that a move to
+//! openraft 0.10 stays local.
 
 pub mod bounds;
+pub mod clock;
+pub mod consensus;
+pub mod leadership;
 pub mod log_store;
+pub mod membership;
 pub mod network;
+pub mod peer_rpc;
+pub mod proposer;
+pub mod read_barrier;
+pub mod removal;
+pub mod replica;
 pub mod snapshot_store;
 pub mod state_machine;
+pub mod status;
 
 use std::io::Cursor;
 
@@ -33,6 +48,9 @@ pub type NodeId = u64;
 pub type LogId = openraft::LogId<NodeId>;
 /// Raft metrics of a node.
 pub type RaftMetrics = openraft::RaftMetrics<NodeId, openraft::BasicNode>;
+/// A peer network Raft can run on: the HTTP one ([`network::Network`]) or a simulation's.
+pub trait PeerNetwork: openraft::network::RaftNetworkFactory<TypeConfig> {}
+impl<N: openraft::network::RaftNetworkFactory<TypeConfig>> PeerNetwork for N {}
 /// A storage error.
 pub type StorageError = openraft::StorageError<NodeId>;
 

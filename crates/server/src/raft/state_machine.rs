@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::snapshot_store::{Meta, SnapshotStore};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::notify::Notifier;
-use crate::replica::Replica;
+use crate::raft::replica::Replica;
 
 /// The state machine handed to openraft. Cloning shares everything (clones build snapshots).
 #[derive(Clone)]
@@ -46,7 +46,7 @@ impl StateMachine {
     /// Replaces the state with a snapshot's, re-tracking every session from now.
     fn restore(&self, meta: &Meta, state: State) {
         {
-            let mut replica = self.replica.lock();
+            let mut replica = self.replica.write();
             let sessions = state.sessions().map(|(id, session)| (*id, session.ttl_ms));
             replica.lessor.reset(sessions, Instant::now());
             replica.state = state;
@@ -61,7 +61,7 @@ impl StateMachine {
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let (meta, bytes) = {
-            let replica = self.replica.lock();
+            let replica = self.replica.write();
             (snapshot_meta(&replica), replica.state.encode_snapshot())
         };
         super::blocking(|| self.snapshots.save(&meta, &bytes))
@@ -76,7 +76,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn applied_state(
         &mut self,
     ) -> Result<(Option<LogId>, StoredMembership<NodeId, BasicNode>), StorageError> {
-        let replica = self.replica.lock();
+        let replica = self.replica.write();
         Ok((replica.last_applied, replica.membership.clone()))
     }
 
@@ -88,7 +88,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut effects = Vec::new();
         let mut replies = Vec::new();
         {
-            let mut replica = self.replica.lock();
+            let mut replica = self.replica.write();
             for entry in entries {
                 let index = entry.log_id.index;
                 replica.last_applied = Some(entry.log_id);
@@ -164,7 +164,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 }
 
 /// The meta of a snapshot of `replica` as it stands.
-fn snapshot_meta(replica: &crate::replica::ReplicaState) -> Meta {
+fn snapshot_meta(replica: &crate::raft::replica::ReplicaState) -> Meta {
     let snapshot_id = match replica.last_applied {
         Some(id) => format!("{}-{}", id.leader_id.term, id.index),
         None => "0-0".to_owned(),
@@ -177,7 +177,7 @@ fn snapshot_meta(replica: &crate::replica::ReplicaState) -> Meta {
 ///
 /// # Errors
 /// When the meta does not encode (never, in practice).
-pub fn backup(replica: &crate::replica::ReplicaState) -> std::io::Result<Vec<u8>> {
+pub fn backup(replica: &crate::raft::replica::ReplicaState) -> std::io::Result<Vec<u8>> {
     super::snapshot_store::encode(&snapshot_meta(replica), &replica.state.encode_snapshot())
 }
 
@@ -229,8 +229,8 @@ pub fn restore(
 ///
 /// # Errors
 /// When the snapshot exists but cannot be read or decoded.
-pub fn load_replica(snapshots: &SnapshotStore) -> anyhow::Result<crate::replica::ReplicaState> {
-    let mut replica = crate::replica::ReplicaState::default();
+pub fn load_replica(snapshots: &SnapshotStore) -> anyhow::Result<crate::raft::replica::ReplicaState> {
+    let mut replica = crate::raft::replica::ReplicaState::default();
     let started = std::time::Instant::now();
     if let Some((meta, bytes)) = snapshots.load()? {
         let read = started.elapsed();

@@ -13,10 +13,10 @@ use permit_core::limits::COMMANDS_PER_BATCH_MAX;
 use permit_core::{Batch, Command, Outcome};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::clock::LeaderClock;
 use crate::metrics::Metrics;
+use crate::raft::clock::LeaderClock;
+use crate::raft::replica::Replica;
 use crate::raft::{NodeId, Raft};
-use crate::replica::Replica;
 
 /// Most commands queued for the proposer before requests wait to enqueue (back-pressure).
 const QUEUE_CAPACITY: usize = 16 * 1024;

@@ -16,9 +16,9 @@ use permit_core::Batch;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use crate::clock::LeaderClock;
+use crate::raft::clock::LeaderClock;
+use crate::raft::replica::Replica;
 use crate::raft::Raft;
-use crate::replica::Replica;
 
 /// Longest wait for the barrier to commit before trying again.
 const BARRIER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -59,7 +59,7 @@ pub fn start(
                 (true, Some(published)) if published == term => {}
                 (true, _) => {
                     if extended_term != Some(term) {
-                        let mut replica = replica.lock();
+                        let mut replica = replica.write();
                         clock.rebase(replica.state.now_ms());
                         replica.lessor.promote(term, Instant::now());
                         extended_term = Some(term);
@@ -80,7 +80,7 @@ pub fn start(
                 }
                 (false, published) => {
                     if published.is_some() || extended_term.is_some() {
-                        replica.lock().lessor.demote();
+                        replica.write().lessor.demote();
                         tracing::info!(term, "no longer leader; expiry stopped");
                         leading_tx.send_replace(None);
                         extended_term = None;

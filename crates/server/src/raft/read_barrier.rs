@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use crate::proposer::ProposeError;
+use crate::raft::proposer::ProposeError;
 
 /// The round counter and its latest result.
 #[derive(Debug)]

@@ -1,0 +1,372 @@
+//! The seam between Permit and openraft: one [`Consensus`] per node assembles the log store, the
+//! state machine, Raft, the proposer, the leadership watcher and the read barrier, and offers
+//! what the rest of the server needs in Permit's own types: propose a command, wait for a
+//! linearizable read, refresh a lease, the [`Status`], membership changes and the peer channel.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{CheckIsLeaderError, RaftError};
+use openraft::network::RaftNetworkFactory;
+use openraft::{BasicNode, SnapshotPolicy};
+use permit_core::{Command, Outcome};
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::{watch, Notify};
+
+use super::clock::LeaderClock;
+use super::leadership::Leading;
+use super::log_store::LogStore;
+use super::membership::MembershipError;
+use super::peer_rpc::PeerRpc;
+use super::proposer::{ProposeError, Proposer};
+use super::read_barrier::ReadBarrier;
+use super::replica::{Replica, ReplicaState};
+use super::snapshot_store::SnapshotStore;
+use super::state_machine::{load_replica, StateMachine};
+use super::status::Status;
+use super::{NodeId, Raft, TypeConfig};
+use crate::config::Config;
+use crate::failstop::FailStop;
+use crate::metrics::Metrics;
+use crate::notify::Notifier;
+
+/// Longest wait for a quorum to confirm leadership before a linearizable read.
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest wait for a new learner to catch up before it is promoted.
+pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a started [`Consensus`] hands to the node for its background tasks.
+pub(crate) struct Parts {
+    /// The leader clock (the expiry driver reads it).
+    pub clock: Arc<LeaderClock>,
+    /// Woken when a deadline may have moved earlier.
+    pub expiry_wake: Arc<Notify>,
+}
+
+/// The replicated log and state of one node. See the module docs.
+pub struct Consensus {
+    id: NodeId,
+    raft: Raft,
+    replica: Arc<Replica>,
+    proposer: Proposer,
+    leading: watch::Receiver<Leading>,
+    reads: Arc<ReadBarrier>,
+    read_rounds: Counter,
+    read_waits: Counter,
+    peer_rpc: PeerRpc,
+}
+
+impl Consensus {
+    /// Opens the data dir's log and snapshots (restoring `config.restore` first, if set), starts
+    /// Raft with `network`, initialises a fresh node (single node, or `--peers`), and starts the
+    /// proposer and the leadership watcher.
+    ///
+    /// # Errors
+    /// When the log or snapshots cannot be opened, the data dir belongs to a cluster but there
+    /// is no cluster secret, or Raft cannot start.
+    pub(crate) async fn start<N: RaftNetworkFactory<TypeConfig>>(
+        config: &Config,
+        addr: SocketAddr,
+        network: N,
+        metrics: &Arc<Metrics>,
+        notifier: Arc<Notifier>,
+        fail_stop: &Arc<FailStop>,
+    ) -> anyhow::Result<(Consensus, Parts)> {
+        let log_path = config.data_dir.join("raft-log.redb");
+        let opening = std::time::Instant::now();
+        if let Some(file) = &config.restore {
+            let snapshots = SnapshotStore::open(&config.data_dir.join("snapshots"))?;
+            super::state_machine::restore(file, &snapshots, &log_path, config.node_id, &addr.to_string())?;
+        }
+        let log_store = LogStore::open(&log_path)
+            .map_err(|e| open_error(&log_path, &e))?
+            .with_append_histogram(metrics.append_seconds.clone())
+            .with_fail_stop(fail_stop.clone());
+        tracing::info!(elapsed_ms = opening.elapsed().as_millis() as u64, "log opened");
+        let snapshot_dir = config.data_dir.join("snapshots");
+        let snapshots = SnapshotStore::open(&snapshot_dir)
+            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", snapshot_dir.display()))?
+            .with_fail_stop(fail_stop.clone());
+        let replica_state = load_replica(&snapshots)
+            .map_err(|e| anyhow::anyhow!("cannot load the snapshot in {}: {e:#}", snapshot_dir.display()))?;
+        let clock = Arc::new(LeaderClock::new(replica_state.state.now_ms()));
+        let replica = Arc::new(Replica::new(replica_state));
+        let expiry_wake = Arc::new(Notify::new());
+        let state_machine = StateMachine::new(replica.clone(), notifier, snapshots, expiry_wake.clone());
+        let raft =
+            Raft::new(config.node_id, Arc::new(raft_config(config)?), network, log_store, state_machine)
+                .await?;
+
+        if config.cluster_secret.is_none() && has_other_members(&raft, config.node_id).await? {
+            let _ = raft.shutdown().await;
+            anyhow::bail!(
+                "this node's data dir belongs to a cluster; peers need --cluster-secret-file: {}",
+                crate::peer::SECRET_HOWTO
+            );
+        }
+        if !config.join && !raft.is_initialized().await? {
+            let members: BTreeMap<NodeId, BasicNode> = if config.peers.is_empty() {
+                BTreeMap::from([(config.node_id, BasicNode::new(addr.to_string()))])
+            } else {
+                config.peers.iter().map(|(id, addr)| (*id, BasicNode::new(addr))).collect()
+            };
+            // Every node of a fresh cluster writes the same first entry (the membership at log
+            // index 0), so their logs agree; the first election picks one leader. On a restart
+            // the node is initialised already and `--peers` is not used.
+            raft.initialize(members).await?;
+        }
+
+        let leading =
+            super::leadership::start(raft.clone(), replica.clone(), clock.clone(), expiry_wake.clone());
+        let proposer = Proposer::start(raft.clone(), clock.clone(), replica.clone(), metrics.clone());
+        let consensus = Consensus {
+            id: config.node_id,
+            peer_rpc: PeerRpc::new(raft.clone()),
+            raft,
+            replica,
+            proposer,
+            leading,
+            reads: ReadBarrier::new(),
+            read_rounds: metrics.read_rounds.clone(),
+            read_waits: metrics.read_barrier_waits.clone(),
+        };
+        Ok((consensus, Parts { clock, expiry_wake }))
+    }
+
+    /// The applied state (read-only outside the consensus layer).
+    pub fn replica(&self) -> &Arc<Replica> {
+        &self.replica
+    }
+
+    /// The group-commit proposer.
+    pub(crate) fn proposer(&self) -> &Proposer {
+        &self.proposer
+    }
+
+    /// This node's leadership, once its barrier is committed.
+    pub(crate) fn leading(&self) -> &watch::Receiver<Leading> {
+        &self.leading
+    }
+
+    /// The receiving end of the peer channel.
+    pub fn peer_rpc(&self) -> &PeerRpc {
+        &self.peer_rpc
+    }
+
+    /// The openraft handle, for the simulation's in-memory network and its observers only.
+    #[doc(hidden)]
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// Proposes a command and waits until it is applied.
+    ///
+    /// # Errors
+    /// [`ProposeError`] when it cannot be committed by this node.
+    pub async fn propose(&self, command: Command) -> Result<Outcome, ProposeError> {
+        self.proposer.propose(command).await
+    }
+
+    /// This node's view of the cluster now.
+    pub fn status(&self) -> Status {
+        Status::of(&self.raft.metrics().borrow())
+    }
+
+    /// The current term (cheaper than a whole [`Status`]).
+    pub fn term(&self) -> u64 {
+        self.raft.metrics().borrow().current_term
+    }
+
+    /// Waits until a read of the local state is linearizable: this node confirmed with a quorum
+    /// that it still leads, and applied everything committed before the read began (ReadIndex).
+    /// Reads that arrive while a round is in flight share the next one.
+    ///
+    /// # Errors
+    /// [`ProposeError::NotLeader`] when it does not lead or cannot reach a quorum.
+    pub async fn ensure_linearizable(&self) -> Result<(), ProposeError> {
+        if crate::bugs::is(crate::bugs::Bug::StaleReads) {
+            return Ok(());
+        }
+        self.read_waits.inc();
+        let (raft, leading, rounds) = (self.raft.clone(), self.leading.clone(), self.read_rounds.clone());
+        self.reads
+            .wait(move || {
+                rounds.inc();
+                confirm_leadership(raft.clone(), leading.clone())
+            })
+            .await
+    }
+
+    /// Confirms with a quorum that this node leads (as [`Consensus::ensure_linearizable`]),
+    /// then runs `refresh` on the replica, but only if the lessor still leads in the term that
+    /// was confirmed. A keepalive goes through here: a node that stepped down (or was
+    /// re-elected) between the confirmation and the refresh must not promise a lease, since an
+    /// expiry it decided before stepping down may still be in its log.
+    ///
+    /// # Errors
+    /// [`ProposeError::NotLeader`] when it does not lead, or no longer in the confirmed term.
+    pub async fn with_lease_authority<R>(
+        &self,
+        refresh: impl FnOnce(&mut ReplicaState) -> R,
+    ) -> Result<R, ProposeError> {
+        let term = self.term();
+        self.ensure_linearizable().await?;
+        let mut replica = self.replica.write();
+        if replica.lessor.promoted_term() != Some(term) {
+            return Err(ProposeError::NotLeader { leader: None });
+        }
+        Ok(refresh(&mut replica))
+    }
+
+    /// The leader's id and address, waiting up to `patience` for one to be known.
+    pub async fn leader(&self, patience: Duration) -> Option<(NodeId, String)> {
+        let mut metrics = self.raft.metrics();
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            if let Some(leader) = Status::of(&metrics.borrow_and_update()).leader_member() {
+                return Some((leader.id, leader.addr.clone()));
+            }
+            match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return None,
+            }
+        }
+    }
+
+    /// Makes this pristine node a member of a new cluster with `members` (id → address).
+    ///
+    /// # Errors
+    /// [`MembershipError::AlreadyInitialized`] on a member, or another refusal.
+    pub async fn init_cluster(&self, members: &BTreeMap<NodeId, String>) -> Result<(), MembershipError> {
+        super::membership::init(&self.raft, members).await
+    }
+
+    /// Adds node `id` at `addr`: as a learner that catches up, then (unless `learner`) a voter.
+    ///
+    /// # Errors
+    /// A [`MembershipError`] when this node does not lead, another change is in progress, or
+    /// the learner does not catch up within [`CATCH_UP_TIMEOUT`].
+    pub async fn add_member(&self, id: NodeId, addr: &str, learner: bool) -> Result<(), MembershipError> {
+        super::membership::add_learner(&self.raft, id, addr, CATCH_UP_TIMEOUT).await?;
+        if !learner {
+            super::membership::promote(&self.raft, id).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes member `id` (voter or learner).
+    ///
+    /// # Errors
+    /// A [`MembershipError`] when it is not a member or the change is refused.
+    pub async fn remove_member(&self, id: NodeId) -> Result<(), MembershipError> {
+        super::membership::remove(&self.raft, id).await
+    }
+
+    /// Records in `fail_stop` a Raft core that stops with a fatal error while `shutdown` is
+    /// still false, so that the node does not linger as a zombie.
+    pub(crate) fn watch_core(&self, shutdown: watch::Receiver<bool>, fail_stop: Arc<FailStop>) {
+        let mut metrics = self.raft.metrics();
+        tokio::spawn(async move {
+            loop {
+                let fatal = match &metrics.borrow_and_update().running_state {
+                    Ok(()) => None,
+                    Err(fatal) => Some(fatal.to_string()),
+                };
+                let stopped = match fatal {
+                    Some(fatal) => Some(fatal),
+                    None => metrics.changed().await.err().map(|_| "the raft core is gone".to_owned()),
+                };
+                if let Some(why) = stopped {
+                    if !*shutdown.borrow() {
+                        fail_stop.stopped(&why);
+                    }
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Stops Raft (waiting at most five seconds).
+    pub async fn shutdown(&self) {
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.raft.shutdown()).await;
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+}
+
+/// openraft's configuration from Permit's.
+fn raft_config(config: &Config) -> anyhow::Result<openraft::Config> {
+    let raft_config = openraft::Config {
+        cluster_name: "permit".to_owned(),
+        heartbeat_interval: config.heartbeat_ms,
+        election_timeout_min: config.election_timeout_ms.0,
+        election_timeout_max: config.election_timeout_ms.1,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_logs),
+        max_in_snapshot_log_to_keep: config.snapshot_logs.min(1000),
+        purge_batch_size: config.snapshot_logs.min(256),
+        install_snapshot_timeout: 10_000,
+        max_payload_entries: super::bounds::APPEND_ENTRIES_MAX,
+        snapshot_max_chunk_size: super::bounds::SNAPSHOT_CHUNK_BYTES as u64,
+        ..Default::default()
+    };
+    Ok(raft_config.validate()?)
+}
+
+/// One ReadIndex round: this node confirms with a quorum that it still leads and applies
+/// everything committed before the round began.
+async fn confirm_leadership(raft: Raft, leading: watch::Receiver<Leading>) -> Result<(), ProposeError> {
+    let deadline = tokio::time::Instant::now() + READ_TIMEOUT;
+    // A new leader serves reads only once its barrier is applied, so that everything
+    // committed before it took over is applied too.
+    if raft.metrics().borrow().state == openraft::ServerState::Leader {
+        let mut leading = leading;
+        let term = raft.metrics().borrow().current_term;
+        let ready =
+            tokio::time::timeout_at(deadline, leading.wait_for(|l| l.is_some_and(|b| b.term >= term)));
+        if ready.await.is_err() {
+            return Err(ProposeError::Timeout);
+        }
+    }
+    let confirmed = tokio::time::timeout_at(deadline, raft.ensure_linearizable()).await;
+    let Ok(confirmed) = confirmed else { return Err(ProposeError::Timeout) };
+    match confirmed {
+        Ok(_) => Ok(()),
+        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
+            Err(ProposeError::NotLeader {
+                leader: forward.leader_id.zip(forward.leader_node.map(|node| node.addr)),
+            })
+        }
+        Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
+            Err(ProposeError::NotLeader { leader: None })
+        }
+        Err(RaftError::Fatal(_)) => Err(ProposeError::ShuttingDown),
+    }
+}
+
+/// Whether Raft's membership names a node other than `me` (the data dir belongs to a cluster).
+/// Asked of Raft's core, which has loaded the log (its metrics may not have yet).
+async fn has_other_members(raft: &Raft, me: NodeId) -> anyhow::Result<bool> {
+    let others = raft
+        .with_raft_state(move |state| {
+            state.membership_state.effective().membership().nodes().any(|(id, _)| *id != me)
+        })
+        .await?;
+    Ok(others)
+}
+
+/// The error for a log database that cannot be opened: it names the path and the cause, and
+/// suggests another server only when the file is locked.
+fn open_error(path: &std::path::Path, error: &redb::Error) -> anyhow::Error {
+    match error {
+        redb::Error::DatabaseAlreadyOpen => anyhow::anyhow!(
+            "cannot open {}: it is locked (is another server using this data dir?)",
+            path.display()
+        ),
+        _ => anyhow::anyhow!("cannot open {}: {error}", path.display()),
+    }
+}
