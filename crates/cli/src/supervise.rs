@@ -69,9 +69,10 @@ pub(crate) struct Ended {
 /// A started command.
 pub(crate) struct Running {
     child: Child,
-    /// The process id (and, unless `foreground`, the process group id).
+    /// The process id.
     pid: i32,
-    foreground: bool,
+    /// The command's process group (the guard's, which the command joins), unless `foreground`.
+    group: Option<i32>,
     kill_after: Duration,
     /// Kills the command's process group if `permit` dies; `None` in the foreground.
     guard: Option<Guard>,
@@ -84,35 +85,41 @@ pub(crate) struct Running {
 #[cfg(target_os = "linux")]
 const PARENT_DEATH_SIGNAL: libc::c_int = libc::SIGKILL;
 
-/// The shell script of the group guard: it blocks reading its stdin (a pipe whose only writer is
-/// `permit`) and kills the process group `$1` with SIGKILL when the pipe closes without a line,
-/// which is what happens when `permit` dies. A line (written by [`Guard::disarm`]) lets it exit
-/// quietly.
-const GUARD_SCRIPT: &str = r#"read -r line || kill -s KILL -- "-$1""#;
+/// The shell script of the group guard: it ignores the signals `permit` forwards to the group,
+/// blocks reading its stdin (a pipe whose only writer is `permit`) and kills its own process
+/// group, which the command joined, with SIGKILL when the pipe closes without a line, which is
+/// what happens when `permit` dies. A line (written by [`Guard::disarm`]) lets it exit quietly.
+const GUARD_SCRIPT: &str = r#"trap '' INT TERM HUP QUIT; read -r line || kill -s KILL -- "-$$""#;
 
 /// A small `/bin/sh` process that kills the command's process group when `permit` dies.
 ///
 /// `PR_SET_PDEATHSIG` reaches only the command itself; the guard makes sure its children and
-/// grandchildren (in its process group) go too.
+/// grandchildren (in its process group) go too. The guard starts *before* the command, which
+/// joins the guard's process group: a `permit` killed at any moment after the command was forked
+/// leaves a guard behind that ends it (started after the command, a guard could be missing when
+/// a SIGKILL arrived right after the fork, and the command's children outlived `permit`).
 struct Guard {
     pipe: std::io::PipeWriter,
     process: std::process::Child,
+    /// The guard's pid, which is also its process group id.
+    group: i32,
 }
 
 impl Guard {
-    /// Starts the guard of process group `group`, in its own process group (so that a Ctrl-C in
-    /// the terminal does not stop it), with no inherited files but the pipe.
-    fn start(group: i32) -> io::Result<Guard> {
+    /// Starts a guard in a new process group of its own (so that a Ctrl-C in the terminal does
+    /// not stop it), with no inherited files but the pipe.
+    fn start() -> io::Result<Guard> {
         let (reader, pipe) = std::io::pipe()?;
         let process = std::process::Command::new("/bin/sh")
-            .args(["-c", GUARD_SCRIPT, "permit-guard", &group.to_string()])
+            .args(["-c", GUARD_SCRIPT, "permit-guard"])
             .env_clear()
             .stdin(reader)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .process_group(0)
             .spawn()?;
-        Ok(Guard { pipe, process })
+        let group = i32::try_from(process.id()).map_err(io::Error::other)?;
+        Ok(Guard { pipe, process, group })
     }
 
     /// Tells the guard to exit without killing anything (the command ended normally).
@@ -137,15 +144,27 @@ pub(crate) async fn spawn(job: &Job, env: &[(&str, String)]) -> Result<Running, 
     };
     let mut command = Command::new(program);
     command.args(arguments).envs(env.iter().map(|(key, value)| (key, value)));
-    if !job.foreground {
-        command.process_group(0);
-    }
     die_with_this_process(&mut command);
     let foreground = job.foreground;
     let started = on_lasting_thread(move || {
-        let child = command.spawn()?;
+        let guard = if foreground { None } else { Some(Guard::start()) };
+        if !foreground {
+            // Join the guard's group; without a guard, a group of the command's own.
+            command.process_group(match &guard {
+                Some(Ok(guard)) => guard.group,
+                _ => 0,
+            });
+        }
+        let child = match command.spawn() {
+            Ok(child) => child,
+            Err(error) => {
+                if let Some(Ok(guard)) = guard {
+                    guard.disarm();
+                }
+                return Err(error);
+            }
+        };
         let pid = child.id().and_then(|pid| i32::try_from(pid).ok()).unwrap_or(0);
-        let guard = if foreground { None } else { Some(Guard::start(pid)) };
         Ok((child, pid, guard))
     })
     .await;
@@ -165,7 +184,12 @@ pub(crate) async fn spawn(job: &Job, env: &[(&str, String)]) -> Result<Running, 
         }
         None => None,
     };
-    Ok(Running { child, pid, foreground: job.foreground, kill_after: job.kill_after, guard })
+    let group = match (&guard, job.foreground) {
+        (_, true) => None,
+        (Some(guard), false) => Some(guard.group),
+        (None, false) => Some(pid),
+    };
+    Ok(Running { child, pid, group, kill_after: job.kill_after, guard })
 }
 
 /// Makes the command die when this process dies: in the child, before exec, set the parent-death
@@ -275,8 +299,9 @@ impl Running {
     /// Sends `signal` to the command (its whole process group unless in the foreground). The
     /// child is not reaped before `supervise` returns, so its pid cannot be reused meanwhile.
     fn signal(&self, signal: i32) {
-        let target = if self.foreground { self.pid } else { -self.pid };
-        // SAFETY: kill(2) has no memory-safety preconditions; the target is our unreaped child.
+        let target = self.group.map_or(self.pid, |group| -group);
+        // SAFETY: kill(2) has no memory-safety preconditions; the target is our unreaped child
+        // (or the group of our unreaped guard).
         let result = unsafe { libc::kill(target, signal) };
         if result != 0 {
             let error = io::Error::last_os_error();
