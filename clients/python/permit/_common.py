@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import ssl
 import time
 from dataclasses import dataclass
@@ -88,7 +89,8 @@ def httpx_options(
     verify: Union[bool, str, ssl.SSLContext, None],
     headers: Optional[Dict[str, str]],
 ) -> Dict[str, Any]:
-    """Keyword arguments for ``httpx.Client`` / ``httpx.AsyncClient``: auth header, TLS."""
+    """Keyword arguments for ``httpx.Client`` / ``httpx.AsyncClient`` (``transport``: those of
+    its transport): auth header, TLS, pool limits, TCP_NODELAY."""
     all_headers: Dict[str, str] = dict(headers or {})
     if auth_token:
         all_headers["Authorization"] = f"Bearer {auth_token}"
@@ -104,9 +106,14 @@ def httpx_options(
         tls = context
     return {
         "headers": all_headers,
-        "verify": tls,
         "trust_env": False,
-        "limits": httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=4.0),
+        "transport": {
+            "verify": tls,
+            # Idle connections are dropped before the server's 10 s header-read timeout.
+            "limits": httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=4.0),
+            # Small requests are sent at once (headers and body may be separate writes).
+            "socket_options": [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        },
     }
 
 

@@ -90,7 +90,9 @@ class Client:
         with self._lock:
             if self._http is None or self._pid != os.getpid():
                 self._pid = os.getpid()
-                self._http = httpx.Client(**self._options)
+                options = dict(self._options)
+                transport = httpx.HTTPTransport(**options.pop("transport"))
+                self._http = httpx.Client(transport=transport, **options)
             return self._http
 
     def _request(

@@ -116,7 +116,9 @@ class Client:
         with self._lock:
             if self._http is None or self._pid != os.getpid():
                 self._pid = os.getpid()
-                self._http = httpx.AsyncClient(**self._options)
+                options = dict(self._options)
+                transport = httpx.AsyncHTTPTransport(**options.pop("transport"))
+                self._http = httpx.AsyncClient(transport=transport, **options)
             return self._http
 
     async def _request(
