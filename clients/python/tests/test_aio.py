@@ -255,3 +255,33 @@ def test_errors_are_typed(server: Server, name: str) -> None:
                 assert too_many.value.code == "permits_exceed_capacity"
 
     run(main)
+
+
+def test_unreachable_server_is_presumed_lost_at_the_local_deadline(name: str) -> None:
+    import os
+    import signal
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as temp:
+        node = Server(Path(temp) / "data", [])
+        try:
+
+            async def main() -> None:
+                client = permit.aio.Client(node.url)
+                calls: List[Any] = []
+                session = await client.session(ttl=0.9, on_lost=calls.append)
+                p = await session.acquire(name, capacity=1)
+                os.kill(node.proc.pid, signal.SIGSTOP)
+                try:
+                    stopped = time.monotonic()
+                    await asyncio.wait_for(p.lost.wait(), 2.0)
+                    assert time.monotonic() - stopped <= 0.9 + 0.3
+                    assert session.state == "lost" and len(calls) == 1
+                finally:
+                    os.kill(node.proc.pid, signal.SIGCONT)
+                await client.close()
+
+            run(main)
+        finally:
+            node.kill9()

@@ -86,3 +86,68 @@ def test_fork_refusal_is_a_permit_error() -> None:
     with pytest.raises(permit.PermitError) as raised:
         check_pid(os.getpid() + 1, "abc")
     assert isinstance(raised.value, permit.SessionForked) and "fork" in raised.value.message
+
+
+def _child_uses_parent_client(client: permit.Client, name: str, out: Any) -> None:
+    # The parent's Client is fine in a child (it gets its own connection pool); a new session
+    # opened here belongs to the child.
+    with client.session() as session:
+        p = session.try_acquire(name)
+        out.put(p is not None and client.validate(name, p.token))
+        if p is not None:
+            p.release()
+
+
+def test_forked_child_gets_its_own_connections(server: Server, name: str) -> None:
+    with permit.Client(server.url) as client:
+        client.set_capacity(name, 1)
+        assert client.semaphore(name).capacity == 1  # the parent's pool is open now
+        out = CTX.Queue()
+        child = CTX.Process(target=_child_uses_parent_client, args=(client, name, out))
+        child.start()
+        try:
+            assert out.get(timeout=20) is True
+            child.join(20)
+            assert child.exitcode == 0
+        finally:
+            if child.is_alive():
+                child.kill()
+                child.join(5)
+        assert client.semaphore(name).holders == ()
+
+
+def _child_uses_parent_async_session(session: Any, name: str, out: Any) -> None:
+    import asyncio
+
+    async def use() -> str:
+        try:
+            await session.try_acquire(name)
+            return "ok"
+        except permit.SessionForked as error:
+            return error.code
+
+    out.put(asyncio.run(use()))
+
+
+def test_forked_child_cannot_use_the_parents_async_session(server: Server, name: str) -> None:
+    import asyncio
+
+    import permit.aio
+
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            async with await client.session() as session:
+                p = await session.acquire(name, capacity=1)
+                out = CTX.Queue()
+                child = CTX.Process(target=_child_uses_parent_async_session, args=(session, name, out))
+                child.start()
+                try:
+                    assert out.get(timeout=20) == "session_forked"
+                    child.join(20)
+                finally:
+                    if child.is_alive():
+                        child.kill()
+                        child.join(5)
+                assert await client.validate(name, p.token)
+
+    asyncio.run(main())

@@ -352,3 +352,19 @@ def test_auth_token_is_sent(name: str) -> None:
                     assert client.validate(name, p.token)
         finally:
             node.kill9()
+
+
+def test_ephemeral_and_delete(server: Server, name: str) -> None:
+    with permit.Client(server.url) as client, client.session() as session:
+        with session.acquire(name, capacity=2, ephemeral=True):
+            assert client.semaphore(name).capacity == 2
+        with pytest.raises(permit.NotFound):
+            client.semaphore(name)
+        client.set_capacity(name, 1)
+        with session.acquire(name):
+            with pytest.raises(permit.Conflict) as busy:
+                client.delete_semaphore(name)
+            assert busy.value.code == "semaphore_busy"
+        client.delete_semaphore(name)
+        with pytest.raises(permit.NotFound):
+            client.semaphore(name)
