@@ -85,14 +85,17 @@ class Client:
         self._pid = os.getpid()
         self._http: Optional[httpx.Client] = None
 
+    def _new_pool(self) -> httpx.Client:
+        options = dict(self._options)
+        transport = httpx.HTTPTransport(**options.pop("transport"))
+        return httpx.Client(transport=transport, **options)
+
     def _pool(self) -> httpx.Client:
         # A forked child must not share the parent's sockets: it gets a pool of its own.
         with self._lock:
             if self._http is None or self._pid != os.getpid():
                 self._pid = os.getpid()
-                options = dict(self._options)
-                transport = httpx.HTTPTransport(**options.pop("transport"))
-                self._http = httpx.Client(transport=transport, **options)
+                self._http = self._new_pool()
             return self._http
 
     def _request(
@@ -104,8 +107,9 @@ class Client:
         params: Optional[Dict[str, Any]] = None,
         policy: str = IDEMPOTENT,
         timeout: Optional[float] = None,
+        http: Optional[httpx.Client] = None,
     ) -> Tuple[int, Any]:
-        http = self._pool()
+        http = http or self._pool()
         attempts = Attempts(policy, len(self.endpoints))
         limit = httpx.Timeout(timeout if timeout is not None else self.timeout, connect=2.0)
         while True:
@@ -256,6 +260,9 @@ class Session:
         self._jeopardy = False
         self._closed = False
         self._holds: Set[_Hold] = set()
+        # A pool of its own: the session's long-polls and keepalives never queue behind (or
+        # make the client's pool scan) other sessions' connections.
+        self._http = client._new_pool()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._keepalive, name=f"permit-keepalive-{id[:8]}", daemon=True)
         self._thread.start()
@@ -286,6 +293,9 @@ class Session:
             print("safe for", session.deadline - time.monotonic(), "s")
         """
         return self._deadline
+
+    def _request(self, method: str, path: str, **options: Any) -> Tuple[int, Any]:
+        return self.client._request(method, path, http=self._http, **options)
 
     def _check(self) -> None:
         check_pid(self._pid, self.id)
@@ -391,7 +401,7 @@ class Session:
                 sent = time.monotonic()
                 armed = True
                 try:
-                    status, answer = self.client._request(
+                    status, answer = self._request(
                         "POST", path, json=body(wait), timeout=max(self.client.timeout, wait + LONG_POLL_MARGIN)
                     )
                 except Unavailable:
@@ -425,7 +435,7 @@ class Session:
     def _give_up(self, kind: str, name: str) -> None:
         action = "release" if kind == "semaphores" else "resign"
         try:
-            self.client._request("POST", f"/v1/{kind}/{segment(name)}/{action}", json={"session": self.id})
+            self._request("POST", f"/v1/{kind}/{segment(name)}/{action}", json={"session": self.id})
         except SessionLost as error:
             self._lose(error)
             raise
@@ -481,7 +491,7 @@ class Session:
             if sent < due:
                 continue  # woken for a hold's expiry
             try:
-                _, answer = self.client._request(
+                _, answer = self._request(
                     "POST",
                     f"/v1/sessions/{self.id}/keepalive",
                     policy=ONE_PASS,
@@ -514,7 +524,7 @@ class Session:
 
     def _close_on_server(self) -> None:
         try:
-            self.client._request("DELETE", f"/v1/sessions/{self.id}", policy=IDEMPOTENT)
+            self._request("DELETE", f"/v1/sessions/{self.id}", policy=IDEMPOTENT)
         except Exception as error:  # best effort: it expires on its own
             log.debug("closing session %s: %s; it expires on its own", self.id, error)
 
@@ -544,9 +554,13 @@ class Session:
             hold._released = True
         if not self.lost.is_set():
             try:
-                self.client._request("DELETE", f"/v1/sessions/{self.id}")
+                self._request("DELETE", f"/v1/sessions/{self.id}")
             except SessionLost:
                 pass
+            finally:
+                self._http.close()
+        else:
+            self._http.close()
 
     def __enter__(self) -> "Session":
         return self
@@ -637,7 +651,7 @@ class _Hold:
         if self.lost.is_set() or self.session.lost.is_set() or self.session._closed:
             return
         try:
-            self.session.client._request(
+            self.session._request(
                 "POST", f"/v1/{self._kind}/{segment(self.name)}/{self._action}", json={"session": self.session.id}
             )
         except SessionLost as error:

@@ -111,14 +111,17 @@ class Client:
         self._pid = os.getpid()
         self._http: Optional[httpx.AsyncClient] = None
 
+    def _new_pool(self) -> httpx.AsyncClient:
+        options = dict(self._options)
+        transport = httpx.AsyncHTTPTransport(**options.pop("transport"))
+        return httpx.AsyncClient(transport=transport, **options)
+
     def _pool(self) -> httpx.AsyncClient:
         # A forked child must not share the parent's sockets: it gets a pool of its own.
         with self._lock:
             if self._http is None or self._pid != os.getpid():
                 self._pid = os.getpid()
-                options = dict(self._options)
-                transport = httpx.AsyncHTTPTransport(**options.pop("transport"))
-                self._http = httpx.AsyncClient(transport=transport, **options)
+                self._http = self._new_pool()
             return self._http
 
     async def _request(
@@ -130,8 +133,9 @@ class Client:
         params: Optional[Dict[str, Any]] = None,
         policy: str = IDEMPOTENT,
         timeout: Optional[float] = None,
+        http: Optional[httpx.AsyncClient] = None,
     ) -> Tuple[int, Any]:
-        http = self._pool()
+        http = http or self._pool()
         attempts = Attempts(policy, len(self.endpoints))
         limit = httpx.Timeout(timeout if timeout is not None else self.timeout, connect=2.0)
         while True:
@@ -283,6 +287,9 @@ class Session:
         self._jeopardy = False
         self._closed = False
         self._holds: Set[_Hold] = set()
+        # A pool of its own: the session's long-polls and keepalives never queue behind (or
+        # make the client's pool scan) other sessions' connections.
+        self._http = client._new_pool()
         self._stop = asyncio.Event()
         self._task: Optional["asyncio.Task[None]"] = None
 
@@ -315,6 +322,9 @@ class Session:
             print("safe for", session.deadline - time.monotonic(), "s")
         """
         return self._deadline
+
+    async def _request(self, method: str, path: str, **options: Any) -> Tuple[int, Any]:
+        return await self.client._request(method, path, http=self._http, **options)
 
     def _check(self) -> None:
         check_pid(self._pid, self.id)
@@ -421,7 +431,7 @@ class Session:
                 armed = True
                 try:
                     status, answer = await self._until_lost(
-                        self.client._request(
+                        self._request(
                             "POST", path, json=body(wait), timeout=max(self.client.timeout, wait + LONG_POLL_MARGIN)
                         )
                     )
@@ -469,7 +479,7 @@ class Session:
     async def _give_up(self, kind: str, name: str) -> None:
         action = "release" if kind == "semaphores" else "resign"
         try:
-            await self.client._request("POST", f"/v1/{kind}/{segment(name)}/{action}", json={"session": self.id})
+            await self._request("POST", f"/v1/{kind}/{segment(name)}/{action}", json={"session": self.id})
         except SessionLost as error:
             self._lose(error)
             raise
@@ -528,7 +538,7 @@ class Session:
             if sent < due:
                 continue  # woken for a hold's expiry
             try:
-                _, answer = await self.client._request(
+                _, answer = await self._request(
                     "POST",
                     f"/v1/sessions/{self.id}/keepalive",
                     policy=ONE_PASS,
@@ -561,7 +571,7 @@ class Session:
 
     async def _close_on_server(self) -> None:
         try:
-            await self.client._request("DELETE", f"/v1/sessions/{self.id}", policy=IDEMPOTENT)
+            await self._request("DELETE", f"/v1/sessions/{self.id}", policy=IDEMPOTENT)
         except Exception as error:  # best effort: it expires on its own
             log.debug("closing session %s: %s; it expires on its own", self.id, error)
 
@@ -595,9 +605,13 @@ class Session:
             hold._released = True
         if not self.lost.is_set():
             try:
-                await self.client._request("DELETE", f"/v1/sessions/{self.id}")
+                await self._request("DELETE", f"/v1/sessions/{self.id}")
             except SessionLost:
                 pass
+            finally:
+                await self._http.aclose()
+        else:
+            await self._http.aclose()
 
     async def __aenter__(self) -> "Session":
         return self
@@ -688,7 +702,7 @@ class _Hold:
         if self.lost.is_set() or self.session.lost.is_set() or self.session._closed:
             return
         try:
-            await self.session.client._request(
+            await self.session._request(
                 "POST", f"/v1/{self._kind}/{segment(self.name)}/{self._action}", json={"session": self.session.id}
             )
         except SessionLost as error:

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// What the venv holds; a change here reinstalls.
-const REQUIREMENTS: &[&str] = &["httpx==0.29.0", "pytest==9.2.0", "mypy==2.4.1"];
+const REQUIREMENTS: &[&str] = &["httpx==0.29.0", "sniffio==1.3.1", "pytest==9.2.0", "mypy==2.4.1"];
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repository root")
