@@ -31,7 +31,8 @@ LONG_POLL_MARGIN = 5.0
 WAIT_CHUNK = 30.0
 #: Attempts of a retried call, over all endpoints.
 ATTEMPTS_MAX = 24
-#: Longest a retried call keeps retrying: rides out a leader election (about 2 s).
+#: Longest a retried call keeps retrying after its first failure: rides out a leader
+#: election (about 2 s).
 RETRY_WINDOW = 6.0
 #: Attempts that may time out before a retried call gives up.
 TIMEOUTS_MAX = 2
@@ -188,17 +189,21 @@ class Attempts:
         self.max = endpoints if policy == ONE_PASS else max(ATTEMPTS_MAX, endpoints)
         self.count = 0
         self.timeouts = 0
-        self.started = time.monotonic()
+        # The retry window opens at the first failure, not at the send: a long-poll that fails
+        # after waiting 30 s still gets its few seconds of failover.
+        self.first_failure: Optional[float] = None
         self.backoff = BACKOFF_MIN
 
     def after(self, failure: Failure, index: int) -> Optional[float]:
         """``None`` to give up, else the pause before the next attempt (on the next endpoint)."""
         self.count += 1
+        if self.first_failure is None:
+            self.first_failure = time.monotonic()
         if failure.timed_out:
             self.timeouts += 1
         exhausted = (
             self.count >= self.max
-            or time.monotonic() - self.started >= RETRY_WINDOW
+            or time.monotonic() - self.first_failure >= RETRY_WINDOW
             or (self.policy != ONE_PASS and self.timeouts >= TIMEOUTS_MAX)
         )
         if exhausted or not failure.retryable(self.policy):

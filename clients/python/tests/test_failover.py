@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from typing import List
 
 import permit
 import permit.aio
@@ -16,9 +18,14 @@ def test_leader_kill_keeps_the_permit_and_token(cluster: Cluster, name: str) -> 
     # The leader first, so that the client starts there and must move on after the kill.
     urls = cluster.urls()
     urls.insert(0, urls.pop(leader))
-    with permit.Client(urls) as client, client.session(ttl=6.0) as session:
+    with permit.Client(urls) as client, client.session(ttl=6.0) as session, client.session(ttl=6.0) as other:
         p = session.acquire(name, capacity=1, timeout=10.0)
         token = p.token
+        # A waiter blocked on the leader across the kill: its long-poll fails over.
+        granted: List[permit.Permit] = []
+        waiter = threading.Thread(target=lambda: granted.append(other.acquire(name, timeout=30.0)))
+        waiter.start()
+        assert eventually(lambda: len(client.semaphore(name).waiters) == 1)
         killed = time.monotonic()
         cluster.nodes[leader].kill9()
         assert cluster.leader(15.0) not in (None, leader)
@@ -27,10 +34,12 @@ def test_leader_kill_keeps_the_permit_and_token(cluster: Cluster, name: str) -> 
         assert not p.lost.is_set() and p.token == token
         assert client.validate(name, token)
         assert [(h.session, h.token) for h in client.semaphore(name).holders] == [(session.id, token)]
-        # The queue still works through the new leader: the next grant has a larger token.
+        # The queue still works through the new leader: the waiter gets the next grant, with
+        # a larger token.
         p.release()
-        with session.acquire(name, timeout=10.0) as again:
-            assert again.token > token
+        waiter.join(30)
+        assert granted and granted[0].token > token and not granted[0].lost.is_set()
+        granted[0].release()
 
 
 def test_leader_kill_keeps_the_permit_and_token_asyncio(cluster: Cluster, name: str) -> None:
