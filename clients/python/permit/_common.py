@@ -143,7 +143,14 @@ class Failure(Exception):
 
 
 def transport_failure(endpoint: str, error: Exception) -> Failure:
-    """A failure without an answer: refused connections were certainly not applied."""
+    """A failure without an answer: refused connections were certainly not applied. A TLS
+    failure (certificate not trusted, client certificate refused) is not retried: it would
+    fail the same way again."""
+    cause: Optional[BaseException] = error
+    while cause is not None:
+        if isinstance(cause, ssl.SSLError):
+            return Failure(ClusterUnavailable("tls", 0, f"{endpoint}: TLS failed: {cause}"), False)
+        cause = cause.__cause__ or cause.__context__
     unsent = isinstance(error, httpx.ConnectError)
     timed_out = isinstance(error, httpx.TimeoutException) and not isinstance(error, httpx.ConnectTimeout)
     unsent = unsent or isinstance(error, httpx.ConnectTimeout)

@@ -9,7 +9,7 @@ class PermitError(Exception):
     """Every error this client raises.
 
     ``code`` is the server's stable error code (``"semaphore_not_found"``, ...) or, for errors
-    found on this side, one of ``"connection"``, ``"protocol"``, ``"wait_timeout"``,
+    found on this side, one of ``"connection"``, ``"tls"``, ``"protocol"``, ``"wait_timeout"``,
     ``"session_lost"`` and ``"session_forked"``; ``status`` is the HTTP status (0 when there
     was no answer) and ``message`` says what went wrong, for humans.
 
