@@ -285,3 +285,44 @@ def test_unreachable_server_is_presumed_lost_at_the_local_deadline(name: str) ->
             run(main)
         finally:
             node.kill9()
+
+
+def test_keepalive_outlives_the_ttl_and_max_hold_is_lost(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            async with await client.session(ttl=0.6) as session:
+                p = await session.acquire(name, capacity=2)
+                start = time.monotonic()
+
+                async def renewed() -> bool:
+                    return session.deadline > start + 3 * 0.6
+
+                assert await until(renewed, 5.0)
+                assert not p.lost.is_set() and await client.validate(name, p.token)
+                bounded = await session.acquire(name + ".b", capacity=1, max_hold=0.3)
+                await asyncio.wait_for(bounded.lost.wait(), 2.0)
+                assert not session.lost.is_set() and not p.lost.is_set()
+                with pytest.raises(permit.SessionLost) as raised:
+                    bounded.token
+                assert raised.value.code == "hold_expired"
+
+    run(main)
+
+
+def test_try_campaign_and_closed_session(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            a, b = await client.session(), await client.session()
+            async with await a.campaign(name, value="a") as leading:
+                with pytest.raises(permit.Unavailable):
+                    await b.campaign(name, value="b", timeout=0)
+                assert await client.leader(name) == (a.id, "a", leading.token)
+            assert await client.leader(name) is None
+            await b.close()
+            assert b.state == "closed"
+            with pytest.raises(permit.SessionLost) as raised:
+                await b.try_acquire(name, capacity=1)
+            assert raised.value.code == "session_closed"
+            await a.close()
+
+    run(main)
