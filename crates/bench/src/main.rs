@@ -10,6 +10,7 @@
 mod api;
 mod auth;
 mod floors;
+mod python;
 mod server;
 mod stats;
 mod tls;
@@ -34,7 +35,9 @@ struct Args {
     /// Length of each timed workload run.
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
-    /// Parts to run: floors,w1,tls,w2,w3,w4,auth,cluster,scale,failover,big (default: all but big).
+    /// Parts to run: floors,w1,tls,w2,w3,w4,python,auth,cluster,scale,failover,big (default: all
+    /// but big). `python` runs the Python client's W1/W2 driver (threads and asyncio) in
+    /// alternation with the Rust driver's W1/W2 runs on the same server.
     /// `tls` runs W1 over HTTPS on a second node, alternating with plain HTTP runs.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -44,6 +47,10 @@ struct Args {
     /// Sessions, each with one hold, in the `big` part.
     #[arg(long, default_value_t = 1_000_000)]
     big_n: usize,
+    /// Python interpreter for the `python` part (default: the repository's `.ci/venv-python`,
+    /// else `python3`); it needs httpx.
+    #[arg(long)]
+    python: Option<PathBuf>,
     /// The `permit` binary (default: next to this one).
     #[arg(long)]
     permit_bin: Option<PathBuf>,
@@ -160,7 +167,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     report.add("HTTP round trips, 32 clients", format!("{http_rate:.0} /s"), None);
     report.add("fdatasync of a 4 KiB append, p50", format!("{fsync_p50:.3} ms"), None);
 
-    if ["w1", "tls", "w2", "w3", "w4"].iter().any(|part| wants(&args, part)) {
+    if ["w1", "tls", "w2", "w3", "w4", "python"].iter().any(|part| wants(&args, part)) {
         let node = match &args.url {
             Some(_) => None,
             None => Some(ServerProcess::start(&bin, "127.0.0.1:0", &work.path().join("single"), &[])?),
@@ -214,6 +221,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             report.add("W3 handoff p50", format!("{:.3} ms", all.p50()), None);
             let p99 = all.p99();
             report.add("W3 handoff p99", format!("{p99:.3} ms"), Some(("<= 0.2 ms".into(), p99 <= 0.2)));
+        }
+        if wants(&args, "python") {
+            python_rows(&mut report, &url, &args, duration).await?;
         }
         if wants(&args, "w4") {
             let ttl = Duration::from_secs(2);
@@ -295,6 +305,76 @@ async fn run(args: Args) -> anyhow::Result<()> {
     report.print_markdown();
     if args.keep_data {
         println!("data dirs kept in {}", work.keep().display());
+    }
+    Ok(())
+}
+
+/// The Python client's W1 and W2 (threads, asyncio) next to the Rust driver's, runs alternating
+/// on the same server so that the ratios compare like with like.
+async fn python_rows(report: &mut Report, url: &str, args: &Args, duration: Duration) -> anyhow::Result<()> {
+    let driver = match python::Driver::find(args.python.as_deref()) {
+        Ok(driver) => driver,
+        Err(error) => {
+            println!("python: skipped ({error:#})");
+            return Ok(());
+        }
+    };
+    let modes = ["threads", "asyncio"];
+    let (mut rust_w1, mut rust_w1_rate, mut rust_w2, mut rust_w2_rate) = (vec![], vec![], vec![], vec![]);
+    let mut py_w1: Vec<Vec<python::PyRun>> = vec![vec![], vec![]];
+    let mut py_w2: Vec<Vec<python::PyRun>> = vec![vec![], vec![]];
+    for run in 0..args.runs {
+        let w1 = workloads::uncontended(url, &format!("pyr-w1-{run}"), duration).await?;
+        rust_w1.push(w1.acquire.p50());
+        rust_w1_rate.push(w1.cycles_per_second);
+        for (i, mode) in modes.iter().enumerate() {
+            py_w1[i].push(driver.run(url, "w1", mode, &format!("py-w1-{mode}-{run}"), duration).await?);
+        }
+        let w2 = workloads::contended(
+            std::slice::from_ref(&url.to_owned()),
+            &format!("pyr-w2-{run}"),
+            32,
+            duration,
+        )
+        .await?;
+        rust_w2.push(w2.wait.p50());
+        rust_w2_rate.push(w2.cycles_per_second);
+        for (i, mode) in modes.iter().enumerate() {
+            py_w2[i].push(driver.run(url, "w2", mode, &format!("py-w2-{mode}-{run}"), duration).await?);
+        }
+    }
+    println!("Python client (single node, runs alternating with the Rust driver)");
+    let (r1, r1_rate) = (median(&rust_w1), median(&rust_w1_rate));
+    report.add("W1 acquire p50, Rust driver (same run)", format!("{r1:.3} ms"), None);
+    report.add("W1 cycles, Rust driver (same run)", format!("{r1_rate:.0} /s"), None);
+    for (i, mode) in modes.iter().enumerate() {
+        let p50 = median(&py_w1[i].iter().map(|r| r.p50_ms).collect::<Vec<_>>());
+        let p99 = median(&py_w1[i].iter().map(|r| r.p99_ms).collect::<Vec<_>>());
+        let rate = median(&py_w1[i].iter().map(|r| r.cycles_per_second).collect::<Vec<_>>());
+        report.add(
+            &format!("W1 acquire p50, Python {mode}"),
+            format!("{p50:.3} ms ({:.2}x)", p50 / r1),
+            None,
+        );
+        report.add(&format!("W1 acquire p99, Python {mode}"), format!("{p99:.3} ms"), None);
+        report.add(
+            &format!("W1 cycles, Python {mode}"),
+            format!("{rate:.0} /s ({:.2}x)", rate / r1_rate),
+            None,
+        );
+    }
+    let (r2, r2_rate) = (median(&rust_w2), median(&rust_w2_rate));
+    report.add("W2 cycles, 32 clients, Rust driver (same run)", format!("{r2_rate:.0} /s"), None);
+    report.add("W2 wait p50, Rust driver (same run)", format!("{r2:.3} ms"), None);
+    for (i, mode) in modes.iter().enumerate() {
+        let rate = median(&py_w2[i].iter().map(|r| r.cycles_per_second).collect::<Vec<_>>());
+        let p50 = median(&py_w2[i].iter().map(|r| r.p50_ms).collect::<Vec<_>>());
+        report.add(
+            &format!("W2 cycles, 32 {mode}, Python"),
+            format!("{rate:.0} /s ({:.2}x)", rate / r2_rate),
+            None,
+        );
+        report.add(&format!("W2 wait p50, 32 {mode}, Python"), format!("{p50:.3} ms"), None);
     }
     Ok(())
 }

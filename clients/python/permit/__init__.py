@@ -1,0 +1,57 @@
+"""Python client for Permit, a distributed semaphore service.
+
+Blocking API here (threads); the same API with ``async``/``await`` in :mod:`permit.aio`.
+
+Example::
+
+    import permit
+
+    client = permit.Client("http://127.0.0.1:7376")
+    with client.session(ttl=10.0) as session:
+        with session.acquire("gpu", capacity=8) as p:
+            print(p.token)
+"""
+
+from ._common import Holder, Leader, SemaphoreInfo, Waiter
+from ._errors import (
+    CODES,
+    AuthError,
+    ClusterUnavailable,
+    Conflict,
+    InternalError,
+    InvalidRequest,
+    LimitExceeded,
+    NotFound,
+    PermitError,
+    SessionForked,
+    SessionLost,
+    Timeout,
+    Unavailable,
+)
+from ._sync import Client, Leadership, Permit, Session
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "Session",
+    "Permit",
+    "Leadership",
+    "SemaphoreInfo",
+    "Holder",
+    "Waiter",
+    "Leader",
+    "PermitError",
+    "InvalidRequest",
+    "NotFound",
+    "Conflict",
+    "Unavailable",
+    "LimitExceeded",
+    "AuthError",
+    "ClusterUnavailable",
+    "InternalError",
+    "Timeout",
+    "SessionLost",
+    "SessionForked",
+    "CODES",
+]

@@ -1,0 +1,358 @@
+"""What the sync and asyncio clients share: endpoints, the retry policy, answers and views."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from ._errors import (
+    ClusterUnavailable,
+    InternalError,
+    LimitExceeded,
+    PermitError,
+    SessionForked,
+    error_for,
+)
+
+#: Client-side timeout of a request that does not long-poll (seconds).
+REQUEST_TIMEOUT = 10.0
+#: Extra time a long-poll is given beyond the wait it asks the server for.
+LONG_POLL_MARGIN = 5.0
+#: Longest wait asked of the server in one acquire or campaign; the loop repeats the call.
+WAIT_CHUNK = 30.0
+#: Attempts of a retried call, over all endpoints.
+ATTEMPTS_MAX = 24
+#: Longest a retried call keeps retrying after its first failure: rides out a leader
+#: election (about 2 s).
+RETRY_WINDOW = 6.0
+#: Attempts that may time out before a retried call gives up.
+TIMEOUTS_MAX = 2
+#: First pause before going around the endpoints again; doubles up to BACKOFF_MAX.
+BACKOFF_MIN = 0.05
+BACKOFF_MAX = 1.0
+#: Pause between keepalive retries while in jeopardy: ttl/10 within these bounds.
+RETRY_PAUSE_MIN = 0.01
+RETRY_PAUSE_MAX = 1.0
+#: Shortest client-side timeout of one keepalive.
+KEEPALIVE_TIMEOUT_MIN = 0.1
+
+#: Retry policies: any harmless repeat; only requests certainly not applied; one pass, no pause.
+IDEMPOTENT = "idempotent"
+UNSENT = "unsent"
+ONE_PASS = "one_pass"
+
+EndpointsArg = Union[str, Sequence[str]]
+
+
+def normalize_endpoints(endpoints: EndpointsArg) -> List[str]:
+    """``scheme://host:port`` for each endpoint; a bare ``host:port`` gets ``http://``."""
+    urls = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+    urls = [part for url in urls for part in url.split(",") if part.strip()]
+    if not urls:
+        raise ValueError("no endpoint given")
+    out = []
+    for url in urls:
+        text = url.strip()
+        if "://" not in text:
+            text = "http://" + text
+        parts = urlsplit(text)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"{url!r}: only http:// and https:// endpoints are supported")
+        if not parts.hostname:
+            raise ValueError(f"{url!r}: no host")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError(f"{url!r}: give only the scheme, host and port")
+        if parts.username or parts.password:
+            raise ValueError(f"{url!r}: credentials in the URL are not supported")
+        out.append(f"{parts.scheme}://{parts.netloc}")
+    return out
+
+
+def segment(name: str) -> str:
+    """``name`` as one URL path segment, so a bad name reaches the server (which refuses it)."""
+    return quote(name, safe="-._~:")
+
+
+def httpx_options(
+    auth_token: Optional[str],
+    ca_file: Optional[str],
+    cert_file: Optional[str],
+    key_file: Optional[str],
+    verify: Union[bool, str, ssl.SSLContext, None],
+    headers: Optional[Dict[str, str]],
+) -> Dict[str, Any]:
+    """Keyword arguments for ``httpx.Client`` / ``httpx.AsyncClient`` (``transport``: those of
+    its transport): auth header, TLS, pool limits, TCP_NODELAY."""
+    all_headers: Dict[str, str] = dict(headers or {})
+    if auth_token:
+        all_headers["Authorization"] = f"Bearer {auth_token}"
+    tls: Union[bool, ssl.SSLContext] = True
+    if isinstance(verify, ssl.SSLContext):
+        tls = verify
+    elif verify is False:
+        tls = False
+    elif ca_file or cert_file or isinstance(verify, str):
+        context = ssl.create_default_context(cafile=ca_file or (verify if isinstance(verify, str) else None))
+        if cert_file:
+            context.load_cert_chain(cert_file, key_file)
+        tls = context
+    return {
+        "headers": all_headers,
+        "trust_env": False,
+        "transport": {
+            "verify": tls,
+            # Idle connections are dropped before the server's 10 s header-read timeout.
+            "limits": httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=4.0),
+            # Small requests are sent at once (headers and body may be separate writes).
+            "socket_options": [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        },
+    }
+
+
+def ms(seconds: float) -> int:
+    """Seconds as whole milliseconds, rounded up so a short wait still waits."""
+    return max(0, int(-(-seconds * 1000 // 1)))
+
+
+class Failure(Exception):
+    """One failed attempt, and whether the server certainly did not apply it."""
+
+    def __init__(self, error: PermitError, unsent: bool, timed_out: bool = False) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.unsent = unsent
+        self.timed_out = timed_out
+
+    def retryable(self, policy: str) -> bool:
+        if policy in (UNSENT, ONE_PASS):
+            return self.unsent
+        return (
+            self.unsent
+            or self.timed_out
+            or self.error.code in ("connection", "timeout", "no_leader", "shutting_down")
+        )
+
+
+def transport_failure(endpoint: str, error: Exception) -> Failure:
+    """A failure without an answer: refused connections were certainly not applied. A TLS
+    failure (certificate not trusted, client certificate refused) is not retried: it would
+    fail the same way again."""
+    cause: Optional[BaseException] = error
+    while cause is not None:
+        if isinstance(cause, ssl.SSLError):
+            return Failure(ClusterUnavailable("tls", 0, f"{endpoint}: TLS failed: {cause}"), False)
+        cause = cause.__cause__ or cause.__context__
+    unsent = isinstance(error, httpx.ConnectError)
+    timed_out = isinstance(error, httpx.TimeoutException) and not isinstance(error, httpx.ConnectTimeout)
+    unsent = unsent or isinstance(error, httpx.ConnectTimeout)
+    return Failure(ClusterUnavailable("connection", 0, f"{endpoint}: {type(error).__name__}: {error}"), unsent, timed_out)
+
+
+def answer_failure(endpoint: str, response: httpx.Response) -> Failure:
+    """A non-2xx answer as an error; only ``leader_unreachable`` and ``storage_error`` prove
+    that nothing was done."""
+    try:
+        body = response.json()
+        code = str(body["error"]["code"])
+        message = str(body["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        error: PermitError = InternalError(
+            "protocol", response.status_code, f"{endpoint}: unexpected answer {response.text[:200]!r}"
+        )
+        return Failure(error, False)
+    error = error_for(code, response.status_code, message)
+    if isinstance(error, LimitExceeded):
+        try:
+            error.retry_after = float(response.headers.get("retry-after", ""))
+        except ValueError:
+            pass
+    return Failure(error, code in ("leader_unreachable", "storage_error"))
+
+
+def decode(endpoint: str, response: httpx.Response) -> Any:
+    if response.status_code == 204 or not response.content:
+        return None
+    try:
+        return json.loads(response.content)
+    except ValueError as error:
+        raise InternalError("protocol", response.status_code, f"{endpoint}: cannot decode the body: {error}")
+
+
+class Attempts:
+    """The retry loop's bookkeeping: when to give up and how long to pause."""
+
+    def __init__(self, policy: str, endpoints: int) -> None:
+        self.policy = policy
+        self.endpoints = endpoints
+        self.max = endpoints if policy == ONE_PASS else max(ATTEMPTS_MAX, endpoints)
+        self.count = 0
+        self.timeouts = 0
+        # The retry window opens at the first failure, not at the send: a long-poll that fails
+        # after waiting 30 s still gets its few seconds of failover.
+        self.first_failure: Optional[float] = None
+        self.backoff = BACKOFF_MIN
+
+    def after(self, failure: Failure, index: int) -> Optional[float]:
+        """``None`` to give up, else the pause before the next attempt (on the next endpoint)."""
+        self.count += 1
+        if self.first_failure is None:
+            self.first_failure = time.monotonic()
+        if failure.timed_out:
+            self.timeouts += 1
+        exhausted = (
+            self.count >= self.max
+            or time.monotonic() - self.first_failure >= RETRY_WINDOW
+            or (self.policy != ONE_PASS and self.timeouts >= TIMEOUTS_MAX)
+        )
+        if exhausted or not failure.retryable(self.policy):
+            return None
+        nxt = (index + 1) % self.endpoints
+        if self.policy != ONE_PASS and (nxt == 0 or self.endpoints == 1):
+            pause = self.backoff * (0.5 + random.random())
+            self.backoff = min(self.backoff * 2, BACKOFF_MAX)
+            return pause
+        return 0.0
+
+
+def retry_pause(ttl: float) -> float:
+    return min(max(ttl / 10, RETRY_PAUSE_MIN), RETRY_PAUSE_MAX)
+
+
+def keepalive_timeout(left: float, endpoints: int) -> float:
+    return min(max(left / max(endpoints, 1), KEEPALIVE_TIMEOUT_MIN), REQUEST_TIMEOUT)
+
+
+def check_pid(pid: int, session_id: str) -> None:
+    if os.getpid() != pid:
+        raise SessionForked(
+            "session_forked",
+            0,
+            f"session {session_id} belongs to process {pid}; this process ({os.getpid()}) is a "
+            "fork of it and must not use, keep alive or close it: open a new session here",
+        )
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A holder of a semaphore: its session id, permits and fencing token.
+
+    Example::
+
+        for h in client.semaphore("gpu").holders:
+            print(h.session, h.permits, h.token)
+    """
+
+    session: str
+    permits: int
+    token: int
+    session_name: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """A queued session of a semaphore, with its 1-based position.
+
+    Example::
+
+        [w.position for w in client.semaphore("gpu").waiters]   # [1, 2, ...]
+    """
+
+    session: str
+    permits: int
+    position: int
+    session_name: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class SemaphoreInfo:
+    """A semaphore as the server sees it now (a linearizable read).
+
+    Example::
+
+        info = client.semaphore("gpu")
+        print(info.capacity, info.available, len(info.holders), len(info.waiters))
+    """
+
+    name: str
+    capacity: int
+    held: int
+    available: int
+    holders: Tuple[Holder, ...]
+    waiters: Tuple[Waiter, ...]
+    index: int
+
+
+class Leader(NamedTuple):
+    """The leader of an election: ``(session, value, token)``.
+
+    Example::
+
+        leader = client.leader("scheduler")
+        if leader is not None:
+            session, value, token = leader
+    """
+
+    session: str
+    value: str
+    token: int
+
+
+def semaphore_info(body: Any) -> SemaphoreInfo:
+    return SemaphoreInfo(
+        name=body["name"],
+        capacity=body["capacity"],
+        held=body["held"],
+        available=body["available"],
+        holders=tuple(
+            Holder(h["session"], h["permits"], h["token"], h.get("session_name")) for h in body["holders"]
+        ),
+        waiters=tuple(
+            Waiter(w["session"], w["permits"], w["position"], w.get("session_name")) for w in body["waiters"]
+        ),
+        index=body["index"],
+    )
+
+
+def leader_of(body: Any) -> Optional[Leader]:
+    leader = body.get("leader")
+    if not leader:
+        return None
+    return Leader(leader["session"], leader["value"], leader["token"])
+
+
+def acquire_body(
+    session: str,
+    permits: int,
+    wait: float,
+    capacity: Optional[int],
+    max_hold: Optional[float],
+    ephemeral: bool,
+) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"session": session, "permits": permits, "wait_ms": ms(wait)}
+    if capacity is not None:
+        body["capacity"] = capacity
+    if max_hold is not None:
+        body["max_hold_ms"] = ms(max_hold)
+    if ephemeral:
+        body["ephemeral"] = True
+    return body
+
+
+def wait_slice(deadline: Optional[float], try_once: bool, ttl: float) -> float:
+    """How long the next long-poll asks the server to wait: at most WAIT_CHUNK and one TTL, so
+    a session lost meanwhile is noticed; at least 1 ms so that it waits rather than tries."""
+    if try_once:
+        return 0.0
+    chunk = min(WAIT_CHUNK, max(ttl, 1.0))
+    if deadline is not None:
+        chunk = min(chunk, deadline - time.monotonic())
+    return max(chunk, 0.001)

@@ -1,0 +1,726 @@
+"""The blocking client: threads, a keepalive thread per session, guards as context managers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from types import TracebackType
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type
+
+import httpx
+
+from ._common import (
+    IDEMPOTENT,
+    LONG_POLL_MARGIN,
+    ONE_PASS,
+    REQUEST_TIMEOUT,
+    UNSENT,
+    Attempts,
+    EndpointsArg,
+    Failure,
+    Leader,
+    SemaphoreInfo,
+    acquire_body,
+    answer_failure,
+    check_pid,
+    decode,
+    httpx_options,
+    keepalive_timeout,
+    leader_of,
+    ms,
+    normalize_endpoints,
+    retry_pause,
+    segment,
+    semaphore_info,
+    transport_failure,
+    wait_slice,
+)
+from ._errors import ClusterUnavailable, PermitError, SessionLost, Timeout, Unavailable
+
+log = logging.getLogger("permit")
+
+#: Called with the :class:`SessionLost` error when a session or hold is lost.
+OnLost = Callable[[SessionLost], None]
+
+
+class Client:
+    """A connection to a Permit server or cluster. Thread-safe; share one per process.
+
+    ``endpoints`` is one URL or a list (or a comma-separated string) of a cluster's nodes:
+    requests go to the node that answered last and move to the next one on connection errors
+    and ``no_leader`` / ``leader_unreachable``. ``auth_token`` is sent as
+    ``Authorization: Bearer``; ``ca_file`` trusts a private CA for ``https://`` endpoints;
+    ``cert_file``/``key_file`` present a client certificate; ``verify`` is passed to httpx
+    (``False``, a CA bundle path or an ``ssl.SSLContext``); ``timeout`` bounds each request
+    that does not wait in a queue.
+
+    Example::
+
+        client = permit.Client(["http://10.0.0.1:7376", "http://10.0.0.2:7376"],
+                               auth_token=os.environ.get("PERMIT_AUTH_TOKEN"))
+        with client.session(ttl=10.0) as session:
+            ...
+        client.close()
+    """
+
+    def __init__(
+        self,
+        endpoints: EndpointsArg = "http://127.0.0.1:7376",
+        *,
+        auth_token: Optional[str] = None,
+        ca_file: Optional[str] = None,
+        cert_file: Optional[str] = None,
+        key_file: Optional[str] = None,
+        verify: Any = None,
+        timeout: float = REQUEST_TIMEOUT,
+        headers: Optional[Dict[str, str]] = None,
+    ) -> None:
+        self.endpoints: List[str] = normalize_endpoints(endpoints)
+        self.timeout = timeout
+        self._options = httpx_options(auth_token, ca_file, cert_file, key_file, verify, headers)
+        self._preferred = 0
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._http: Optional[httpx.Client] = None
+
+    def _new_pool(self) -> httpx.Client:
+        options = dict(self._options)
+        transport = httpx.HTTPTransport(**options.pop("transport"))
+        return httpx.Client(transport=transport, **options)
+
+    def _pool(self) -> httpx.Client:
+        # A forked child must not share the parent's sockets: it gets a pool of its own.
+        with self._lock:
+            if self._http is None or self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._http = self._new_pool()
+            return self._http
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Optional[Dict[str, Any]] = None,
+        params: Optional[Dict[str, Any]] = None,
+        policy: str = IDEMPOTENT,
+        timeout: Optional[float] = None,
+        http: Optional[httpx.Client] = None,
+    ) -> Tuple[int, Any]:
+        http = http or self._pool()
+        attempts = Attempts(policy, len(self.endpoints))
+        limit = httpx.Timeout(timeout if timeout is not None else self.timeout, connect=2.0)
+        while True:
+            index = self._preferred % len(self.endpoints)
+            endpoint = self.endpoints[index]
+            try:
+                try:
+                    response = http.request(method, endpoint + path, json=json, params=params, timeout=limit)
+                except httpx.TransportError as error:
+                    raise transport_failure(endpoint, error) from None
+                if response.status_code >= 300:
+                    raise answer_failure(endpoint, response)
+                return response.status_code, decode(endpoint, response)
+            except Failure as failure:
+                pause = attempts.after(failure, index)
+                if pause is None:
+                    raise failure.error from None
+                log.debug("retrying on the next endpoint after %s", failure.error)
+                if self._preferred % len(self.endpoints) == index:
+                    self._preferred = index + 1
+                if pause:
+                    time.sleep(pause)
+
+    def session(self, ttl: float = 10.0, name: Optional[str] = None, on_lost: Optional[OnLost] = None) -> "Session":
+        """Creates a session that lives ``ttl`` seconds after its last keepalive; a thread
+        sends one every ``ttl/3``. ``on_lost`` is called (from the keepalive thread) with a
+        :class:`permit.SessionLost` the moment the session is known or presumed lost.
+
+        Creation is not retried blindly: only a request that certainly did not reach a
+        leader (connection refused, ``leader_unreachable``) is sent again, so a timeout can
+        leave an unused session on the server that expires after ``ttl``.
+
+        Example::
+
+            with client.session(ttl=10.0, name="worker-1") as session:
+                print(session.id)
+        """
+        body: Dict[str, Any] = {"ttl_ms": ms(ttl)}
+        if name is not None:
+            body["name"] = name
+        sent = time.monotonic()
+        _, answer = self._request("POST", "/v1/sessions", json=body, policy=UNSENT)
+        return Session(self, answer["id"], answer["ttl_ms"] / 1000.0, name, on_lost, sent)
+
+    def set_capacity(self, name: str, capacity: int) -> SemaphoreInfo:
+        """Creates semaphore ``name`` with ``capacity`` permits, or changes its capacity.
+
+        Example::
+
+            client.set_capacity("gpu", 8).capacity   # 8
+        """
+        _, body = self._request("PUT", f"/v1/semaphores/{segment(name)}", json={"capacity": capacity})
+        return semaphore_info(body)
+
+    def semaphore(self, name: str) -> SemaphoreInfo:
+        """Capacity, availability, holders and waiters of a semaphore (linearizable).
+
+        Example::
+
+            info = client.semaphore("gpu")
+            print(info.available, [(h.session, h.permits, h.token) for h in info.holders])
+        """
+        _, body = self._request("GET", f"/v1/semaphores/{segment(name)}")
+        return semaphore_info(body)
+
+    def delete_semaphore(self, name: str) -> None:
+        """Deletes an idle semaphore (``permit.Conflict`` ``semaphore_busy`` if it is used).
+
+        Example::
+
+            client.delete_semaphore("gpu")
+        """
+        self._request("DELETE", f"/v1/semaphores/{segment(name)}")
+
+    def leader(self, election: str) -> Optional[Leader]:
+        """The current leader ``(session, value, token)`` of an election, or ``None``.
+
+        Example::
+
+            leader = client.leader("scheduler")
+            print(leader.value if leader else "nobody leads")
+        """
+        _, body = self._request("GET", f"/v1/elections/{segment(election)}")
+        return leader_of(body)
+
+    def validate(self, name: str, token: int) -> bool:
+        """Whether a current holder of semaphore ``name`` carries fencing ``token``
+        (linearizable).
+
+        Example::
+
+            if not client.validate("gpu", token):
+                raise RuntimeError("stale writer")
+        """
+        _, body = self._request("POST", f"/v1/semaphores/{segment(name)}/validate", json={"token": token})
+        return bool(body["valid"])
+
+    def close(self) -> None:
+        """Closes the connection pool (sessions are closed by their own ``close``).
+
+        Example::
+
+            client.close()
+        """
+        with self._lock:
+            if self._http is not None and self._pid == os.getpid():
+                self._http.close()
+            self._http = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(
+        self, kind: Optional[Type[BaseException]], value: Optional[BaseException], tb: Optional[TracebackType]
+    ) -> None:
+        self.close()
+
+
+class Session:
+    """A session: holds permits and leaderships, kept alive by a background thread.
+
+    ``lost`` (a ``threading.Event``) is set the moment the session is known or presumed lost:
+    the server no longer knows it, or no keepalive was acknowledged before the conservative
+    local deadline (the send time of the last acknowledged keepalive plus the TTL). Then every
+    permit and leadership it held is lost too. A session belongs to the process that created
+    it: a forked child gets :class:`permit.SessionForked` when it uses it.
+
+    Example::
+
+        with client.session(ttl=10.0) as session:
+            with session.acquire("gpu") as p:
+                do_work(p.token)
+    """
+
+    def __init__(
+        self, client: Client, id: str, ttl: float, name: Optional[str], on_lost: Optional[OnLost], sent: float
+    ) -> None:
+        self.client = client
+        self.id = id
+        self.ttl = ttl
+        self.name = name
+        self.lost = threading.Event()
+        self._on_lost = on_lost
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._acknowledged_sent = sent
+        self._deadline = sent + ttl
+        self._jeopardy = False
+        self._closed = False
+        self._holds: Set[_Hold] = set()
+        # A pool of its own: the session's long-polls and keepalives never queue behind (or
+        # make the client's pool scan) other sessions' connections.
+        self._http = client._new_pool()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keepalive, name=f"permit-keepalive-{id[:8]}", daemon=True)
+        self._thread.start()
+
+    @property
+    def state(self) -> str:
+        """``"alive"``, ``"jeopardy"`` (a keepalive failed; retrying until the deadline),
+        ``"lost"`` or ``"closed"``.
+
+        Example::
+
+            if session.state == "jeopardy":
+                log.warning("permit server unreachable")
+        """
+        if self._closed:
+            return "closed"
+        if self.lost.is_set():
+            return "lost"
+        return "jeopardy" if self._jeopardy else "alive"
+
+    @property
+    def deadline(self) -> float:
+        """``time.monotonic()`` instant after which the session is presumed lost unless a
+        keepalive is acknowledged first.
+
+        Example::
+
+            print("safe for", session.deadline - time.monotonic(), "s")
+        """
+        return self._deadline
+
+    def _request(self, method: str, path: str, **options: Any) -> Tuple[int, Any]:
+        return self.client._request(method, path, http=self._http, **options)
+
+    def _check(self) -> None:
+        check_pid(self._pid, self.id)
+        if self._closed:
+            raise SessionLost("session_closed", 0, f"session {self.id} was closed")
+        if self.lost.is_set():
+            raise SessionLost("session_lost", 0, f"session {self.id} is lost")
+
+    def acquire(
+        self,
+        name: str,
+        permits: int = 1,
+        *,
+        capacity: Optional[int] = None,
+        timeout: Optional[float] = None,
+        max_hold: Optional[float] = None,
+        ephemeral: bool = False,
+        on_lost: Optional[OnLost] = None,
+    ) -> "Permit":
+        """Waits its turn (strict FIFO) for ``permits`` of semaphore ``name`` and returns the
+        :class:`Permit`, a context manager that releases on exit. The wait is pushed by the
+        server (one long-poll, no polling). ``capacity`` creates the semaphore if missing;
+        ``timeout`` (seconds, ``None`` = forever, ``0`` = try once) raises
+        :class:`permit.Timeout` and gives the queue place up (:class:`permit.Unavailable` when
+        0); ``max_hold`` makes the server release the hold after that long.
+
+        Example::
+
+            with session.acquire("gpu", permits=2, capacity=8, timeout=30.0) as p:
+                do_work(p.token)
+        """
+        body = lambda wait: acquire_body(self.id, permits, wait, capacity, max_hold, ephemeral)  # noqa: E731
+        granted = self._wait("semaphores", name, body, timeout)
+        if granted is None:
+            raise Unavailable("unavailable", 409, f"semaphore {name}: not enough free permits now")
+        answer, not_before = granted
+        hold = Permit(self, name, answer["permits"], answer["token"], on_lost)
+        if max_hold is not None:
+            hold._expires = not_before + max_hold
+        self._adopt(hold)
+        return hold
+
+    def try_acquire(
+        self,
+        name: str,
+        permits: int = 1,
+        *,
+        capacity: Optional[int] = None,
+        max_hold: Optional[float] = None,
+        ephemeral: bool = False,
+        on_lost: Optional[OnLost] = None,
+    ) -> Optional["Permit"]:
+        """The :class:`Permit` if ``permits`` are free and nobody queues first, else ``None``;
+        never queues.
+
+        Example::
+
+            p = session.try_acquire("gpu")
+            if p is not None:
+                with p:
+                    do_work(p.token)
+        """
+        try:
+            return self.acquire(
+                name, permits, capacity=capacity, timeout=0, max_hold=max_hold, ephemeral=ephemeral, on_lost=on_lost
+            )
+        except Unavailable:
+            return None
+
+    def campaign(
+        self, election: str, value: str = "", *, timeout: Optional[float] = None, on_lost: Optional[OnLost] = None
+    ) -> "Leadership":
+        """Waits until this session leads ``election``, publishing ``value``, and returns the
+        :class:`Leadership` (a context manager that resigns on exit). ``timeout`` as for
+        :meth:`acquire`.
+
+        Example::
+
+            with session.campaign("scheduler", value="host-a") as leadership:
+                run_scheduler(leadership.token)
+        """
+        granted = self._wait("elections", election, lambda wait: {"session": self.id, "value": value, "wait_ms": ms(wait)}, timeout)
+        if granted is None:
+            raise Unavailable("unavailable", 409, f"election {election}: another session leads")
+        answer, _ = granted
+        hold = Leadership(self, election, value, answer["token"], on_lost)
+        self._adopt(hold)
+        return hold
+
+    def _wait(
+        self, kind: str, name: str, body: Callable[[float], Dict[str, Any]], timeout: Optional[float]
+    ) -> Optional[Tuple[Dict[str, Any], float]]:
+        self._check()
+        action = "acquire" if kind == "semaphores" else "campaign"
+        path = f"/v1/{kind}/{segment(name)}/{action}"
+        try_once = timeout is not None and timeout <= 0
+        deadline = None if timeout is None else time.monotonic() + timeout
+        armed = False
+        last_waiting_sent: Optional[float] = None
+        try:
+            while True:
+                wait = wait_slice(deadline, try_once, self.ttl)
+                sent = time.monotonic()
+                armed = True
+                try:
+                    status, answer = self._request(
+                        "POST", path, json=body(wait), timeout=max(self.client.timeout, wait + LONG_POLL_MARGIN)
+                    )
+                except Unavailable:
+                    armed = False
+                    if try_once:
+                        return None
+                    raise
+                except SessionLost as error:
+                    armed = False
+                    self._lose(error)
+                    raise
+                except ClusterUnavailable:
+                    raise  # the outcome is unknown: a place may be left, given up below
+                except PermitError:
+                    armed = False
+                    raise
+                if status == 200:
+                    armed = False
+                    return answer, (last_waiting_sent if last_waiting_sent is not None else sent)
+                self._check()
+                if try_once or (deadline is not None and time.monotonic() >= deadline):
+                    # Cancel the wait; a grant that raced with the timeout is released too.
+                    self._give_up(kind, name)
+                    armed = False
+                    raise Timeout("wait_timeout", 0, f"{name}: not granted within {timeout} s; the queue place was given up")
+                last_waiting_sent = sent
+        finally:
+            if armed:
+                self._give_up_quietly(kind, name)
+
+    def _give_up(self, kind: str, name: str) -> None:
+        action = "release" if kind == "semaphores" else "resign"
+        try:
+            self._request("POST", f"/v1/{kind}/{segment(name)}/{action}", json={"session": self.id})
+        except SessionLost as error:
+            self._lose(error)
+            raise
+
+    def _give_up_quietly(self, kind: str, name: str) -> None:
+        try:
+            if os.getpid() == self._pid and not self.lost.is_set():
+                self._give_up(kind, name)
+        except Exception as error:  # the place is given up when the session ends anyway
+            log.debug("giving up %s %s failed: %s", kind, name, error)
+
+    def _adopt(self, hold: "_Hold") -> None:
+        with self._lock:
+            self._holds.add(hold)
+        if self.lost.is_set():
+            hold._mark_lost(SessionLost("session_lost", 0, f"session {self.id} is lost"))
+
+    def _forget(self, hold: "_Hold") -> None:
+        with self._lock:
+            self._holds.discard(hold)
+
+    def _lose(self, error: SessionLost) -> None:
+        with self._lock:
+            if self.lost.is_set() or self._closed:
+                return
+            self.lost.set()
+            holds = list(self._holds)
+            self._holds.clear()
+        self._stop.set()
+        log.warning("permit session %s lost: %s", self.id, error.message)
+        for hold in holds:
+            hold._mark_lost(error)
+        if self._on_lost is not None:
+            _call(self._on_lost, error)
+
+    def _keepalive(self) -> None:
+        endpoints = len(self.client.endpoints)
+        while not self.lost.is_set():
+            with self._lock:
+                deadline = self._deadline
+                expiries = [h._expires for h in self._holds if h._expires is not None]
+            now = time.monotonic()
+            due = now + retry_pause(self.ttl) if self._jeopardy else self._acknowledged_sent + self.ttl / 3
+            wake = min([due, deadline] + expiries)
+            if self._stop.wait(max(0.0, wake - now)):
+                return
+            self._expire_holds()
+            sent = time.monotonic()
+            if sent >= deadline:
+                self._lose(SessionLost("session_lost", 0, "no keepalive was acknowledged before the local deadline"))
+                self._close_on_server()
+                return
+            if sent < due:
+                continue  # woken for a hold's expiry
+            try:
+                _, answer = self._request(
+                    "POST",
+                    f"/v1/sessions/{self.id}/keepalive",
+                    policy=ONE_PASS,
+                    timeout=keepalive_timeout(deadline - sent, endpoints),
+                )
+            except SessionLost as error:
+                self._lose(error)
+                return
+            except PermitError as error:
+                log.debug("keepalive of %s failed: %s", self.id, error)
+                self._jeopardy = True
+                continue
+            except Exception as error:  # keep the thread alive whatever happens
+                log.warning("keepalive of %s failed: %r", self.id, error)
+                self._jeopardy = True
+                continue
+            with self._lock:
+                self._acknowledged_sent = sent
+                self._deadline = max(self._deadline, sent + min(self.ttl, answer["ttl_ms"] / 1000.0))
+            self._jeopardy = False
+
+    def _expire_holds(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            expired = [h for h in self._holds if h._expires is not None and h._expires <= now]
+            for hold in expired:
+                self._holds.discard(hold)
+        for hold in expired:
+            hold._mark_lost(SessionLost("hold_expired", 0, f"{hold.name}: max_hold passed; the server released it"))
+
+    def _close_on_server(self) -> None:
+        try:
+            self._request("DELETE", f"/v1/sessions/{self.id}", policy=IDEMPOTENT)
+        except Exception as error:  # best effort: it expires on its own
+            log.debug("closing session %s: %s; it expires on its own", self.id, error)
+
+    def close(self) -> None:
+        """Stops the keepalive and closes the session on the server, releasing everything it
+        holds and cancelling its waits. Raises :class:`permit.SessionForked` in a forked child.
+
+        Example::
+
+            session = client.session()
+            try:
+                ...
+            finally:
+                session.close()
+        """
+        check_pid(self._pid, self.id)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            holds = list(self._holds)
+            self._holds.clear()
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=REQUEST_TIMEOUT)
+        for hold in holds:
+            hold._released = True
+        if not self.lost.is_set():
+            try:
+                self._request("DELETE", f"/v1/sessions/{self.id}")
+            except SessionLost:
+                pass
+            finally:
+                self._http.close()
+        else:
+            self._http.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(
+        self, kind: Optional[Type[BaseException]], value: Optional[BaseException], tb: Optional[TracebackType]
+    ) -> None:
+        if os.getpid() != self._pid:
+            return  # a forked child leaves its parent's session alone
+        try:
+            self.close()
+        except PermitError as error:
+            if kind is None:
+                raise
+            log.debug("closing session %s: %s", self.id, error)
+
+
+def _call(callback: OnLost, error: SessionLost) -> None:
+    try:
+        callback(error)
+    except Exception:  # a user callback must not break the keepalive thread
+        log.exception("permit on_lost callback failed")
+
+
+class _Hold:
+    """What a permit and a leadership share: token, loss signal, release on exit."""
+
+    _kind = "semaphores"
+    _action = "release"
+
+    def __init__(self, session: Session, name: str, token: int, on_lost: Optional[OnLost]) -> None:
+        self.session = session
+        self.name = name
+        self._token = token
+        self.lost = threading.Event()
+        self._on_lost = on_lost
+        self._released = False
+        self._expires: Optional[float] = None
+        self._error: Optional[SessionLost] = None
+
+    @property
+    def token(self) -> int:
+        """The fencing token; raises :class:`permit.SessionLost` once the hold is lost.
+
+        Example::
+
+            storage.write(data, fence=p.token)
+        """
+        self.check()
+        return self._token
+
+    def check(self) -> None:
+        """Raises :class:`permit.SessionLost` if the hold is known or presumed lost.
+
+        Example::
+
+            for chunk in work:
+                p.check()
+                process(chunk)
+        """
+        if self.lost.is_set():
+            raise self._error or SessionLost("session_lost", 0, f"{self.name}: lost")
+
+    def _mark_lost(self, error: SessionLost) -> None:
+        if self._released or self.lost.is_set():
+            return
+        self._error = SessionLost(error.code, error.status, f"{self.name}: {error.message}")
+        self.lost.set()
+        if self._on_lost is not None:
+            _call(self._on_lost, self._error)
+
+    def release(self) -> None:
+        """Gives the hold back (idempotent; a lost hold needs nothing).
+
+        Example::
+
+            p = session.acquire("gpu")
+            try:
+                do_work(p.token)
+            finally:
+                p.release()
+        """
+        if self._released:
+            return
+        check_pid(self.session._pid, self.session.id)
+        self._released = True
+        self.session._forget(self)
+        if self.lost.is_set() or self.session.lost.is_set() or self.session._closed:
+            return
+        try:
+            self.session._request(
+                "POST", f"/v1/{self._kind}/{segment(self.name)}/{self._action}", json={"session": self.session.id}
+            )
+        except SessionLost as error:
+            self.session._lose(error)
+
+    def __exit__(
+        self, kind: Optional[Type[BaseException]], value: Optional[BaseException], tb: Optional[TracebackType]
+    ) -> None:
+        try:
+            self.release()
+        except PermitError as error:
+            if kind is None:
+                raise
+            log.warning("releasing %s failed: %s", self.name, error)
+
+
+class Permit(_Hold):
+    """Permits of a semaphore held by a session: ``token`` (fencing), ``permits``, ``lost``
+    (a ``threading.Event``); a context manager that releases on exit, also on an exception.
+
+    Example::
+
+        with session.acquire("gpu", permits=2) as p:
+            assert p.permits == 2
+            do_work(p.token)
+    """
+
+    def __init__(self, session: Session, name: str, permits: int, token: int, on_lost: Optional[OnLost]) -> None:
+        super().__init__(session, name, token, on_lost)
+        self.permits = permits
+
+    def __enter__(self) -> "Permit":
+        return self
+
+    def __repr__(self) -> str:
+        return f"Permit(name={self.name!r}, permits={self.permits}, token={self._token}, lost={self.lost.is_set()})"
+
+
+class Leadership(_Hold):
+    """Leadership of an election: ``token``, ``value``, ``lost``; resigns on exit.
+
+    Example::
+
+        with session.campaign("scheduler", value="host-a") as leadership:
+            while not leadership.lost.is_set():
+                schedule(leadership.token)
+    """
+
+    _kind = "elections"
+    _action = "resign"
+
+    def __init__(self, session: Session, name: str, value: str, token: int, on_lost: Optional[OnLost]) -> None:
+        super().__init__(session, name, token, on_lost)
+        self.value = value
+
+    def __enter__(self) -> "Leadership":
+        return self
+
+    def resign(self) -> None:
+        """Steps down (the next candidate becomes leader).
+
+        Example::
+
+            leadership.resign()
+        """
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"Leadership(name={self.name!r}, token={self._token}, lost={self.lost.is_set()})"
+
+
+__all__ = ["Client", "Session", "Permit", "Leadership", "OnLost"]

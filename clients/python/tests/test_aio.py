@@ -1,0 +1,328 @@
+"""The asyncio client passes the same tests as the blocking one."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable, List, TypeVar
+
+import httpx
+import pytest
+
+import permit
+import permit.aio
+from conftest import Server, metric_sum, metrics
+
+T = TypeVar("T")
+
+
+def run(main: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(asyncio.wait_for(main(), 60))  # type: ignore[arg-type]
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(0.01)
+    return await check()
+
+
+def test_acquire_holds_and_release_frees(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            async with await client.session(ttl=5.0) as session:
+                async with await session.acquire(name, permits=2, capacity=8) as p:
+                    assert p.permits == 2 and p.token > 0 and not p.lost.is_set()
+                    info = await client.semaphore(name)
+                    assert [(h.session, h.permits, h.token) for h in info.holders] == [(session.id, 2, p.token)]
+                    assert await client.validate(name, p.token)
+                assert (await client.semaphore(name)).holders == ()
+
+    run(main)
+
+
+def test_try_acquire_and_tokens_grow(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            a, b = await client.session(), await client.session()
+            first = await a.try_acquire(name, capacity=1)
+            assert first is not None
+            assert await b.try_acquire(name) is None
+            await first.release()
+            second = await b.try_acquire(name)
+            assert second is not None and second.token > first._token
+            await a.close()
+            await b.close()
+
+    run(main)
+
+
+def test_capacity_never_exceeded_by_tasks(server: Server, name: str) -> None:
+    capacity, workers, rounds = 3, 8, 4
+    state = {"now": 0, "max": 0, "grants": 0}
+
+    async def worker(client: permit.aio.Client, i: int) -> None:
+        async with await client.session() as session:
+            for r in range(rounds):
+                weight = 1 + (i + r) % 2
+                async with await session.acquire(name, permits=weight, timeout=20.0):
+                    state["now"] += weight
+                    state["max"] = max(state["max"], state["now"])
+                    state["grants"] += 1
+                    await asyncio.sleep(0.002)
+                    state["now"] -= weight
+
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            await client.set_capacity(name, capacity)
+            await asyncio.gather(*(worker(client, i) for i in range(workers)))
+
+    run(main)
+    assert state["grants"] == workers * rounds and 1 <= state["max"] <= capacity
+
+
+def test_strict_fifo_order(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            holder = await client.session()
+            first = await holder.acquire(name, capacity=1)
+            sessions = [await client.session() for _ in range(4)]
+            order: List[str] = []
+
+            async def wait(s: permit.aio.Session) -> None:
+                async with await s.acquire(name, timeout=20.0):
+                    order.append(s.id)
+
+            tasks = []
+            for i, s in enumerate(sessions):
+                tasks.append(asyncio.ensure_future(wait(s)))
+
+                async def queued(n: int = i + 1) -> bool:
+                    return len((await client.semaphore(name)).waiters) == n
+
+                assert await until(queued)
+            await first.release()
+            await asyncio.gather(*tasks)
+            assert order == [s.id for s in sessions]
+            for s in sessions + [holder]:
+                await s.close()
+
+    run(main)
+
+
+def test_blocking_acquire_is_pushed_not_polled(server: Server, name: str) -> None:
+    route = 'route="/v1/semaphores/{name}/acquire"'
+
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            holder = await client.session()
+            first = await holder.acquire(name, capacity=1)
+            before = metrics(server.url)
+            sessions = [await client.session() for _ in range(3)]
+
+            async def wait(s: permit.aio.Session) -> None:
+                async with await s.acquire(name, timeout=30.0):
+                    pass
+
+            tasks = [asyncio.ensure_future(wait(s)) for s in sessions]
+
+            async def queued() -> bool:
+                return len((await client.semaphore(name)).waiters) == 3
+
+            assert await until(queued)
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:
+                now = metrics(server.url)
+                done = metric_sum(now, "permit_http_requests_total", route) - metric_sum(
+                    before, "permit_http_requests_total", route
+                )
+                assert done == 0 and now["permit_waiters"] >= 3 and now["permit_connections_open"] >= 3
+                await asyncio.sleep(0.1)
+            await first.release()
+            await asyncio.gather(*tasks)
+            after = metrics(server.url)
+            assert metric_sum(after, "permit_http_requests_total", route, 'status="200"') - metric_sum(
+                before, "permit_http_requests_total", route, 'status="200"'
+            ) == 3
+            for s in sessions + [holder]:
+                await s.close()
+
+    run(main)
+
+
+def test_timeout_gives_the_place_up(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            a, b = await client.session(), await client.session()
+            await a.acquire(name, capacity=1)
+            with pytest.raises(permit.Timeout):
+                await b.acquire(name, timeout=0.3)
+            assert (await client.semaphore(name)).waiters == ()
+            await a.close()
+            await b.close()
+
+    run(main)
+
+
+def test_session_deleted_server_side_sets_lost_within_ttl(server: Server, name: str) -> None:
+    calls: List[Any] = []
+
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            session = await client.session(ttl=1.0, on_lost=calls.append)
+            p = await session.acquire(name, capacity=1)
+            deleted = time.monotonic()
+            async with httpx.AsyncClient(trust_env=False) as raw:
+                assert (await raw.delete(f"{server.url}/v1/sessions/{session.id}")).status_code == 204
+            await asyncio.wait_for(p.lost.wait(), 2.0)
+            assert time.monotonic() - deleted <= 1.2
+            with pytest.raises(permit.SessionLost):
+                p.token
+            await p.release()
+            await session.close()
+
+    run(main)
+    assert len(calls) == 1
+
+
+def test_waiter_is_told_when_its_session_is_lost(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            a, b = await client.session(), await client.session(ttl=1.0)
+            await a.acquire(name, capacity=1)
+            waiting = asyncio.ensure_future(b.acquire(name, timeout=20.0))
+
+            async def queued() -> bool:
+                return len((await client.semaphore(name)).waiters) == 1
+
+            assert await until(queued)
+            async with httpx.AsyncClient(trust_env=False) as raw:
+                await raw.delete(f"{server.url}/v1/sessions/{b.id}")
+            with pytest.raises(permit.SessionLost):
+                await asyncio.wait_for(waiting, 5.0)
+            await a.close()
+
+    run(main)
+
+
+def test_exception_in_body_still_releases(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            async with await client.session() as session:
+                with pytest.raises(ZeroDivisionError):
+                    async with await session.acquire(name, capacity=1):
+                        1 / 0
+                assert (await client.semaphore(name)).holders == ()
+
+    run(main)
+
+
+def test_campaign_leads_and_resign_hands_over(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            a, b = await client.session(), await client.session()
+            assert await client.leader(name) is None
+            leading = await a.campaign(name, value="host-a")
+            assert await client.leader(name) == (a.id, "host-a", leading.token)
+            with pytest.raises(permit.Timeout):
+                await b.campaign(name, value="host-b", timeout=0.2)
+            follower = asyncio.ensure_future(b.campaign(name, value="host-b", timeout=20.0))
+            await asyncio.sleep(0)
+            await leading.resign()
+            second = await asyncio.wait_for(follower, 10.0)
+            assert second.token > leading.token
+            assert await client.leader(name) == (b.id, "host-b", second.token)
+            await a.close()
+            await b.close()
+
+    run(main)
+
+
+def test_errors_are_typed(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            with pytest.raises(permit.NotFound) as missing:
+                await client.semaphore(name)
+            assert (missing.value.code, missing.value.status) == ("semaphore_not_found", 404)
+            with pytest.raises(permit.InvalidRequest):
+                await client.set_capacity("bad name!", 1)
+            async with await client.session() as session:
+                await client.set_capacity(name, 2)
+                with pytest.raises(permit.Conflict) as too_many:
+                    await session.acquire(name, permits=3)
+                assert too_many.value.code == "permits_exceed_capacity"
+
+    run(main)
+
+
+def test_unreachable_server_is_presumed_lost_at_the_local_deadline(name: str) -> None:
+    import os
+    import signal
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as temp:
+        node = Server(Path(temp) / "data", [])
+        try:
+
+            async def main() -> None:
+                client = permit.aio.Client(node.url)
+                calls: List[Any] = []
+                session = await client.session(ttl=0.9, on_lost=calls.append)
+                p = await session.acquire(name, capacity=1)
+                os.kill(node.proc.pid, signal.SIGSTOP)
+                try:
+                    stopped = time.monotonic()
+                    await asyncio.wait_for(p.lost.wait(), 2.0)
+                    assert time.monotonic() - stopped <= 0.9 + 0.3
+                    assert session.state == "lost" and len(calls) == 1
+                finally:
+                    os.kill(node.proc.pid, signal.SIGCONT)
+                await client.close()
+
+            run(main)
+        finally:
+            node.kill9()
+
+
+def test_keepalive_outlives_the_ttl_and_max_hold_is_lost(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            async with await client.session(ttl=0.6) as session:
+                p = await session.acquire(name, capacity=2)
+                start = time.monotonic()
+
+                async def renewed() -> bool:
+                    return session.deadline > start + 3 * 0.6
+
+                assert await until(renewed, 5.0)
+                assert not p.lost.is_set() and await client.validate(name, p.token)
+                bounded = await session.acquire(name + ".b", capacity=1, max_hold=0.3)
+                await asyncio.wait_for(bounded.lost.wait(), 2.0)
+                assert not session.lost.is_set() and not p.lost.is_set()
+                with pytest.raises(permit.SessionLost) as raised:
+                    bounded.token
+                assert raised.value.code == "hold_expired"
+
+    run(main)
+
+
+def test_try_campaign_and_closed_session(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            a, b = await client.session(), await client.session()
+            async with await a.campaign(name, value="a") as leading:
+                with pytest.raises(permit.Unavailable):
+                    await b.campaign(name, value="b", timeout=0)
+                assert await client.leader(name) == (a.id, "a", leading.token)
+            assert await client.leader(name) is None
+            await b.close()
+            assert b.state == "closed"
+            with pytest.raises(permit.SessionLost) as raised:
+                await b.try_acquire(name, capacity=1)
+            assert raised.value.code == "session_closed"
+            await a.close()
+
+    run(main)

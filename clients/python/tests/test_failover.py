@@ -1,0 +1,66 @@
+"""A 3-node cluster: a leader kill -9 mid-hold keeps the permit and its token."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import List
+
+import permit
+import permit.aio
+from conftest import Cluster, eventually
+
+
+def test_leader_kill_keeps_the_permit_and_token(cluster: Cluster, name: str) -> None:
+    leader = cluster.leader(5.0)
+    assert leader is not None
+    # The leader first, so that the client starts there and must move on after the kill.
+    urls = cluster.urls()
+    urls.insert(0, urls.pop(leader))
+    with permit.Client(urls) as client, client.session(ttl=6.0) as session, client.session(ttl=6.0) as other:
+        p = session.acquire(name, capacity=1, timeout=10.0)
+        token = p.token
+        # A waiter blocked on the leader across the kill: its long-poll fails over.
+        granted: List[permit.Permit] = []
+        waiter = threading.Thread(target=lambda: granted.append(other.acquire(name, timeout=30.0)))
+        waiter.start()
+        assert eventually(lambda: len(client.semaphore(name).waiters) == 1)
+        killed = time.monotonic()
+        cluster.nodes[leader].kill9()
+        assert cluster.leader(15.0) not in (None, leader)
+        # A keepalive sent after the kill is acknowledged by the new leader.
+        assert eventually(lambda: session.deadline > killed + session.ttl, timeout=15.0)
+        assert not p.lost.is_set() and p.token == token
+        assert client.validate(name, token)
+        assert [(h.session, h.token) for h in client.semaphore(name).holders] == [(session.id, token)]
+        # The queue still works through the new leader: the waiter gets the next grant, with
+        # a larger token.
+        p.release()
+        waiter.join(30)
+        assert granted and granted[0].token > token and not granted[0].lost.is_set()
+        granted[0].release()
+
+
+def test_leader_kill_keeps_the_permit_and_token_asyncio(cluster: Cluster, name: str) -> None:
+    leader = cluster.leader(5.0)
+    assert leader is not None
+    urls = cluster.urls()
+    urls.insert(0, urls.pop(leader))
+
+    async def main() -> None:
+        async with permit.aio.Client(urls) as client:
+            async with await client.session(ttl=6.0) as session:
+                p = await session.acquire(name, capacity=1, timeout=10.0)
+                token = p.token
+                killed = time.monotonic()
+                cluster.nodes[leader].kill9()
+                deadline = time.monotonic() + 15.0
+                while session.deadline <= killed + session.ttl and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                assert session.deadline > killed + session.ttl
+                assert not p.lost.is_set() and p.token == token
+                assert await client.validate(name, token)
+                await p.release()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
