@@ -367,6 +367,15 @@ impl Metrics {
         }
     }
 
+    /// Zeroes the object totals before the per-object gauges are rebuilt.
+    pub fn reset_object_totals(&self) {
+        for gauge in
+            [&self.gauges.semaphores, &self.gauges.elections, &self.gauges.holds, &self.gauges.waiters]
+        {
+            gauge.set(0);
+        }
+    }
+
     /// Sets the session count (after a snapshot was installed).
     pub fn set_totals(&self, sessions: i64) {
         self.gauges.sessions.set(sessions);

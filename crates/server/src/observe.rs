@@ -163,6 +163,7 @@ impl Observer {
         *tracker = Tracker::default();
         m.forget_object(&object_labels(Kind::Semaphore, OVERFLOW_LABEL));
         m.forget_object(&object_labels(Kind::Election, OVERFLOW_LABEL));
+        m.reset_object_totals();
         let now = Instant::now();
         for kind in [Kind::Semaphore, Kind::Election] {
             for (key, object) in state.objects_after(kind, None) {

@@ -316,3 +316,41 @@ async fn a_follower_serves_the_event_stream_from_its_own_state() {
         .await
     );
 }
+
+#[tokio::test]
+async fn a_restart_from_a_snapshot_rebuilds_the_gauges_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start_in(&dir.path().join("d"), "127.0.0.1:0", &["--snapshot-logs", "10"]);
+    let api = Api::new(&server);
+    let holder = api.session(60_000).await;
+    let waiter = api.session(60_000).await;
+    assert_eq!(
+        api.acquire("gpu", json!({ "session": holder, "capacity": 3, "permits": 2 })).await.status,
+        200
+    );
+    assert_eq!(
+        api.acquire("gpu", json!({ "session": waiter, "permits": 2, "wait_ms": 10 })).await.status,
+        202
+    );
+    // Enough entries for a snapshot, so that the restart loads one and replays the rest.
+    for i in 0..15 {
+        api.semaphore(&format!("x{i}"), 1).await;
+    }
+    server.restart();
+    let api = Api::new(&server);
+    assert!(
+        eventually(Duration::from_secs(10), async || sample(&api, "permit_semaphores").await == Some(16.0))
+            .await
+    );
+    assert_eq!(metric(&api, "permit_semaphore_held{semaphore=\"gpu\"}").await, 2.0);
+    assert_eq!(metric(&api, "permit_semaphore_capacity{semaphore=\"gpu\"}").await, 3.0);
+    assert_eq!(metric(&api, "permit_semaphore_waiters{semaphore=\"gpu\"}").await, 1.0);
+    assert_eq!(metric(&api, "permit_holds").await, 1.0);
+    assert_eq!(metric(&api, "permit_waiters").await, 1.0);
+    assert_eq!(metric(&api, "permit_sessions").await, 2.0);
+    // And they keep moving from there.
+    assert_eq!(api.release("gpu", &holder).await.status, 200);
+    assert_eq!(metric(&api, "permit_semaphore_waiters{semaphore=\"gpu\"}").await, 0.0);
+    assert_eq!(metric(&api, "permit_semaphore_held{semaphore=\"gpu\"}").await, 2.0);
+    assert_eq!(metric(&api, "permit_waiters").await, 0.0);
+}
