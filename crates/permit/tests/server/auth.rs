@@ -374,3 +374,24 @@ async fn listening_beyond_loopback_without_auth_must_be_explicit() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--allow-unauthenticated"), "{stderr}");
 }
+
+#[tokio::test]
+async fn the_event_stream_shows_a_token_only_what_it_may_read() {
+    let (server, _temp) = secured(&[]).await;
+    let root = Api::with_token(&server.url, ROOT);
+    let (reader, _) = token(&root, "reader", &["semaphore:pub.=read"]).await;
+    let reader = Api::with_token(&server.url, &reader);
+    assert_eq!(Api::at(&server.url).get("/v1/events?kinds=granted").await.status, 401);
+    let mut stream = crate::observability::Sse::open(&reader, "/v1/events", None).await;
+    let session = root.session(30_000).await;
+    for name in ["secret.a", "pub.b"] {
+        let answer = root.acquire(name, json!({ "session": session, "capacity": 1 })).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    // The session's creation and the secret semaphore's events are not shown: the first frame
+    // is pub.b's.
+    let first = stream.next(Duration::from_secs(5)).await.expect("a frame");
+    assert_eq!((first.event.as_str(), first.data["name"].as_str()), ("capacity_changed", Some("pub.b")));
+    let second = stream.next(Duration::from_secs(5)).await.expect("a frame");
+    assert_eq!((second.event.as_str(), second.data["name"].as_str()), ("granted", Some("pub.b")));
+}

@@ -10,20 +10,20 @@ use crate::Api;
 
 /// One SSE frame: `id`, `event` and the parsed `data`.
 #[derive(Debug, Clone)]
-struct Frame {
-    id: Option<u64>,
-    event: String,
-    data: Value,
+pub(crate) struct Frame {
+    pub(crate) id: Option<u64>,
+    pub(crate) event: String,
+    pub(crate) data: Value,
 }
 
 /// A Server-Sent Events reader over a streaming response.
-struct Sse {
+pub(crate) struct Sse {
     response: reqwest::Response,
     buffer: String,
 }
 
 impl Sse {
-    async fn open(api: &Api, path: &str, last_event_id: Option<u64>) -> Sse {
+    pub(crate) async fn open(api: &Api, path: &str, last_event_id: Option<u64>) -> Sse {
         let mut request = api.http.get(format!("{}{path}", api.url));
         if let Some(id) = last_event_id {
             request = request.header("Last-Event-ID", id.to_string());
@@ -36,7 +36,7 @@ impl Sse {
     }
 
     /// The next frame (comments skipped), or `None` if none came within `timeout`.
-    async fn next(&mut self, timeout: Duration) -> Option<Frame> {
+    pub(crate) async fn next(&mut self, timeout: Duration) -> Option<Frame> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             if let Some(end) = self.buffer.find("\n\n") {
@@ -63,7 +63,7 @@ impl Sse {
     }
 
     /// Frames until one of `kind` (inclusive), within `timeout`.
-    async fn until(&mut self, kind: &str, timeout: Duration) -> Vec<Frame> {
+    pub(crate) async fn until(&mut self, kind: &str, timeout: Duration) -> Vec<Frame> {
         let deadline = Instant::now() + timeout;
         let mut frames = Vec::new();
         while let Some(frame) = self.next(deadline.saturating_duration_since(Instant::now())).await {
