@@ -17,6 +17,7 @@ mod tls;
 mod workloads;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -35,9 +36,9 @@ struct Args {
     /// Length of each timed workload run.
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
-    /// Parts to run: floors,w1,tls,w2,w3,w4,python,auth,cluster,scale,failover,big (default: all
-    /// but big). `python` runs the Python client's W1/W2 driver (threads and asyncio) in
-    /// alternation with the Rust driver's W1/W2 runs on the same server.
+    /// Parts to run: floors,w1,tls,w2,w3,w4,python,auth,cluster,scale,failover,big,scrape
+    /// (default: all but big and scrape). `python` runs the Python client's W1/W2 driver (threads
+    /// and asyncio) in alternation with the Rust driver's W1/W2 runs on the same server.
     /// `tls` runs W1 over HTTPS on a second node, alternating with plain HTTP runs.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -51,6 +52,13 @@ struct Args {
     /// else `python3`); it needs httpx.
     #[arg(long)]
     python: Option<PathBuf>,
+    /// Sessions (each with one hold, over a tenth as many semaphores) in the `scrape` part's steps.
+    #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
+    scrape_n: Vec<usize>,
+    /// A second `permit` binary (e.g. main's) that the `scrape` part measures on the same data,
+    /// alternating with `--permit-bin`, for a before/after comparison in one run.
+    #[arg(long)]
+    before_bin: Option<PathBuf>,
     /// The `permit` binary (default: next to this one).
     #[arg(long)]
     permit_bin: Option<PathBuf>,
@@ -125,7 +133,7 @@ fn main() -> anyhow::Result<()> {
 
 fn wants(args: &Args, part: &str) -> bool {
     if args.only.is_empty() {
-        part != "big"
+        part != "big" && part != "scrape"
     } else {
         args.only.iter().any(|p| p == part)
     }
@@ -301,6 +309,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if wants(&args, "big") {
         big_rows(&mut report, &bin, work.path(), args.big_n).await?;
+    }
+    if wants(&args, "scrape") {
+        let mut bins = vec![("after", bin.clone())];
+        if let Some(before) = &args.before_bin {
+            bins.insert(0, ("before", before.clone()));
+        }
+        for &n in &args.scrape_n {
+            scrape_rows(&mut report, &bins, work.path(), n, args.runs).await?;
+        }
     }
     report.print_markdown();
     if args.keep_data {
@@ -548,6 +565,88 @@ async fn big_rows(
         format!("{recovery:.2} s"),
         Some(("< 3 s".into(), recovery < 3.0)),
     );
+    Ok(())
+}
+
+/// Scrape cost and the stall a scrape causes: `n` sessions with one hold each over `n / 10`
+/// semaphores, populated once (by the last binary) and then served by each binary in turn from
+/// the same data dir. For each: the median and slowest of 20 back-to-back `/metrics` scrapes,
+/// and the acquire latency of W1 (p99 and max) alone and while a client scrapes back to back.
+async fn scrape_rows(
+    report: &mut Report,
+    bins: &[(&str, PathBuf)],
+    dir: &std::path::Path,
+    n: usize,
+    runs: usize,
+) -> anyhow::Result<()> {
+    println!("scrape (n = {n} sessions with a hold, {} semaphores)", (n / 10).max(1));
+    let data = dir.join(format!("scrape{n}"));
+    {
+        let (_, populate_bin) = bins.last().expect("a binary");
+        let node = ServerProcess::start(populate_bin, "127.0.0.1:0", &data, &[])?;
+        let started = Instant::now();
+        workloads::populate(&node.url, "s", n, (n / 10).max(1), 64).await?;
+        println!("  populated in {:.0} s", started.elapsed().as_secs_f64());
+    }
+    let client = api_client();
+    for run in 0..runs {
+        for (label, bin) in bins {
+            let node = ServerProcess::start(bin, "127.0.0.1:0", &data, &[])?;
+            // Ready once a linearizable read answers.
+            let ready = Instant::now();
+            loop {
+                let answer = client.get(format!("{}/v1/semaphores/s0", node.url)).send().await;
+                if answer.is_ok_and(|a| a.status().is_success()) {
+                    break;
+                }
+                anyhow::ensure!(ready.elapsed() < Duration::from_secs(180), "not ready in 180 s");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let mut scrapes = Samples::default();
+            let mut bytes = 0;
+            for _ in 0..20 {
+                let t = Instant::now();
+                let text = client.get(format!("{}/metrics", node.url)).send().await?.text().await?;
+                scrapes.push(t.elapsed());
+                bytes = text.len();
+            }
+            let alone =
+                workloads::uncontended(&node.url, &format!("alone-{run}"), Duration::from_secs(3)).await?;
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let scraper = {
+                let (url, stop, client) = (node.url.clone(), stop.clone(), client.clone());
+                tokio::spawn(async move {
+                    let mut count = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = client.get(format!("{url}/metrics")).send().await?.bytes().await?;
+                        count += 1;
+                    }
+                    anyhow::Ok(count)
+                })
+            };
+            let during =
+                workloads::uncontended(&node.url, &format!("during-{run}"), Duration::from_secs(3)).await?;
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let scraped = scraper.await??;
+            let name = format!("scrape {n} ({label}, run {})", run + 1);
+            report.add(
+                &format!("{name}: /metrics p50 / max"),
+                format!("{:.2} / {:.2} ms", scrapes.p50(), scrapes.max()),
+                (*label == "after").then(|| ("<= 5 ms".to_owned(), scrapes.p50() <= 5.0)),
+            );
+            report.add(&format!("{name}: /metrics size"), format!("{} KiB", bytes / 1024), None);
+            report.add(
+                &format!("{name}: acquire p99 / max alone"),
+                format!("{:.2} / {:.2} ms", alone.acquire.p99(), alone.acquire.max()),
+                None,
+            );
+            report.add(
+                &format!("{name}: acquire p99 / max while scraping ({scraped} scrapes)"),
+                format!("{:.2} / {:.2} ms", during.acquire.p99(), during.acquire.max()),
+                None,
+            );
+        }
+    }
     Ok(())
 }
 

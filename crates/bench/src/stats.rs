@@ -39,6 +39,11 @@ impl Samples {
     pub fn p99(&self) -> f64 {
         self.quantile_ms(0.99)
     }
+
+    /// The largest sample in milliseconds.
+    pub fn max(&self) -> f64 {
+        self.quantile_ms(1.0)
+    }
 }
 
 /// Median of a few run results.

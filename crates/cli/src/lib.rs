@@ -21,6 +21,7 @@
 mod acl;
 mod cluster;
 mod elections;
+mod events;
 mod lock;
 mod run;
 mod semaphores;
@@ -152,6 +153,9 @@ pub enum ClientCommand {
     Snapshot(cluster::SnapshotCommand),
     /// List live sessions: name, TTL, time left, holds, waits.
     Sessions(semaphores::SessionsArgs),
+    /// Follow a node's events (grants, releases, queue changes, expiries, leader changes), one
+    /// line per event.
+    Events(events::EventsArgs),
     /// Access tokens of a server started with `--auth`: create, list, delete, self.
     #[command(subcommand)]
     Acl(acl::AclCommand),
@@ -220,6 +224,7 @@ pub async fn execute(
         ClientCommand::Cluster(command) => cluster::execute(&client, command).await,
         ClientCommand::Acl(command) => acl::execute(&client, command).await,
         ClientCommand::Sessions(args) => semaphores::sessions(&client, args).await,
+        ClientCommand::Events(args) => events::events(&client, args).await,
         ClientCommand::Snapshot(command) => cluster::snapshot(&client, command).await,
     }
 }

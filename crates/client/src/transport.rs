@@ -237,6 +237,56 @@ impl Transport {
         }
     }
 
+    /// Opens a streaming `GET` (the event stream) on the first endpoint that answers 2xx, with
+    /// `headers`; no client-side timeout once the headers arrived.
+    pub async fn open_stream(
+        &self,
+        path: &str,
+        query: &[(&'static str, String)],
+        headers: &[(&'static str, String)],
+    ) -> Result<(String, reqwest::Response)> {
+        let mut last = None;
+        let start = self.preferred.load(Ordering::Relaxed);
+        for i in 0..self.endpoints.len() {
+            let endpoint = &self.endpoints[(start + i) % self.endpoints.len()];
+            let mut url = reqwest::Url::parse(&format!("{endpoint}{path}"))
+                .map_err(|error| Error::InvalidArgument { message: format!("bad path {path:?}: {error}") })?;
+            if !query.is_empty() {
+                url.query_pairs_mut().extend_pairs(query);
+            }
+            let mut request = self.http.get(url);
+            if let Some(secret) = &self.auth_token {
+                request = request.bearer_auth(secret);
+            }
+            for (name, value) in headers {
+                request = request.header(*name, value);
+            }
+            let sending = tokio::time::timeout(REQUEST_TIMEOUT, request.send()).await;
+            let response = match sending {
+                Err(_) => {
+                    last = Some(Error::Timeout { endpoint: endpoint.clone(), after: REQUEST_TIMEOUT });
+                    continue;
+                }
+                Ok(Err(error)) => {
+                    last = Some(Error::Transport { endpoint: endpoint.clone(), source: Box::new(error) });
+                    continue;
+                }
+                Ok(Ok(response)) => response,
+            };
+            let status = response.status();
+            if status.is_success() {
+                return Ok((endpoint.clone(), response));
+            }
+            let bytes = response.bytes().await.unwrap_or_default();
+            let failure = Failure::answer(endpoint, status, &bytes);
+            if !failure.retryable(Retry::Idempotent) {
+                return Err(failure.error);
+            }
+            last = Some(failure.error);
+        }
+        Err(last.expect("at least one endpoint"))
+    }
+
     async fn send_once(&self, endpoint: &str, call: &Call) -> Result<Reply, Failure> {
         let mut url = reqwest::Url::parse(&format!("{endpoint}{}", call.path)).map_err(|error| Failure {
             error: Error::InvalidArgument { message: format!("bad request path {:?}: {error}", call.path) },

@@ -626,3 +626,38 @@ async fn acl_token_create_list_self_and_delete_with_the_root_token() {
     let gone = permit(&server, &["--auth-token", &secret, "acl", "token", "self"]).await;
     assert!(gone.stderr.contains("unauthenticated"), "{gone:?}");
 }
+
+#[tokio::test]
+async fn events_prints_one_line_per_event_filtered_and_resumed() {
+    let server = Server::start();
+    let client = Client::new(&server.url).unwrap();
+    let options = SessionOptions { ttl: Duration::from_secs(30), name: Some("worker-1".into()) };
+    let session = client.session_with(options).await.unwrap();
+    let options = AcquireOptions { capacity: Some(4), ..AcquireOptions::default() };
+    let held = session.acquire_with("gpu", 2, &options).await.unwrap().expect("granted");
+    held.release().await.unwrap();
+    // From the start of the ring: every event so far, in order.
+    let all = permit(&server, &["events", "--after", "0", "--count", "4"]).await;
+    assert_eq!(all.code, 0, "{all:?}");
+    let lines: Vec<&str> = all.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{all:?}");
+    assert!(
+        lines[0].starts_with("1 @") && lines[0].contains(" session_created session=worker-1("),
+        "{all:?}"
+    );
+    assert!(lines[1].contains(" capacity_changed semaphore gpu capacity=4"), "{all:?}");
+    assert!(
+        lines[2].contains(" granted semaphore gpu session=worker-1(")
+            && lines[2].contains("permits=2 token=1")
+    );
+    assert!(lines[3].contains(" released semaphore gpu "), "{all:?}");
+    // Filtered by kind, as JSON.
+    let json =
+        permit(&server, &["events", "--after", "0", "--kinds", "released", "--json", "--count", "1"]).await;
+    let event: serde_json::Value = serde_json::from_str(json.stdout.trim()).expect("one JSON object");
+    assert_eq!((event["kind"].as_str(), event["name"].as_str()), (Some("released"), Some("gpu")));
+    // An unknown kind is refused.
+    let bad = permit(&server, &["events", "--kinds", "nope"]).await;
+    assert_eq!(bad.code, EXIT_ERROR, "{bad:?}");
+    assert!(bad.stderr.contains("unknown event kind"), "{bad:?}");
+}

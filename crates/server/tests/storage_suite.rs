@@ -22,6 +22,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Red
         let machine = StateMachine::new(
             Arc::new(Replica::default()),
             Notifier::new(),
+            Arc::new(permit_server::observe::Observer::new(Arc::default(), 1000)),
             snapshots,
             Arc::new(Notify::new()),
         );
