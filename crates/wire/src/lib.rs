@@ -182,6 +182,9 @@ pub struct HolderView {
     pub granted_index: u64,
     /// Milliseconds left before `max_hold_ms` releases the hold, if the hold has one.
     pub expires_in_ms: Option<u64>,
+    /// Milliseconds since the grant, in leader time (as the answering node reads it).
+    #[serde(default)]
+    pub held_ms: u64,
 }
 
 /// A waiter in `GET /v1/semaphores/{name}`.
@@ -379,6 +382,12 @@ pub struct LeaderView {
     pub value: String,
     /// Fencing token of its leadership.
     pub token: u64,
+    /// The leading session's name, if any.
+    #[serde(default)]
+    pub session_name: Option<String>,
+    /// Milliseconds since it became leader (its tenure), in leader time.
+    #[serde(default)]
+    pub held_ms: u64,
 }
 
 /// `GET /v1/elections/{name}`.
@@ -393,6 +402,16 @@ pub struct ElectionView {
     pub candidates: u64,
     /// Raft log index of the last change (also in the `Permit-Index` header); 0 if none exists.
     pub index: u64,
+}
+
+/// `GET /v1/elections`: one page of elections in name order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ElectionList {
+    /// Elections the caller may read, in name order.
+    pub elections: Vec<ElectionView>,
+    /// Pass as `after` to get the next page; `null` on the last page.
+    pub next_after: Option<String>,
 }
 
 /// Why a node is not ready to serve (`GET /v1/health` answers 503 with one of these).

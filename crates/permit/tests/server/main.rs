@@ -13,6 +13,7 @@ mod io_errors;
 mod openapi;
 mod semaphores;
 mod sessions;
+mod ui;
 mod watch;
 
 pub use common::api::{Answer, Api};

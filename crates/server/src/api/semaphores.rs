@@ -31,8 +31,8 @@ fn index_header(index: u64) -> [(HeaderName, String); 1] {
     [(HeaderName::from_static(INDEX_HEADER), index.to_string())]
 }
 
-/// Builds the view of a semaphore from the applied state.
-pub fn view(state: &CoreState, name: &Name, object: &Semaphore) -> SemaphoreView {
+/// Builds the view of a semaphore from the applied state; `now_ms` is leader time now.
+pub fn view(state: &CoreState, name: &Name, object: &Semaphore, now_ms: u64) -> SemaphoreView {
     let session_name = |id| state.session(id).and_then(|s| s.name.clone());
     SemaphoreView {
         name: name.to_string(),
@@ -50,6 +50,7 @@ pub fn view(state: &CoreState, name: &Name, object: &Semaphore) -> SemaphoreView
                 token: hold.token,
                 granted_index: hold.granted_index,
                 expires_in_ms: hold.expires_at_ms.map(|at| at.saturating_sub(state.now_ms())),
+                held_ms: now_ms.saturating_sub(hold.granted_at_ms),
             })
             .collect(),
         waiters: object
@@ -75,7 +76,8 @@ fn read_view(node: &Node, name: &Name) -> Result<(SemaphoreView, u64), ApiError>
             format!("semaphore {name} not found: {}", super::error::SEMAPHORE_NOT_FOUND_HINT),
         )
     })?;
-    let view = view(&replica.state, name, object);
+    let now_ms = node.clock.now_ms(replica.state.now_ms());
+    let view = view(&replica.state, name, object, now_ms);
     let index = view.index;
     Ok((view, index))
 }
