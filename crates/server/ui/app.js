@@ -248,10 +248,10 @@
     }
   }
 
-  // Only when the server has no event stream: re-read the current view's JSON every second.
+  // Only when the server has no event stream: re-read the current view's JSON twice a second.
   function startPolling() {
     if (S.pollTimer) return;
-    S.pollTimer = setInterval(refreshSoon, 1000);
+    S.pollTimer = setInterval(refreshSoon, 500);
   }
 
   // ---- views ----
@@ -367,6 +367,14 @@
       sessions: paintSessions,
     }[route.view];
     content.replaceChildren(...painter(body, age, route));
+    // Numeric columns: the header aligns as its cells do.
+    for (const table of content.querySelectorAll('table')) {
+      const first = table.querySelector('tbody tr');
+      if (!first) continue;
+      table.querySelectorAll('thead th').forEach((th, i) => {
+        if (first.cells[i] && first.cells[i].classList.contains('num')) th.classList.add('num');
+      });
+    }
   }
 
   function stat(key, value, id) {
@@ -462,15 +470,17 @@
     const width = 600;
     const height = 140;
     const now = Date.now();
-    const span = SERIES_SECONDS * 1000;
+    // The last 5 minutes, or the time since the page opened when that is shorter (at least 20 s).
+    const first = series.length ? series[0].t : now;
+    const span = Math.min(SERIES_SECONDS * 1000, Math.max(20_000, now - first));
     const max = Math.max(1, ...series.map((p) => Math.max(p.held, p.waiting, p.capacity)));
     const x = (t) => (((t - (now - span)) / span) * width).toFixed(1);
     const y = (v) => (height - 4 - (v / max) * (height - 12)).toFixed(1);
     const line = (key, cls) => svg('polyline', { class: cls, points: series.map((p) => `${x(p.t)},${y(p[key])}`).join(' ') });
     return h('div', { class: 'card' },
       h('div', { class: 'legend' }, h('span', { class: 'held' }, '— held'), h('span', { class: 'waiting' }, '— waiting'),
-        h('span', { class: 'cap' }, '- - capacity'), h('span', { class: 'muted' }, `scale 0–${max}, last 5 minutes to now`)),
-      svg('svg', { class: 'chart', id: 'chart', viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: 'none', role: 'img', 'aria-label': 'held and waiting permits, last 5 minutes' },
+        h('span', { class: 'cap' }, '- - capacity'), h('span', { class: 'muted' }, `scale 0–${max}, last ${duration(span)} to now`)),
+      svg('svg', { class: 'chart', id: 'chart', viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: 'none', role: 'img', 'aria-label': 'held and waiting permits over the last minutes' },
         line('capacity', 'cap'), line('held', 'held'), line('waiting', 'waiting')));
   }
 
@@ -485,7 +495,7 @@
         stat('Available', body.available, 'available'),
         stat('Waiting', body.waiters.length, 'waiting'),
         stat('Grants/s', sparkline(body.name))),
-      h('h2', {}, 'Held and waiting, last 5 minutes'),
+      h('h2', {}, 'Held and waiting over the last minutes'),
       chart(body.name),
       h('h2', {}, `Holders (${body.holders.length})`),
     ];
@@ -672,6 +682,11 @@
       if (S.pollTimer) clearInterval(S.pollTimer);
       S.pollTimer = null;
       $('whoami').textContent = '';
+      // Nothing read with the old token stays on the page.
+      S.route = null;
+      S.data = null;
+      capacityForm = null;
+      $('view').replaceChildren();
       setMode('connecting');
       showLogin();
     });
