@@ -325,6 +325,9 @@
       for (const s of body.semaphores) S.last.set(s.name, { held: s.held, waiting: s.waiters, capacity: s.capacity });
     } else if (route.view === 'semaphore') {
       S.last.set(body.name, { held: body.held, waiting: body.waiters.length, capacity: body.capacity });
+      // Every change read is a point of its chart (the 1 s tick adds points between changes).
+      const series = S.series.get(body.name);
+      if (series) series.push(Object.assign({ t: Date.now() }, S.last.get(body.name)));
       const known = new Set(body.waiters.map((w) => w.session));
       bump(S.queuedAt, body.name, null, (m) => {
         for (const session of known) if (!m.has(session)) m.set(session, Date.now());
@@ -470,9 +473,9 @@
     const width = 600;
     const height = 140;
     const now = Date.now();
-    // The last 5 minutes, or the time since the page opened when that is shorter (at least 20 s).
+    // The last 5 minutes, or the time since the page opened when that is shorter (at least 10 s).
     const first = series.length ? series[0].t : now;
-    const span = Math.min(SERIES_SECONDS * 1000, Math.max(20_000, now - first));
+    const span = Math.min(SERIES_SECONDS * 1000, Math.max(10_000, now - first));
     const max = Math.max(1, ...series.map((p) => Math.max(p.held, p.waiting, p.capacity)));
     const x = (t) => (((t - (now - span)) / span) * width).toFixed(1);
     const y = (v) => (height - 4 - (v / max) * (height - 12)).toFixed(1);

@@ -22,6 +22,8 @@ use common::{eventually, Server};
 const ROOT: &str = "root-secret-for-dashboard-tests-0123456789";
 /// How long the page may take to show a change made outside it.
 const LIVE_WITHIN: Duration = Duration::from_secs(1);
+/// How long the screenshots' semaphore sees churn before it is photographed.
+const CHURN: Duration = Duration::from_secs(6);
 /// How long the page may take to show anything else (a first load, a login).
 const SHOW_WITHIN: Duration = Duration::from_secs(10);
 
@@ -243,7 +245,6 @@ async fn the_dashboard_shows_live_state_and_admin_actions_to_those_allowed() {
     assert!(shown, "semaphores list: {now}");
     let gpu = now["semaphores"].as_array().unwrap().iter().find(|r| r[0] == "gpu").cloned().unwrap();
     assert_eq!(gpu[1], "4 / 5", "held / capacity: {gpu}");
-    browser.screenshot(&shots.join("semaphores.png")).await;
     browser.goto(&format!("{}/ui#/elections", server.url)).await;
     let (shown, now) =
         until(&browser, SHOW_WITHIN, |p| p["elections"].as_array().is_some_and(|r| !r.is_empty())).await;
@@ -265,10 +266,55 @@ async fn the_dashboard_shows_live_state_and_admin_actions_to_those_allowed() {
     browser.goto(&format!("{}/ui#/semaphore/gpu", server.url)).await;
     let (shown, now) = until(&browser, SHOW_WITHIN, |p| holders(p).len() == 3).await;
     assert!(shown, "phone-sized semaphore view: {now}");
+    assert!(
+        browser.eval("return document.documentElement.scrollWidth <= window.innerWidth;").await == true,
+        "the phone view scrolls sideways"
+    );
     browser.screenshot(&shots.join("semaphore-phone.png")).await;
     browser.resize(1280, 900).await;
 
+    // A few seconds of churn on another semaphore, so that its charts have a history for the
+    // screenshots the README shows (paced, not synchronised: the assertions above are done).
+    let churn =
+        [session(&root, "batch-1").await, session(&root, "batch-2").await, session(&root, "batch-3").await];
+    let late = session(&root, "batch-4").await;
+    root.semaphore("render.farm", 4).await;
+    browser.goto(&format!("{}/ui#/semaphore/render.farm", server.url)).await;
+    let churn_until = Instant::now() + CHURN;
+    let mut holding = [false; 3];
+    let mut step = 0usize;
+    while Instant::now() < churn_until && step < 1000 {
+        let i = step % 3;
+        if holding[i] {
+            assert_eq!(root.release("render.farm", &churn[i]).await.status, 200);
+            holding[i] = false;
+        } else {
+            let permits = 1 + (step / 3) % 2;
+            let answer =
+                root.acquire("render.farm", json!({ "session": churn[i], "permits": permits })).await;
+            holding[i] = answer.status == 200;
+        }
+        step += 1;
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    if !holding.contains(&true) {
+        acquire(&root, "render.farm", &churn[0], 1).await;
+    }
+    let waiter = root.clone();
+    let body = json!({ "session": late, "permits": 4, "wait_ms": 10_000 });
+    let queued = tokio::spawn(async move { waiter.acquire("render.farm", body).await });
+    let (shown, now) = until(&browser, SHOW_WITHIN, |p| queue(p).len() == 1).await;
+    assert!(shown, "render.farm: {now}");
+    browser.screenshot(&shots.join("semaphore.png")).await;
+    queued.abort();
+    browser.goto(&format!("{}/ui#/semaphores", server.url)).await;
+    let (shown, now) =
+        until(&browser, SHOW_WITHIN, |p| p["semaphores"].as_array().is_some_and(|r| r.len() == 3)).await;
+    assert!(shown, "semaphores list: {now}");
+    browser.screenshot(&shots.join("semaphores.png")).await;
+
     // A read-only token sees the same holders and no admin action.
+    browser.goto(&format!("{}/ui#/semaphore/gpu", server.url)).await;
     browser.click("#logout").await;
     log_in(&browser, &reader).await;
     let (shown, now) = until(&browser, SHOW_WITHIN, |p| p["login"] == false && holders(p).len() == 3).await;
