@@ -250,7 +250,7 @@ impl State {
             Vec::new()
         };
         for session in &owned {
-            self.remove_session(index, *session, effects);
+            self.remove_session(index, *session, false, effects);
         }
         Ok(Outcome::TokenDeleted { sessions_closed: owned.len() as u64 })
     }

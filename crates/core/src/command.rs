@@ -101,6 +101,14 @@ pub enum Command {
     /// last holder and waiter leave (as elections are), unless a `PutSemaphore` made it
     /// permanent meanwhile.
     AcquireEphemeral(Acquire),
+    /// Like [`Command::Release`], by an admin for another session: the same change, observed as
+    /// a revoke (the event stream and metrics label it so).
+    Revoke {
+        /// The object.
+        key: Key,
+        /// The session whose hold or wait ends.
+        session: SessionId,
+    },
 }
 
 /// An acquire or a campaign.

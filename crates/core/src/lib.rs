@@ -28,7 +28,7 @@ pub use acl::{
 };
 pub use command::{Acquire, Batch, Command};
 pub use name::{InvalidName, Key, Kind, Name};
-pub use outcome::{Effect, Field, Limit, Outcome, Refusal};
+pub use outcome::{Effect, Event, EventKind, Field, Limit, Outcome, Refusal, WaitEndReason};
 pub use semaphore::{Hold, Semaphore, Waiter};
 pub use session::{InvalidSessionId, KeySet, Session, SessionId};
 pub use snapshot::{SnapshotError, SNAPSHOT_FORMAT_VERSION};

@@ -211,4 +211,157 @@ pub enum Effect {
         /// Leader time of the deadline.
         expires_at_ms: u64,
     },
+    /// Something an observer may want to see (the event stream, per-object metrics).
+    Event(Box<Event>),
+    /// A try-acquire (`wait: false`) found too few free permits or a non-empty queue.
+    TryAcquireRefused {
+        /// The object.
+        key: Key,
+    },
+    /// An object was deleted (an explicit delete, or an idle election or ephemeral semaphore).
+    ObjectRemoved {
+        /// The object.
+        key: Key,
+    },
+}
+
+/// What happened, for observers. The shell numbers events and adds the log index and leader
+/// time of the entry that caused them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// A session was opened.
+    SessionCreated,
+    /// A session expired (its TTL ran out on the leader).
+    SessionExpired,
+    /// A session was closed by its client (or its token was deleted).
+    SessionClosed,
+    /// An acquire or campaign joined an object's queue.
+    Queued,
+    /// Permits were granted (at once, or to a waiter from the queue).
+    Granted,
+    /// A hold was released by its session (or its session was closed).
+    Released,
+    /// A wait ended without a grant.
+    WaitEnded,
+    /// A hold ended because its session expired, or its `max_hold_ms` ran out.
+    Expired,
+    /// A hold (or wait) was ended by an admin's revoke.
+    Revoked,
+    /// A semaphore was created or its capacity was set.
+    CapacityChanged,
+    /// An election's leader changed (or it has none now).
+    LeaderChanged,
+}
+
+impl EventKind {
+    /// Every kind, in documentation order.
+    pub const ALL: [EventKind; 11] = [
+        EventKind::SessionCreated,
+        EventKind::SessionExpired,
+        EventKind::SessionClosed,
+        EventKind::Queued,
+        EventKind::Granted,
+        EventKind::Released,
+        EventKind::WaitEnded,
+        EventKind::Expired,
+        EventKind::Revoked,
+        EventKind::CapacityChanged,
+        EventKind::LeaderChanged,
+    ];
+
+    /// The kind's name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::SessionCreated => "session_created",
+            EventKind::SessionExpired => "session_expired",
+            EventKind::SessionClosed => "session_closed",
+            EventKind::Queued => "queued",
+            EventKind::Granted => "granted",
+            EventKind::Released => "released",
+            EventKind::WaitEnded => "wait_ended",
+            EventKind::Expired => "expired",
+            EventKind::Revoked => "revoked",
+            EventKind::CapacityChanged => "capacity_changed",
+            EventKind::LeaderChanged => "leader_changed",
+        }
+    }
+
+    /// The kind called `name` on the wire.
+    pub fn parse(name: &str) -> Option<EventKind> {
+        EventKind::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+
+    /// Whether the event is about a session rather than an object.
+    pub fn is_session(self) -> bool {
+        matches!(self, EventKind::SessionCreated | EventKind::SessionExpired | EventKind::SessionClosed)
+    }
+}
+
+/// Why a wait ended without a grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WaitEndReason {
+    /// The client gave up (reserved: the server keeps a queued place when a long-poll times out,
+    /// and a client that stops waiting releases, which is `Cancelled`).
+    Timeout,
+    /// Released by its session, revoked, or refused because the capacity shrank below it.
+    Cancelled,
+    /// Its session was closed or expired.
+    SessionEnded,
+}
+
+impl WaitEndReason {
+    /// The reason's name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitEndReason::Timeout => "timeout",
+            WaitEndReason::Cancelled => "cancelled",
+            WaitEndReason::SessionEnded => "session_ended",
+        }
+    }
+}
+
+/// One observable change. Fields that do not apply to the kind are `None`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// What happened.
+    pub kind: EventKind,
+    /// The object, for object events.
+    pub key: Option<Key>,
+    /// The session concerned (for `leader_changed`: the new leader's, absent without one).
+    pub session: Option<SessionId>,
+    /// That session's name, if it has one.
+    pub session_name: Option<String>,
+    /// Permits granted, held, released or asked for.
+    pub permits: Option<u64>,
+    /// The hold's fencing token.
+    pub token: Option<u64>,
+    /// `capacity_changed`: the new capacity.
+    pub capacity: Option<u64>,
+    /// `leader_changed`: the new leader's value.
+    pub value: Option<String>,
+    /// `wait_ended`: why.
+    pub reason: Option<WaitEndReason>,
+    /// Hold ends (`released`, `expired`, `revoked`): how long the hold lasted, in leader ms.
+    pub held_ms: Option<u64>,
+    /// `granted`: whether the grant went to a queued waiter (rather than at once).
+    pub from_queue: bool,
+}
+
+impl Event {
+    /// An event of `kind` with no fields set.
+    pub fn new(kind: EventKind) -> Event {
+        Event {
+            kind,
+            key: None,
+            session: None,
+            session_name: None,
+            permits: None,
+            token: None,
+            capacity: None,
+            value: None,
+            reason: None,
+            held_ms: None,
+            from_queue: false,
+        }
+    }
 }

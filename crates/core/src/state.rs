@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::command::{Acquire, Batch, Command};
 use crate::limits::*;
-use crate::outcome::{Effect, Field, Limit, Outcome, Refusal};
+use crate::outcome::{Effect, Event, EventKind, Field, Limit, Outcome, Refusal, WaitEndReason};
 use crate::semaphore::{Hold, Semaphore, Waiter};
 use crate::session::{KeySet, Session};
 use crate::{Key, Kind, Name, SessionId, Token, TokenId};
@@ -114,6 +114,7 @@ impl State {
             Command::CreateToken { id, token } => self.create_token(*id, token),
             Command::DeleteToken { id } => self.delete_token(index, *id, effects),
             Command::CloseSession { id } => self.close_session(index, *id, effects),
+            Command::Revoke { key, session } => self.release(index, key, *session, true, effects),
             Command::ExpireSessions { ids, decided_term } if *decided_term == term => {
                 Ok(self.expire_sessions(index, ids, effects))
             }
@@ -129,7 +130,7 @@ impl State {
                 }
                 outcome
             }
-            Command::Release { key, session } => self.release(index, key, *session, effects),
+            Command::Release { key, session } => self.release(index, key, *session, false, effects),
             Command::ExpireHolds => Ok(self.expire_holds(index, effects)),
         };
         result.unwrap_or_else(Outcome::Refused)
@@ -163,8 +164,12 @@ impl State {
         if let Some(owner) = owner {
             *self.sessions_per_owner.entry(owner).or_default() += 1;
         }
+        let mut event = Event::new(EventKind::SessionCreated);
+        event.session = Some(id);
+        event.session_name = session.name.clone();
         self.sessions.insert(id, session);
         effects.push(Effect::SessionCreated { id, ttl_ms });
+        emit(effects, event);
         Ok(Outcome::SessionCreated)
     }
 
@@ -177,7 +182,7 @@ impl State {
         if !self.sessions.contains_key(&id) {
             return Err(Refusal::SessionNotFound);
         }
-        self.remove_session(index, id, effects);
+        self.remove_session(index, id, false, effects);
         Ok(Outcome::SessionClosed)
     }
 
@@ -185,7 +190,7 @@ impl State {
         let mut expired = 0;
         for id in ids {
             if self.sessions.contains_key(id) {
-                self.remove_session(index, *id, effects);
+                self.remove_session(index, *id, true, effects);
                 expired += 1;
             }
         }
@@ -193,7 +198,14 @@ impl State {
     }
 
     /// Cancels the session's waits, then releases its holds, granting to waiters behind them.
-    pub(crate) fn remove_session(&mut self, index: u64, id: SessionId, effects: &mut Vec<Effect>) {
+    /// `expired`: the session ran out of TTL (its holds end as `expired`), rather than closed.
+    pub(crate) fn remove_session(
+        &mut self,
+        index: u64,
+        id: SessionId,
+        expired: bool,
+        effects: &mut Vec<Effect>,
+    ) {
         let session = self.sessions.remove(&id).expect("caller checked the session exists");
         if let Some(owner) = session.owner {
             let count = self.sessions_per_owner.get_mut(&owner).expect("an owner's sessions are counted");
@@ -204,20 +216,35 @@ impl State {
         }
         for key in &session.waits {
             let object = self.objects.get_mut(key).expect("a wait's object exists");
-            object.queue.remove(id).expect("a session's wait is queued");
+            let waiter = object.queue.remove(id).expect("a session's wait is queued");
             effects.push(Effect::WaitEnded { key: key.clone(), session: id });
+            let mut event = Event::new(EventKind::WaitEnded);
+            event.key = Some(key.clone());
+            event.session = Some(id);
+            event.session_name = session.name.clone();
+            event.permits = Some(waiter.permits);
+            event.reason = Some(WaitEndReason::SessionEnded);
+            emit(effects, event);
             self.touch(index, key, effects);
             self.pump(index, key, effects);
         }
+        let hold_end = if expired { EventKind::Expired } else { EventKind::Released };
         for key in &session.holds {
-            self.remove_hold(key, id);
+            let hold = self.remove_hold(key, id);
+            emit(effects, self.hold_ended(hold_end, key, id, session.name.clone(), &hold));
             self.touch(index, key, effects);
             self.pump(index, key, effects);
+            self.leader_check(key, effects);
         }
         for key in session.waits.iter().chain(&session.holds) {
             self.drop_idle_election(key, effects);
         }
         effects.push(Effect::SessionRemoved { id });
+        let mut event =
+            Event::new(if expired { EventKind::SessionExpired } else { EventKind::SessionClosed });
+        event.session = Some(id);
+        event.session_name = session.name;
+        emit(effects, event);
     }
 
     fn put_semaphore(
@@ -235,10 +262,12 @@ impl State {
                 return Err(Refusal::LimitExceeded(Limit::Objects));
             }
             self.objects.insert(key.clone(), Semaphore::new(capacity, index, last_token));
+            emit(effects, capacity_event(&key, capacity));
             effects.push(Effect::ObjectChanged { key });
             return Ok(Outcome::SemaphoreCreated);
         };
         object.capacity = capacity;
+        emit(effects, capacity_event(&key, capacity));
         object.capacity_set_token = last_token;
         self.ephemeral.remove(&key);
         // Waiters that can never fit would block the queue forever: their waits end, refused.
@@ -247,6 +276,13 @@ impl State {
             let session = self.sessions.get_mut(&waiter.session).expect("a waiter's session exists");
             session.waits.remove(&key);
             effects.push(Effect::WaitEnded { key: key.clone(), session: waiter.session });
+            let mut event = Event::new(EventKind::WaitEnded);
+            event.key = Some(key.clone());
+            event.session = Some(waiter.session);
+            event.session_name = session.name.clone();
+            event.permits = Some(waiter.permits);
+            event.reason = Some(WaitEndReason::Cancelled);
+            emit(effects, event);
         }
         self.touch(index, &key, effects);
         self.pump(index, &key, effects);
@@ -261,6 +297,7 @@ impl State {
         }
         self.objects.remove(&key);
         self.ephemeral.remove(&key);
+        effects.push(Effect::ObjectRemoved { key: key.clone() });
         effects.push(Effect::ObjectChanged { key });
         Ok(Outcome::SemaphoreDeleted)
     }
@@ -301,14 +338,18 @@ impl State {
                 return Err(Refusal::LimitExceeded(Limit::Objects));
             }
             self.objects.insert(key.clone(), Semaphore::new(capacity, index, self.last_token));
+            if key.kind == Kind::Semaphore {
+                emit(effects, capacity_event(key, capacity));
+            }
         }
         let object = self.objects.get_mut(key).expect("created above");
         if object.queue.is_empty() && object.fits(acquire.permits) {
             let waiter = waiter_of(index, acquire);
-            let token = self.grant(index, key, waiter, effects);
+            let token = self.grant(index, key, waiter, false, effects);
             return Ok(Outcome::Acquired { permits: acquire.permits, token });
         }
         if !acquire.wait {
+            effects.push(Effect::TryAcquireRefused { key: key.clone() });
             return Err(Refusal::Unavailable);
         }
         if object.queue.len() >= WAITERS_PER_OBJECT_MAX {
@@ -318,6 +359,12 @@ impl State {
         let position = object.queue.position(acquire.session).expect("just queued");
         let session = self.sessions.get_mut(&acquire.session).expect("checked above");
         session.waits.insert(key.clone());
+        let mut event = Event::new(EventKind::Queued);
+        event.key = Some(key.clone());
+        event.session = Some(acquire.session);
+        event.session_name = session.name.clone();
+        event.permits = Some(acquire.permits);
+        emit(effects, event);
         self.touch(index, key, effects);
         Ok(Outcome::Waiting { position })
     }
@@ -327,6 +374,7 @@ impl State {
         index: u64,
         key: &Key,
         session_id: SessionId,
+        revoke: bool,
         effects: &mut Vec<Effect>,
     ) -> Result<Outcome, Refusal> {
         if !self.sessions.contains_key(&session_id) {
@@ -335,21 +383,35 @@ impl State {
         let Some(object) = self.objects.get_mut(key) else {
             return Ok(Outcome::Released { permits: 0 });
         };
-        let permits = if object.holders.contains_key(&session_id) {
+        let held = object.holders.contains_key(&session_id);
+        let permits = if held {
             let hold = self.remove_hold(key, session_id);
             let session = self.sessions.get_mut(&session_id).expect("checked above");
             session.holds.remove(key);
+            let name = session.name.clone();
+            let kind = if revoke { EventKind::Revoked } else { EventKind::Released };
+            emit(effects, self.hold_ended(kind, key, session_id, name, &hold));
             hold.permits
-        } else if object.queue.remove(session_id).is_some() {
+        } else if let Some(waiter) = object.queue.remove(session_id) {
             let session = self.sessions.get_mut(&session_id).expect("checked above");
             session.waits.remove(key);
             effects.push(Effect::WaitEnded { key: key.clone(), session: session_id });
+            let mut event = Event::new(EventKind::WaitEnded);
+            event.key = Some(key.clone());
+            event.session = Some(session_id);
+            event.session_name = session.name.clone();
+            event.permits = Some(waiter.permits);
+            event.reason = Some(WaitEndReason::Cancelled);
+            emit(effects, event);
             0
         } else {
             return Ok(Outcome::Released { permits: 0 });
         };
         self.touch(index, key, effects);
         self.pump(index, key, effects);
+        if held {
+            self.leader_check(key, effects);
+        }
         self.drop_idle_election(key, effects);
         Ok(Outcome::Released { permits })
     }
@@ -363,11 +425,14 @@ impl State {
             .cloned()
             .collect();
         for (_, key, session_id) in &due {
-            self.remove_hold(key, *session_id);
+            let hold = self.remove_hold(key, *session_id);
             let session = self.sessions.get_mut(session_id).expect("a holder's session exists");
             session.holds.remove(key);
+            let name = session.name.clone();
+            emit(effects, self.hold_ended(EventKind::Expired, key, *session_id, name, &hold));
             self.touch(index, key, effects);
             self.pump(index, key, effects);
+            self.leader_check(key, effects);
             self.drop_idle_election(key, effects);
         }
         Outcome::HoldsExpired { expired: due.len() as u64 }
@@ -386,12 +451,19 @@ impl State {
             let session = self.sessions.get_mut(&waiter.session).expect("a waiter's session exists");
             session.waits.remove(key);
             effects.push(Effect::WaitEnded { key: key.clone(), session: waiter.session });
-            self.grant(index, key, waiter, effects);
+            self.grant(index, key, waiter, true, effects);
         }
     }
 
     /// Gives `waiter` its permits with a new token. The caller checked that they fit.
-    fn grant(&mut self, index: u64, key: &Key, waiter: Waiter, effects: &mut Vec<Effect>) -> u64 {
+    fn grant(
+        &mut self,
+        index: u64,
+        key: &Key,
+        waiter: Waiter,
+        from_queue: bool,
+        effects: &mut Vec<Effect>,
+    ) -> u64 {
         self.last_token += 1;
         let token = self.last_token;
         let expires_at_ms = waiter.max_hold_ms.map(|ms| self.now_ms.saturating_add(ms));
@@ -409,6 +481,24 @@ impl State {
         object.holders.insert(waiter.session, hold);
         let session = self.sessions.get_mut(&waiter.session).expect("a grantee's session exists");
         session.holds.insert(key.clone());
+        let mut event = Event::new(EventKind::Granted);
+        event.key = Some(key.clone());
+        event.session = Some(waiter.session);
+        event.session_name = session.name.clone();
+        event.permits = Some(waiter.permits);
+        event.token = Some(token);
+        event.from_queue = from_queue;
+        if key.kind == Kind::Election {
+            let mut leader = event.clone();
+            leader.kind = EventKind::LeaderChanged;
+            leader.permits = None;
+            leader.from_queue = false;
+            leader.value = object_value(&self.objects, key, waiter.session);
+            emit(effects, event);
+            emit(effects, leader);
+        } else {
+            emit(effects, event);
+        }
         if let Some(expires_at_ms) = expires_at_ms {
             self.hold_deadlines.insert((expires_at_ms, key.clone(), waiter.session));
             effects.push(Effect::HoldDeadlineSet { expires_at_ms });
@@ -435,7 +525,40 @@ impl State {
         if transient && self.objects.get(key).is_some_and(Semaphore::is_idle) {
             self.objects.remove(key);
             self.ephemeral.remove(key);
+            effects.push(Effect::ObjectRemoved { key: key.clone() });
             effects.push(Effect::ObjectChanged { key: key.clone() });
+        }
+    }
+
+    /// The event of a hold of `session` on `key` that ended as `kind`.
+    fn hold_ended(
+        &self,
+        kind: EventKind,
+        key: &Key,
+        session: SessionId,
+        name: Option<String>,
+        hold: &Hold,
+    ) -> Event {
+        let mut event = Event::new(kind);
+        event.key = Some(key.clone());
+        event.session = Some(session);
+        event.session_name = name;
+        event.permits = Some(hold.permits);
+        event.token = Some(hold.token);
+        event.held_ms = Some(self.now_ms.saturating_sub(hold.granted_at_ms));
+        event
+    }
+
+    /// After a hold on `key` ended and the queue was pumped: an election left without a leader
+    /// says so (a new leader announced itself in `grant`).
+    fn leader_check(&self, key: &Key, effects: &mut Vec<Effect>) {
+        if key.kind != Kind::Election {
+            return;
+        }
+        if self.objects.get(key).is_none_or(|object| object.holders.is_empty()) {
+            let mut event = Event::new(EventKind::LeaderChanged);
+            event.key = Some(key.clone());
+            emit(effects, event);
         }
     }
 
@@ -519,6 +642,21 @@ impl State {
     pub fn next_hold_deadline_ms(&self) -> Option<u64> {
         self.hold_deadlines.first().map(|(deadline, _, _)| *deadline)
     }
+}
+
+fn emit(effects: &mut Vec<Effect>, event: Event) {
+    effects.push(Effect::Event(Box::new(event)));
+}
+
+fn capacity_event(key: &Key, capacity: u64) -> Event {
+    let mut event = Event::new(EventKind::CapacityChanged);
+    event.key = Some(key.clone());
+    event.capacity = Some(capacity);
+    event
+}
+
+fn object_value(objects: &BTreeMap<Key, Semaphore>, key: &Key, session: SessionId) -> Option<String> {
+    objects.get(key)?.holders.get(&session)?.value.clone()
 }
 
 fn waiter_of(index: u64, acquire: &Acquire) -> Waiter {

@@ -123,6 +123,10 @@ struct AuthArgs {
     /// Serve /metrics without a token even with --auth.
     #[arg(long)]
     metrics_public: bool,
+    /// Most semaphores and elections with metric series of their own; the others are summed
+    /// under the label value `_other`.
+    #[arg(long, default_value_t = permit_server::metrics::METRICS_NAMES_MAX_DEFAULT)]
+    metrics_names_max: usize,
     /// Listen on a non-loopback address without --auth (anyone who reaches the port can do
     /// anything).
     #[arg(long)]
@@ -204,6 +208,7 @@ fn main() -> anyhow::Result<()> {
                 sessions_per_token_max: args.auth.sessions_per_token_max,
                 long_polls_per_token_max: args.auth.long_polls_per_token_max,
                 metrics_public: args.auth.metrics_public,
+                metrics_names_max: args.auth.metrics_names_max,
                 allow_unauthenticated: args.auth.allow_unauthenticated,
                 cluster_secret,
                 header_read_timeout: args.header_read_timeout,

@@ -86,6 +86,8 @@ pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> 
         ("POST", "/v1/elections/{name}/campaign" | "/v1/elections/{name}/resign") => Named(Election, Write),
         ("POST", "/v1/elections/{name}/revoke") => Named(Election, Admin),
         ("GET", "/v1/cluster") => Global(Cluster, Read),
+        // Filtered per event: read access to each semaphore, election or session name.
+        ("GET", "/v1/events") => Authenticated,
         ("GET", "/v1/snapshot") => Global(Cluster, Admin),
         ("POST", "/v1/cluster/init" | "/v1/cluster/members") => Global(Cluster, Admin),
         ("DELETE", "/v1/cluster/members/{id}") => Global(Cluster, Admin),
@@ -180,6 +182,7 @@ impl Caller {
     /// # Errors
     /// `limit_exceeded`.
     pub async fn long_poll(&self, node: &Node) -> Result<LongPoll, ApiError> {
+        crate::api::mark_long_poll();
         match node.long_polls.enter(self, node.config.long_polls_per_token_max) {
             Ok(poll) => Ok(poll),
             Err(refusal) => Err(slowly(refusal).await),

@@ -54,6 +54,9 @@ pub struct Config {
     pub restore: Option<PathBuf>,
     /// Serve HTTPS (and reach peers over HTTPS) with these files.
     pub tls: Option<crate::tls::TlsConfig>,
+    /// Most semaphores and elections with metric series of their own (`--metrics-names-max`);
+    /// the others are summed under the label value `_other`.
+    pub metrics_names_max: usize,
 }
 
 /// `permit serve`'s default address.
@@ -78,6 +81,7 @@ impl Default for Config {
             allow_unauthenticated: false,
             cluster_secret: None,
             header_read_timeout: crate::listener::HEADER_READ_TIMEOUT_DEFAULT,
+            metrics_names_max: crate::metrics::METRICS_NAMES_MAX_DEFAULT,
             connections_max: crate::listener::CONNECTIONS_MAX_DEFAULT,
             tls: None,
             restore: None,

@@ -102,7 +102,7 @@ impl ExpiryDriver {
             tracing::debug!(count = sessions.len(), "expiring sessions");
             match self.proposer.propose(Command::ExpireSessions { ids: sessions.clone(), decided_term }).await
             {
-                Ok(Outcome::SessionsExpired { expired }) => self.metrics.sessions_expired(expired),
+                Ok(Outcome::SessionsExpired { .. }) => {}
                 Ok(other) => tracing::error!(?other, "unexpected outcome of ExpireSessions"),
                 Err(error) => {
                     tracing::warn!(%error, "could not propose session expiry");

@@ -17,6 +17,7 @@ pub mod listener;
 pub mod metrics;
 pub mod node;
 pub mod notify;
+pub mod observe;
 pub mod peer;
 pub mod raft;
 pub mod tls;

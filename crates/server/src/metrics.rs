@@ -1,11 +1,14 @@
 //! Prometheus metrics, served as text at `GET /metrics`.
 //!
-//! Counters and histograms are updated where things happen; gauges of the state (sessions,
-//! holders, waiters, Raft state, and per-semaphore figures for the first
-//! [`PER_SEMAPHORE_SERIES_MAX`] semaphores by name) are computed at scrape time.
+//! Counters, histograms and gauges are updated where things happen: requests in the API
+//! middleware, the state's figures as entries apply (`observe.rs`). A scrape sets only the Raft
+//! gauges, the clock-dependent per-object gauges and the `process_*` figures: O(series), never a
+//! walk of the state. Objects past `--metrics-names-max` share the series labelled
+//! [`crate::observe::OVERFLOW_LABEL`]. `docs/observability.md` lists every metric.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use permit_core::{EventKind, Kind};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -13,10 +16,91 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-/// Most semaphores that get their own labelled series, to bound the scrape size.
-pub const PER_SEMAPHORE_SERIES_MAX: usize = 1000;
+/// `--metrics-names-max`'s default: most semaphores and elections with series of their own.
+pub const METRICS_NAMES_MAX_DEFAULT: usize = 1000;
 
-type Labels = Vec<(String, String)>;
+/// A label set.
+pub type Labels = Vec<(String, String)>;
+
+/// Buckets of the wait and hold time histograms, in seconds.
+const OBJECT_SECONDS_BUCKETS: [f64; 18] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+    3600.0,
+];
+
+/// Buckets of the long-poll duration histogram, in seconds.
+const LONG_POLL_BUCKETS: [f64; 12] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0];
+
+/// The per-object gauges of one series, as handed to [`Metrics::object_gauges`].
+pub struct ObjectGauges {
+    /// Capacity (semaphores).
+    pub capacity: Gauge,
+    /// Permits held (semaphores).
+    pub held: Gauge,
+    /// Holders (for an election, 1 while it has a leader).
+    pub holders: Gauge,
+    /// Queued acquires (election candidates).
+    pub waiters: Gauge,
+}
+
+/// The labelled families of one kind of object.
+#[derive(Clone)]
+struct ObjectFamilies {
+    capacity: Family<Labels, Gauge>,
+    held: Family<Labels, Gauge>,
+    holders: Family<Labels, Gauge>,
+    waiters: Family<Labels, Gauge>,
+    oldest_waiter_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
+    grants: Family<Labels, Counter>,
+    try_refusals: Family<Labels, Counter>,
+    timeouts: Family<Labels, Counter>,
+    expirations: Family<Labels, Counter>,
+    wait_seconds: Family<Labels, Histogram>,
+    hold_seconds: Family<Labels, Histogram>,
+    leader_changes: Family<Labels, Counter>,
+    tenure_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
+}
+
+impl ObjectFamilies {
+    fn new() -> ObjectFamilies {
+        let seconds = || Histogram::new(OBJECT_SECONDS_BUCKETS);
+        ObjectFamilies {
+            capacity: Family::default(),
+            held: Family::default(),
+            holders: Family::default(),
+            waiters: Family::default(),
+            oldest_waiter_seconds: Family::default(),
+            grants: Family::default(),
+            try_refusals: Family::default(),
+            timeouts: Family::default(),
+            expirations: Family::default(),
+            wait_seconds: Family::new_with_constructor(seconds),
+            hold_seconds: Family::new_with_constructor(seconds),
+            leader_changes: Family::default(),
+            tenure_seconds: Family::default(),
+        }
+    }
+
+    fn forget(&self, labels: &Labels) {
+        self.capacity.remove(labels);
+        self.held.remove(labels);
+        self.holders.remove(labels);
+        self.waiters.remove(labels);
+        self.oldest_waiter_seconds.remove(labels);
+        self.grants.remove(labels);
+        self.try_refusals.remove(labels);
+        self.timeouts.remove(labels);
+        self.expirations.remove(labels);
+        self.wait_seconds.remove(labels);
+        self.leader_changes.remove(labels);
+        self.tenure_seconds.remove(labels);
+        for ended in ["released", "expired", "revoked"] {
+            let mut with = labels.clone();
+            with.push(("ended".to_owned(), ended.to_owned()));
+            self.hold_seconds.remove(&with);
+        }
+    }
+}
 
 /// All metrics of one node.
 pub struct Metrics {
@@ -28,7 +112,13 @@ pub struct Metrics {
     /// Duration of each log append (redb commit with fsync).
     pub append_seconds: Histogram,
     sessions_expired: Counter,
+    sessions_created: Counter,
+    sessions_closed: Counter,
+    keepalives: Counter,
     holds_expired: Counter,
+    long_poll_seconds: Family<Labels, Histogram>,
+    semaphore: ObjectFamilies,
+    election: ObjectFamilies,
     /// ReadIndex rounds (quorum confirmations) run for linearizable reads and keepalives.
     pub read_rounds: Counter,
     /// Linearizable reads and keepalives that waited for a ReadIndex round.
@@ -67,12 +157,6 @@ pub struct StateGauges {
     pub raft_snapshot_index: Gauge,
     /// Last log index purged from this node's log (compaction).
     pub raft_purged_index: Gauge,
-    /// Per-semaphore capacity.
-    pub semaphore_capacity: Family<Labels, Gauge>,
-    /// Per-semaphore permits held.
-    pub semaphore_held: Family<Labels, Gauge>,
-    /// Per-semaphore waiters.
-    pub semaphore_waiters: Family<Labels, Gauge>,
 }
 
 impl Metrics {
@@ -108,7 +192,42 @@ impl Metrics {
             append_seconds.clone(),
         );
         let sessions_expired = Counter::default();
-        registry.register("sessions_expired", "Sessions expired by the leader", sessions_expired.clone());
+        registry.register(
+            "sessions_expired",
+            "Sessions expired (as applied on this node)",
+            sessions_expired.clone(),
+        );
+        let sessions_created = Counter::default();
+        registry.register(
+            "sessions_created",
+            "Sessions created (as applied on this node)",
+            sessions_created.clone(),
+        );
+        let sessions_closed = Counter::default();
+        registry.register(
+            "sessions_closed",
+            "Sessions closed by their client or with their token (as applied on this node)",
+            sessions_closed.clone(),
+        );
+        let keepalives = Counter::default();
+        registry.register(
+            "session_keepalives",
+            "Keepalives answered by this node (the leader)",
+            keepalives.clone(),
+        );
+        let long_poll_seconds =
+            Family::<Labels, Histogram>::new_with_constructor(|| Histogram::new(LONG_POLL_BUCKETS));
+        registry.register(
+            "http_long_poll_duration_seconds",
+            "Duration of long-polls (waiting acquires and campaigns, blocking reads; an event stream until its headers) by route; they are not in http_request_duration_seconds",
+            long_poll_seconds.clone(),
+        );
+        let semaphore = ObjectFamilies::new();
+        let election = ObjectFamilies::new();
+        register_objects(&mut registry, &semaphore, &election);
+        let build_info = Family::<Labels, Gauge>::default();
+        registry.register("build_info", "Always 1, labelled with the server's version", build_info.clone());
+        build_info.get_or_create(&vec![("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned())]).set(1);
         let holds_expired = Counter::default();
         registry.register("holds_expired", "Holds released by max_hold_ms", holds_expired.clone());
         let read_rounds = Counter::default();
@@ -157,9 +276,6 @@ impl Metrics {
             "Last log index removed by compaction",
             g.raft_purged_index.clone(),
         );
-        registry.register("semaphore_capacity", "Capacity per semaphore", g.semaphore_capacity.clone());
-        registry.register("semaphore_held", "Permits held per semaphore", g.semaphore_held.clone());
-        registry.register("semaphore_waiters", "Waiters per semaphore", g.semaphore_waiters.clone());
         Metrics {
             registry,
             requests,
@@ -168,7 +284,13 @@ impl Metrics {
             write_seconds,
             append_seconds,
             sessions_expired,
+            sessions_created,
+            sessions_closed,
+            keepalives,
             holds_expired,
+            long_poll_seconds,
+            semaphore,
+            election,
             read_rounds,
             read_barrier_waits,
             connections_open,
@@ -189,6 +311,126 @@ impl Metrics {
         self.request_seconds.get_or_create(&vec![("route".to_owned(), route.to_owned())]).observe(seconds);
     }
 
+    /// Counts one long-poll request (in its own histogram, not the request latency one).
+    pub fn observe_long_poll(&self, route: &str, method: &str, status: u16, seconds: f64) {
+        let labels = vec![
+            ("route".to_owned(), route.to_owned()),
+            ("method".to_owned(), method.to_owned()),
+            ("status".to_owned(), status.to_string()),
+        ];
+        self.requests.get_or_create(&labels).inc();
+        self.long_poll_seconds.get_or_create(&vec![("route".to_owned(), route.to_owned())]).observe(seconds);
+    }
+
+    fn families(&self, kind: Kind) -> &ObjectFamilies {
+        match kind {
+            Kind::Semaphore => &self.semaphore,
+            Kind::Election => &self.election,
+        }
+    }
+
+    /// Runs `change` on the gauges of the series `labels` of an object of `kind`, and keeps the
+    /// totals over all objects (`permit_holds`, `permit_waiters`) in step.
+    pub fn object_gauges<R>(&self, kind: Kind, labels: &Labels, change: impl FnOnce(&ObjectGauges) -> R) {
+        let f = self.families(kind);
+        let gauges = ObjectGauges {
+            capacity: f.capacity.get_or_create(labels).clone(),
+            held: f.held.get_or_create(labels).clone(),
+            holders: f.holders.get_or_create(labels).clone(),
+            waiters: f.waiters.get_or_create(labels).clone(),
+        };
+        let (holders, waiters) = (gauges.holders.get(), gauges.waiters.get());
+        change(&gauges);
+        self.gauges.holds.inc_by(gauges.holders.get() - holders);
+        self.gauges.waiters.inc_by(gauges.waiters.get() - waiters);
+    }
+
+    /// The gauge counting objects of `kind`.
+    pub fn objects_gauge(&self, kind: Kind) -> &Gauge {
+        match kind {
+            Kind::Semaphore => &self.gauges.semaphores,
+            Kind::Election => &self.gauges.elections,
+        }
+    }
+
+    /// Drops every series of an object (it was deleted, or the gauges are rebuilt). The totals
+    /// lose what it held.
+    pub fn forget_object(&self, labels: &Labels) {
+        for f in [&self.semaphore, &self.election] {
+            if let Some(holders) = f.holders.get(labels) {
+                self.gauges.holds.dec_by(holders.get());
+            }
+            if let Some(waiters) = f.waiters.get(labels) {
+                self.gauges.waiters.dec_by(waiters.get());
+            }
+            f.forget(labels);
+        }
+    }
+
+    /// Sets the session count (after a snapshot was installed).
+    pub fn set_totals(&self, sessions: i64) {
+        self.gauges.sessions.set(sessions);
+    }
+
+    /// Counts a created session.
+    pub fn session_created(&self) {
+        self.sessions_created.inc();
+        self.gauges.sessions.inc();
+    }
+
+    /// Counts a session that expired or was closed.
+    pub fn session_ended(&self, expired: bool) {
+        if expired { &self.sessions_expired } else { &self.sessions_closed }.inc();
+        self.gauges.sessions.dec();
+    }
+
+    /// Counts a keepalive answered.
+    pub fn keepalive(&self) {
+        self.keepalives.inc();
+    }
+
+    /// Counts a grant that waited `waited` seconds in the queue (0 for an immediate one).
+    pub fn granted(&self, kind: Kind, labels: &Labels, waited: f64) {
+        let f = self.families(kind);
+        f.grants.get_or_create(labels).inc();
+        f.wait_seconds.get_or_create(labels).observe(waited);
+    }
+
+    /// Counts a try-acquire refused.
+    pub fn try_acquire_refused(&self, kind: Kind, labels: &Labels) {
+        self.families(kind).try_refusals.get_or_create(labels).inc();
+    }
+
+    /// Counts a long-poll acquire that timed out still queued.
+    pub fn acquire_timed_out(&self, kind: Kind, labels: &Labels) {
+        self.families(kind).timeouts.get_or_create(labels).inc();
+    }
+
+    /// Records a hold that lasted `held` seconds and ended as `how`.
+    pub fn hold_ended(&self, kind: Kind, labels: &Labels, how: EventKind, held: f64) {
+        let f = self.families(kind);
+        if how == EventKind::Expired {
+            f.expirations.get_or_create(labels).inc();
+        }
+        let mut with = labels.clone();
+        with.push(("ended".to_owned(), how.as_str().to_owned()));
+        f.hold_seconds.get_or_create(&with).observe(held);
+    }
+
+    /// Counts an election's change of leader.
+    pub fn leader_changed(&self, labels: &Labels) {
+        self.election.leader_changes.get_or_create(labels).inc();
+    }
+
+    /// Sets the clock-dependent gauges of one series.
+    pub fn set_clock_gauges(&self, kind: Kind, labels: &Labels, oldest_waiter: f64, tenure: Option<f64>) {
+        let f = self.families(kind);
+        f.oldest_waiter_seconds.get_or_create(labels).set(oldest_waiter);
+        if kind == Kind::Election {
+            f.tenure_seconds.get_or_create(labels).set(tenure.unwrap_or(0.0));
+        }
+    }
+
     /// Records the size of one proposed batch.
     pub fn observe_batch(&self, commands: usize) {
         self.batch_commands.observe(commands as f64);
@@ -197,11 +439,6 @@ impl Metrics {
     /// Records how long one batch took to commit and apply.
     pub fn observe_write(&self, seconds: f64) {
         self.write_seconds.observe(seconds);
-    }
-
-    /// Counts expired sessions.
-    pub fn sessions_expired(&self, count: u64) {
-        self.sessions_expired.inc_by(count);
     }
 
     /// Counts holds released by `max_hold_ms`.
@@ -229,6 +466,9 @@ impl Metrics {
         self.scrapes.fetch_add(1, Ordering::Relaxed);
         let mut text = String::new();
         encode(&mut text, &self.registry).expect("writing to a String cannot fail");
+        // The process figures are unprefixed, as every exporter names them.
+        let eof = text.rfind("# EOF").unwrap_or(text.len());
+        text.insert_str(eof, &process_metrics());
         text
     }
 }
@@ -239,7 +479,113 @@ impl Default for Metrics {
     }
 }
 
-/// The label set of one semaphore's series.
-pub fn semaphore_labels(name: &str) -> Labels {
-    vec![("semaphore".to_owned(), name.to_owned())]
+fn register_objects(registry: &mut Registry, s: &ObjectFamilies, e: &ObjectFamilies) {
+    registry.register("semaphore_capacity", "Capacity per semaphore", s.capacity.clone());
+    registry.register("semaphore_held", "Permits held per semaphore", s.held.clone());
+    registry.register("semaphore_holders", "Holders per semaphore", s.holders.clone());
+    registry.register("semaphore_waiters", "Waiters per semaphore", s.waiters.clone());
+    registry.register(
+        "semaphore_oldest_waiter_seconds",
+        "How long the longest waiter of each semaphore has waited (0 without waiters)",
+        s.oldest_waiter_seconds.clone(),
+    );
+    registry.register(
+        "semaphore_grants",
+        "Grants per semaphore (at once or from the queue)",
+        s.grants.clone(),
+    );
+    registry.register(
+        "semaphore_try_acquire_refusals",
+        "Try-acquires (wait_ms 0) refused per semaphore",
+        s.try_refusals.clone(),
+    );
+    registry.register(
+        "semaphore_acquire_timeouts",
+        "Waiting acquires whose long-poll ended still queued (202) on this node, per semaphore",
+        s.timeouts.clone(),
+    );
+    registry.register(
+        "semaphore_expirations",
+        "Holds ended by expiry (session TTL or max_hold_ms) per semaphore",
+        s.expirations.clone(),
+    );
+    registry.register(
+        "semaphore_wait_seconds",
+        "Time from queued to granted (leader time), per semaphore; immediate grants count as 0",
+        s.wait_seconds.clone(),
+    );
+    registry.register(
+        "semaphore_hold_seconds",
+        "Time from granted to the end of the hold (leader time), per semaphore and how it ended",
+        s.hold_seconds.clone(),
+    );
+    registry.register("election_has_leader", "1 while the election has a leader", e.holders.clone());
+    registry.register("election_candidates", "Candidates queued per election", e.waiters.clone());
+    registry.register(
+        "election_oldest_candidate_seconds",
+        "How long the longest queued candidate of each election has waited",
+        e.oldest_waiter_seconds.clone(),
+    );
+    registry.register(
+        "election_leader_changes",
+        "Leader changes per election (to a leader or to none)",
+        e.leader_changes.clone(),
+    );
+    registry.register(
+        "election_leader_tenure_seconds",
+        "How long the current leader of each election has led, as seen by this node (0 without one)",
+        e.tenure_seconds.clone(),
+    );
+    registry.register(
+        "election_hold_seconds",
+        "Leaderships by how long they lasted and how they ended",
+        e.hold_seconds.clone(),
+    );
+}
+
+/// `process_*` figures of this process from `/proc` (empty where there is none).
+fn process_metrics() -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return out };
+    // Fields after the command (which may hold spaces), numbered from 3 (state).
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // Clock ticks and page size are 100 and 4096 on Linux on every architecture we build for.
+    let cpu = (field(14) + field(15)) / 100.0;
+    let threads = field(20);
+    let virtual_bytes = field(23);
+    let resident_bytes = field(24) * 4096.0;
+    let boot = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
+        s.lines().find_map(|line| line.strip_prefix("btime ").and_then(|v| v.trim().parse::<f64>().ok()))
+    });
+    let start = boot.map(|boot| boot + field(22) / 100.0);
+    let fds = std::fs::read_dir("/proc/self/fd").map(|dir| dir.count()).unwrap_or(0);
+    let max_fds = std::fs::read_to_string("/proc/self/limits").ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("Max open files"))
+            .and_then(|l| l.split_whitespace().nth(3)?.parse::<f64>().ok())
+    });
+    let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
+        let family = name.strip_suffix("_total").unwrap_or(name);
+        let _ = write!(out, "# HELP {family} {help}\n# TYPE {family} {kind}\n{name} {value}\n");
+    };
+    metric("process_cpu_seconds_total", "counter", "User and system CPU time spent in seconds.", cpu);
+    metric("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", resident_bytes);
+    metric("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", virtual_bytes);
+    metric("process_threads", "gauge", "Number of OS threads in the process.", threads);
+    metric("process_open_fds", "gauge", "Number of open file descriptors.", fds as f64);
+    if let Some(max_fds) = max_fds {
+        metric("process_max_fds", "gauge", "Maximum number of open file descriptors.", max_fds);
+    }
+    if let Some(start) = start {
+        metric(
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since unix epoch in seconds.",
+            start,
+        );
+    }
+    out
 }

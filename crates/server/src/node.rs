@@ -13,6 +13,7 @@ use crate::expiry::ExpiryDriver;
 use crate::failstop::FailStop;
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
+use crate::observe::Observer;
 use crate::raft::consensus::Consensus;
 use crate::raft::network::Network;
 use crate::raft::proposer::ProposeError;
@@ -34,6 +35,8 @@ pub struct Node {
     pub(crate) notifier: Arc<Notifier>,
     /// Metrics.
     pub(crate) metrics: Arc<Metrics>,
+    /// The event ring and the per-object metrics, fed as entries apply.
+    pub(crate) observer: Arc<Observer>,
     /// The configuration it started with.
     pub(crate) config: Config,
     /// HTTP client for forwarding requests to the leader and probing members.
@@ -90,10 +93,12 @@ impl Node {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|e| anyhow::anyhow!("cannot create the data dir {}: {e}", config.data_dir.display()))?;
         let metrics = Arc::new(Metrics::new());
+        let observer = Arc::new(Observer::new(metrics.clone(), config.metrics_names_max));
         let fail_stop = FailStop::new();
         let notifier = Notifier::new();
         let (consensus, parts) =
-            Consensus::start(&config, addr, network, &metrics, notifier.clone(), &fail_stop).await?;
+            Consensus::start(&config, addr, network, &metrics, &observer, notifier.clone(), &fail_stop)
+                .await?;
         let driver = ExpiryDriver {
             replica: consensus.replica().clone(),
             clock: parts.clock.clone(),
@@ -127,6 +132,7 @@ impl Node {
             clock: parts.clock,
             notifier,
             metrics,
+            observer,
             config,
             http,
             long_polls: Arc::default(),

@@ -6,10 +6,10 @@ use openraft::testing::{StoreBuilder, Suite};
 use openraft::StorageError;
 use permit_server::notify::Notifier;
 use permit_server::raft::log_store::LogStore;
+use permit_server::raft::replica::Replica;
 use permit_server::raft::snapshot_store::SnapshotStore;
 use permit_server::raft::state_machine::StateMachine;
 use permit_server::raft::TypeConfig;
-use permit_server::raft::replica::Replica;
 use tokio::sync::Notify;
 
 struct RedbBuilder;
@@ -22,6 +22,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Red
         let machine = StateMachine::new(
             Arc::new(Replica::default()),
             Notifier::new(),
+            Arc::new(permit_server::observe::Observer::new(Arc::default(), 1000)),
             snapshots,
             Arc::new(Notify::new()),
         );

@@ -121,6 +121,9 @@ async fn every_route_answers_each_kind_of_caller_as_its_rule_says() {
             .unwrap_or_else(|| panic!("{method} {template} has no access rule in permit_server::auth::need"));
         for caller in &callers {
             let body = matches!(method.as_str(), "POST" | "PUT").then(|| json!({}));
+            // The event stream never ends: an unknown kind makes it answer (400) once past
+            // authorisation.
+            let path = if template == "/v1/events" { "/v1/events?kinds=none" } else { path.as_str() };
             let answer = caller.api.send(method, path, body).await;
             let expected = expectation(rule, caller.access);
             let ok = match expected {

@@ -38,7 +38,12 @@ fn served_locally(request: &Request) -> bool {
         || !path.starts_with("/v1/")
         || matches!(
             path,
-            "/v1/health" | "/v1/health/live" | "/v1/openapi.json" | "/v1/cluster/init" | "/v1/debug/digest"
+            "/v1/health"
+                | "/v1/health/live"
+                | "/v1/openapi.json"
+                | "/v1/cluster/init"
+                | "/v1/debug/digest"
+                | "/v1/events"
         )
 }
 
@@ -69,6 +74,19 @@ pub async fn forward(State(node): State<Arc<Node>>, mut request: Request, next: 
     response
 }
 
+/// Whether a forwarded request is a long-poll: a waiting acquire or campaign, or a blocking read.
+fn forwards_long_poll(path: &str, body: &[u8]) -> bool {
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    if query.split('&').any(|pair| pair.starts_with("index=")) {
+        return true;
+    }
+    (path.ends_with("/acquire") || path.ends_with("/campaign"))
+        && serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|body| body.get("wait_ms")?.as_u64())
+            .is_some_and(|wait_ms| wait_ms > 0)
+}
+
 /// Whether `permit-forwarded-by` names the node whose valid peer credential the request carries.
 fn forwarded_by_peer(node: &Node, headers: &HeaderMap) -> bool {
     let claimed = headers.get(FORWARDED_HEADER).and_then(|v| v.to_str().ok());
@@ -95,6 +113,9 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
             .into_response();
     };
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    if forwards_long_poll(path, &body) {
+        super::mark_long_poll();
+    }
     let mut outgoing = node
         .http
         .request(parts.method.clone(), format!("{}://{addr}{path}", node.peer_scheme()))

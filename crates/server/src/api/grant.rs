@@ -85,7 +85,10 @@ async fn acquire_correctly(
         };
         tokio::select! {
             () = &mut notified => {}
-            () = tokio::time::sleep_until(deadline) => return Ok(Grant::Waiting { position }),
+            () = tokio::time::sleep_until(deadline) => {
+                node.observer.acquire_timed_out(&key);
+                return Ok(Grant::Waiting { position });
+            }
             _ = shutdown.wait_for(|stopping| *stopping) => return Ok(Grant::Waiting { position }),
         }
     }

@@ -4,6 +4,7 @@ mod acl;
 mod cluster;
 mod elections;
 mod error;
+mod events;
 mod extract;
 mod forward;
 mod grant;
@@ -67,6 +68,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/ui", get(ui::page))
         .route("/ui/", get(ui::page))
         .route("/ui/{file}", get(ui::asset))
+        .route("/v1/events", get(events::events))
         // Only on matched routes and methods: 404 and 405 answers need no token.
         .route_layer(middleware::from_fn_with_state(node.clone(), crate::auth::authenticate))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX));
@@ -108,12 +110,34 @@ async fn observe(State(node): State<Arc<Node>>, request: Request, next: Next) ->
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
     let method = request.method().as_str().to_owned();
-    let response = next.run(request).await;
+    let long_poll = std::cell::Cell::new(false);
+    let (long_poll, response) = LONG_POLL
+        .scope(long_poll, async move {
+            let response = next.run(request).await;
+            (LONG_POLL.with(std::cell::Cell::get), response)
+        })
+        .await;
     if !route.starts_with("/raft/") {
         let seconds = started.elapsed().as_secs_f64();
-        node.metrics.observe_request(&route, &method, response.status().as_u16(), seconds);
+        let status = response.status().as_u16();
+        if long_poll {
+            node.metrics.observe_long_poll(&route, &method, status, seconds);
+        } else {
+            node.metrics.observe_request(&route, &method, status, seconds);
+        }
     }
     response
+}
+
+tokio::task_local! {
+    /// Set while serving a request that long-polls (it took a long-poll place, or was forwarded
+    /// as one): its duration goes to the long-poll histogram, not the request latency one.
+    pub(crate) static LONG_POLL: std::cell::Cell<bool>;
+}
+
+/// Marks the request being served as a long-poll (see [`LONG_POLL`]).
+pub(crate) fn mark_long_poll() {
+    let _ = LONG_POLL.try_with(|flag| flag.set(true));
 }
 
 /// Refuses every request but the health probes and metrics once the node failed (see

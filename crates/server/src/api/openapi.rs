@@ -8,7 +8,7 @@ use utoipa::openapi::schema::{Object, Schema};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{acl, cluster, elections, semaphores, sessions, system};
+use super::{acl, cluster, elections, events, semaphores, sessions, system};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -31,7 +31,7 @@ and a session can be used only with the token that created it.",
         elections::list, elections::campaign, elections::get, elections::resign, elections::revoke,
         acl::create, acl::list, acl::current, acl::delete,
         cluster::status, cluster::snapshot, cluster::init, cluster::add, cluster::remove,
-        system::health, system::live, system::metrics, system::digest,
+        system::health, system::live, system::metrics, system::digest, events::events,
     ),
     components(schemas(permit_wire::ErrorCode, permit_wire::ErrorBody)),
     modifiers(&BearerAuth, &CommonErrors, &NameParameters, &OperationIds, &Links),
@@ -43,6 +43,7 @@ and a session can be used only with the token that created it.",
         (name = "cluster", description = "Raft membership: status, init, add and remove nodes. Any node answers; \
 followers forward writes and linearizable reads to the leader."),
         (name = "system", description = "Health and metrics."),
+        (name = "events", description = "Server-Sent Events of applied state changes, served by every node from its own state."),
         (name = "acl", description = "Access tokens with per-prefix rules (`permit serve --auth`)."),
     )
 )]

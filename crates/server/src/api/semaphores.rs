@@ -284,7 +284,11 @@ pub async fn release_key(
     if let Some(caller) = caller {
         caller.check_owns(node, session)?;
     }
-    match node.propose(Command::Release { key, session }).await? {
+    let command = match caller {
+        Some(_) => Command::Release { key, session },
+        None => Command::Revoke { key, session },
+    };
+    match node.propose(command).await? {
         Outcome::Released { permits } => Ok(axum::Json(ReleaseResponse { released: permits })),
         Outcome::Refused(refusal) => Err(refusal.into()),
         other => Err(ApiError::internal(other)),

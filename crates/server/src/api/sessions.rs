@@ -96,6 +96,7 @@ pub async fn keepalive(
             Ok(ttl_ms)
         })
         .await??;
+    node.metrics.keepalive();
     Ok(axum::Json(KeepaliveResponse { ttl_ms }))
 }
 

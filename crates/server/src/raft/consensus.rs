@@ -71,6 +71,7 @@ impl Consensus {
         addr: SocketAddr,
         network: N,
         metrics: &Arc<Metrics>,
+        observer: &Arc<crate::observe::Observer>,
         notifier: Arc<Notifier>,
         fail_stop: &Arc<FailStop>,
     ) -> anyhow::Result<(Consensus, Parts)> {
@@ -92,9 +93,11 @@ impl Consensus {
         let replica_state = load_replica(&snapshots)
             .map_err(|e| anyhow::anyhow!("cannot load the snapshot in {}: {e:#}", snapshot_dir.display()))?;
         let clock = Arc::new(LeaderClock::new(replica_state.state.now_ms()));
+        observer.reset(&replica_state.state);
         let replica = Arc::new(Replica::new(replica_state));
         let expiry_wake = Arc::new(Notify::new());
-        let state_machine = StateMachine::new(replica.clone(), notifier, snapshots, expiry_wake.clone());
+        let state_machine =
+            StateMachine::new(replica.clone(), notifier, observer.clone(), snapshots, expiry_wake.clone());
         let raft =
             Raft::new(config.node_id, Arc::new(raft_config(config)?), network, log_store, state_machine)
                 .await?;

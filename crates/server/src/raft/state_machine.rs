@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use super::snapshot_store::{Meta, SnapshotStore};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::notify::Notifier;
+use crate::observe::Observer;
 use crate::raft::replica::Replica;
 
 /// The state machine handed to openraft. Cloning shares everything (clones build snapshots).
@@ -23,6 +24,8 @@ use crate::raft::replica::Replica;
 pub struct StateMachine {
     replica: Arc<Replica>,
     notifier: Arc<Notifier>,
+    /// The event ring and per-object metrics, fed with each entry's effects.
+    observer: Arc<Observer>,
     snapshots: SnapshotStore,
     /// Poked when the expiry driver may need to re-arm its timer.
     expiry_wake: Arc<Notify>,
@@ -37,10 +40,11 @@ impl StateMachine {
     pub fn new(
         replica: Arc<Replica>,
         notifier: Arc<Notifier>,
+        observer: Arc<Observer>,
         snapshots: SnapshotStore,
         expiry_wake: Arc<Notify>,
     ) -> StateMachine {
-        StateMachine { replica, notifier, snapshots, expiry_wake }
+        StateMachine { replica, notifier, observer, snapshots, expiry_wake }
     }
 
     /// Replaces the state with a snapshot's, re-tracking every session from now.
@@ -49,6 +53,7 @@ impl StateMachine {
             let mut replica = self.replica.write();
             let sessions = state.sessions().map(|(id, session)| (*id, session.ttl_ms));
             replica.lessor.reset(sessions, Instant::now());
+            self.observer.reset(&state);
             replica.state = state;
             replica.last_applied = meta.last_log_id;
             replica.membership = meta.last_membership.clone();
@@ -95,7 +100,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 match entry.payload {
                     EntryPayload::Normal(batch) => {
                         let term = entry.log_id.leader_id.term;
+                        let first = effects.len();
                         replies.push(replica.state.apply(index, term, &batch, &mut effects));
+                        self.observer.on_entry(index, replica.state.now_ms(), &effects[first..]);
                     }
                     EntryPayload::Blank => {
                         replica.state.skip(index);

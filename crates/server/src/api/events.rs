@@ -1,0 +1,198 @@
+//! `GET /v1/events`: the node's applied events as Server-Sent Events, from the ring in
+//! `observe.rs`. Every node serves it from its own applied state (it is never forwarded); a
+//! client resumes with `Last-Event-ID`. The stream takes one of the caller's long-poll places.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use permit_core::{EventKind, Kind};
+use permit_wire::ErrorCode;
+use serde::Deserialize;
+
+use super::extract::Query;
+use super::ApiError;
+use crate::auth::{Access, Caller, LongPoll, Resource};
+use crate::node::Node;
+use crate::observe::Recorded;
+
+/// How often an idle stream sends `: keepalive`.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
+
+/// Query parameters of the event stream.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventsParams {
+    /// Only object events whose name starts with this (session events pass only when it is
+    /// empty).
+    pub prefix: Option<String>,
+    /// Comma-separated kinds to send (default: all): `session_created`, `session_expired`,
+    /// `session_closed`, `queued`, `granted`, `released`, `wait_ended`, `expired`, `revoked`,
+    /// `capacity_changed`, `leader_changed`.
+    pub kinds: Option<String>,
+}
+
+/// Which events one stream sends.
+struct Filter {
+    prefix: String,
+    kinds: [bool; EventKind::ALL.len()],
+    caller: Caller,
+}
+
+impl Filter {
+    fn parse(params: EventsParams, caller: Caller) -> Result<Filter, ApiError> {
+        let mut kinds = [params.kinds.is_none(); EventKind::ALL.len()];
+        for name in params.kinds.iter().flat_map(|kinds| kinds.split(',')).filter(|k| !k.is_empty()) {
+            let Some(kind) = EventKind::parse(name.trim()) else {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("unknown event kind {name:?}; kinds are {}", kind_names()),
+                ));
+            };
+            kinds[kind_slot(kind)] = true;
+        }
+        Ok(Filter { prefix: params.prefix.unwrap_or_default(), kinds, caller })
+    }
+
+    fn passes(&self, event: &Recorded) -> bool {
+        if !self.kinds[kind_slot(event.kind)] {
+            return false;
+        }
+        match (&event.key, &event.session_name) {
+            (Some(key), _) => {
+                let resource = match key.kind {
+                    Kind::Semaphore => Resource::Semaphore,
+                    Kind::Election => Resource::Election,
+                };
+                key.name.as_str().starts_with(&self.prefix)
+                    && self.caller.can(resource, key.name.as_str(), Access::Read)
+            }
+            (None, name) => {
+                self.prefix.is_empty()
+                    && self.caller.can(Resource::Session, name.as_deref().unwrap_or(""), Access::Read)
+            }
+        }
+    }
+}
+
+fn kind_slot(kind: EventKind) -> usize {
+    EventKind::ALL.iter().position(|k| *k == kind).expect("every kind is in ALL")
+}
+
+fn kind_names() -> String {
+    EventKind::ALL.map(EventKind::as_str).join(", ")
+}
+
+/// The state of one stream between frames.
+struct Stream {
+    node: Arc<Node>,
+    filter: Filter,
+    /// Seq of the last event taken from the ring.
+    last: u64,
+    /// Taken, not yet sent.
+    pending: VecDeque<Arc<Recorded>>,
+    /// A `missed` frame to send first.
+    missed: Option<(u64, u64)>,
+    /// The caller's long-poll place, held while the stream is open.
+    _poll: LongPoll,
+}
+
+impl Stream {
+    /// The next chunk to send; `None` ends the stream (the node shuts down).
+    async fn next(&mut self) -> Option<Bytes> {
+        if let Some((requested, first)) = self.missed.take() {
+            let data = serde_json::json!({ "requested": requested, "first_available": first });
+            return Some(Bytes::from(format!("event: missed\ndata: {data}\n\n")));
+        }
+        let mut shutdown = self.node.shutdown.clone();
+        loop {
+            while let Some(event) = self.pending.pop_front() {
+                if self.filter.passes(&event) {
+                    let kind = event.kind.as_str();
+                    return Some(Bytes::from(format!(
+                        "id: {}\nevent: {kind}\ndata: {}\n\n",
+                        event.seq, event.json
+                    )));
+                }
+            }
+            let ring = &self.node.observer.ring;
+            let added = ring.added.notified();
+            tokio::pin!(added);
+            added.as_mut().enable();
+            let since = ring.since(self.last, true);
+            if let Some(last) = since.events.last() {
+                self.last = last.seq;
+            }
+            self.pending.extend(since.events);
+            if let Some((requested, first)) = since.missed {
+                // A reader too slow for the ring: it is told, as a resuming client would be.
+                let data = serde_json::json!({ "requested": requested, "first_available": first });
+                return Some(Bytes::from(format!("event: missed\ndata: {data}\n\n")));
+            }
+            if !self.pending.is_empty() {
+                continue;
+            }
+            if *shutdown.borrow() {
+                return None;
+            }
+            tokio::select! {
+                () = &mut added => {}
+                () = tokio::time::sleep(KEEPALIVE_INTERVAL) => return Some(Bytes::from_static(b": keepalive\n\n")),
+                _ = shutdown.wait_for(|stopping| *stopping) => return None,
+            }
+        }
+    }
+}
+
+/// Server-Sent Events of this node's applied state changes (see `docs/observability.md`).
+/// Served by every node from its own applied state, never forwarded. Resume with
+/// `Last-Event-ID: N`: every event after N still in the ring (the last 10 000), or first an
+/// `event: missed` frame `{"requested":N+1,"first_available":M}`. Without it, new events only.
+/// Each frame is `id: SEQ`, `event: KIND`, `data: {"seq","index","now_ms","kind",...}`;
+/// `: keepalive` comments every 15 s. Takes one of the token's long-poll places.
+#[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsParams,
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event")),
+    responses((status = 200, content_type = "text/event-stream", body = String,
+            description = "An endless stream of `id:`/`event:`/`data:` frames"),
+        (status = 400, body = permit_wire::ErrorBody, description = "`invalid_argument`: an unknown kind")))]
+pub async fn events(
+    State(node): State<Arc<Node>>,
+    caller: Caller,
+    headers: HeaderMap,
+    Query(params): Query<EventsParams>,
+) -> Result<Response, ApiError> {
+    let filter = Filter::parse(params, caller.clone())?;
+    let resume = match headers.get("last-event-id") {
+        None => None,
+        Some(value) => {
+            Some(value.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).ok_or_else(|| {
+                ApiError::new(ErrorCode::InvalidArgument, "Last-Event-ID must be an event's seq (a number)")
+            })?)
+        }
+    };
+    let poll = caller.long_poll(&node).await?;
+    let ring = &node.observer.ring;
+    let (last, missed) = match resume {
+        None => (ring.last_seq(), None),
+        Some(last) => match ring.since(last, true).missed {
+            // Stream the ring from its first event, after the `missed` frame.
+            Some((requested, first)) => (first.saturating_sub(1), Some((requested, first))),
+            None => (last, None),
+        },
+    };
+    let stream = Stream { node, filter, last, pending: VecDeque::new(), missed, _poll: poll };
+    let body = futures::stream::unfold(stream, |mut stream| async move {
+        let chunk = stream.next().await?;
+        Some((Ok::<_, std::convert::Infallible>(chunk), stream))
+    });
+    let mut response = Body::from_stream(body).into_response();
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}

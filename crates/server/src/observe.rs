@@ -1,0 +1,423 @@
+//! What the state machine's applies look like from outside: the event ring behind
+//! `GET /v1/events`, and the per-object metrics kept up to date as entries apply.
+//!
+//! The core reports [`permit_core::Event`]s as effects of `apply`; the state machine adapter
+//! (`raft/state_machine.rs`) hands each entry's effects here with the entry's log index and
+//! leader time. Everything is updated incrementally, so a scrape costs O(series) and never walks
+//! the state under the replica lock; a snapshot install rebuilds the gauges once.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use permit_core::{Effect, Event, EventKind, Key, Kind, SessionId, State};
+use tokio::sync::Notify;
+
+use crate::metrics::{Labels, Metrics};
+
+/// Events kept for resuming streams (`Last-Event-ID`).
+pub const EVENT_RING_LEN: usize = 10_000;
+
+/// The label value under which objects past `--metrics-names-max` are summed.
+pub const OVERFLOW_LABEL: &str = "_other";
+
+/// One event as streamed: its number, what the filters look at, and its JSON.
+#[derive(Debug)]
+pub struct Recorded {
+    /// Its number on this node (the SSE `id`).
+    pub seq: u64,
+    /// Its kind.
+    pub kind: EventKind,
+    /// The object, for object events.
+    pub key: Option<Key>,
+    /// The session's name, for session events (auth checks `session` read on it).
+    pub session_name: Option<String>,
+    /// The `data:` line.
+    pub json: String,
+}
+
+/// The last [`EVENT_RING_LEN`] events, and a wake-up for streams waiting for more.
+#[derive(Default)]
+pub struct EventRing {
+    inner: Mutex<Ring>,
+    /// Notified (all waiters) after events were added.
+    pub added: Notify,
+}
+
+#[derive(Default)]
+struct Ring {
+    events: VecDeque<Arc<Recorded>>,
+    /// The seq the next event gets (seqs start at 1).
+    next_seq: u64,
+}
+
+/// What a stream resuming after `last` gets.
+pub struct Since {
+    /// `Some((requested, first_available))` when events after `last` fell out of the ring.
+    pub missed: Option<(u64, u64)>,
+    /// The events to send, oldest first.
+    pub events: Vec<Arc<Recorded>>,
+}
+
+impl EventRing {
+    fn lock(&self) -> MutexGuard<'_, Ring> {
+        self.inner.lock().expect("event ring lock poisoned")
+    }
+
+    /// The seq of the newest event (0 before the first).
+    pub fn last_seq(&self) -> u64 {
+        self.lock().next_seq.saturating_sub(1)
+    }
+
+    /// Events with a seq above `last`. With `check`, reports a gap when `last + 1` is no longer
+    /// (or not yet, after a restart) in the ring.
+    pub fn since(&self, last: u64, check: bool) -> Since {
+        let ring = self.lock();
+        let next = ring.next_seq.max(1);
+        let first = ring.events.front().map_or(next, |event| event.seq);
+        let requested = last.saturating_add(1);
+        if check && (requested < first || requested > next) {
+            return Since { missed: Some((requested, first)), events: ring.events.iter().cloned().collect() };
+        }
+        let skip = requested.saturating_sub(first) as usize;
+        Since { missed: None, events: ring.events.iter().skip(skip).cloned().collect() }
+    }
+
+    fn push(&self, make: impl FnOnce(u64) -> Recorded) {
+        let mut ring = self.lock();
+        if ring.next_seq == 0 {
+            ring.next_seq = 1;
+        }
+        let seq = ring.next_seq;
+        ring.next_seq += 1;
+        if ring.events.len() == EVENT_RING_LEN {
+            ring.events.pop_front();
+        }
+        ring.events.push_back(Arc::new(make(seq)));
+    }
+}
+
+/// The label set of an object's series: `semaphore="name"` or `election="name"`.
+fn object_labels(kind: Kind, name: &str) -> Labels {
+    let label = match kind {
+        Kind::Semaphore => "semaphore",
+        Kind::Election => "election",
+    };
+    vec![(label.to_owned(), name.to_owned())]
+}
+
+/// What this node tracks of one object for its metrics.
+struct Tracked {
+    /// Its series' labels (its own, or the overflow label).
+    labels: Labels,
+    /// Whether it has a series of its own.
+    own: bool,
+    capacity: u64,
+    /// Waiters by session: when they were queued (local clock, leader time).
+    queued: HashMap<SessionId, (u64, Instant, u64)>,
+    /// Waiters in queue order, by a local number.
+    queue_order: BTreeMap<u64, Instant>,
+    /// Since when (local clock) the current election leader leads.
+    leader_since: Option<Instant>,
+}
+
+/// Per-object bookkeeping for the metrics.
+#[derive(Default)]
+struct Tracker {
+    objects: HashMap<Key, Tracked>,
+    /// Objects with a series of their own.
+    own: usize,
+    next_wait: u64,
+    /// Waiters of overflow objects, in queue order (for the overflow's oldest waiter).
+    overflow_queue: BTreeMap<u64, Instant>,
+}
+
+/// The event ring and the incrementally kept metrics of one node.
+pub struct Observer {
+    /// Events for `GET /v1/events`.
+    pub ring: EventRing,
+    metrics: Arc<Metrics>,
+    names_max: usize,
+    tracker: Mutex<Tracker>,
+}
+
+impl Observer {
+    /// An observer feeding `metrics`, with at most `names_max` objects per kind... in total
+    /// having series of their own.
+    pub fn new(metrics: Arc<Metrics>, names_max: usize) -> Observer {
+        Observer { ring: EventRing::default(), metrics, names_max, tracker: Mutex::default() }
+    }
+
+    fn tracker(&self) -> MutexGuard<'_, Tracker> {
+        self.tracker.lock().expect("metrics tracker lock poisoned")
+    }
+
+    /// Rebuilds the per-object gauges from `state` (a snapshot was installed or loaded): the one
+    /// walk of the state, done at install time, never at scrape time.
+    pub fn reset(&self, state: &State) {
+        let mut tracker = self.tracker();
+        let m = &self.metrics;
+        for tracked in tracker.objects.values() {
+            m.forget_object(&tracked.labels);
+        }
+        *tracker = Tracker::default();
+        m.forget_object(&object_labels(Kind::Semaphore, OVERFLOW_LABEL));
+        m.forget_object(&object_labels(Kind::Election, OVERFLOW_LABEL));
+        let now = Instant::now();
+        for kind in [Kind::Semaphore, Kind::Election] {
+            for (key, object) in state.objects_after(kind, None) {
+                self.track(&mut tracker, key, object.capacity);
+                let tracked = tracker.objects.get_mut(key).expect("tracked above");
+                let labels = tracked.labels.clone();
+                m.object_gauges(key.kind, &labels, |g| {
+                    g.held.inc_by(object.held as i64);
+                    g.holders.inc_by(object.holders.len() as i64);
+                    g.waiters.inc_by(object.queue.len() as i64);
+                });
+                if key.kind == Kind::Election && !object.holders.is_empty() {
+                    tracked.leader_since = Some(now);
+                }
+                let own = tracked.own;
+                let waiters: Vec<SessionId> = object.queue.iter().map(|waiter| waiter.session).collect();
+                for session in waiters {
+                    tracker.next_wait += 1;
+                    let seq = tracker.next_wait;
+                    let tracked = tracker.objects.get_mut(key).expect("tracked above");
+                    tracked.queued.insert(session, (seq, now, state.now_ms()));
+                    tracked.queue_order.insert(seq, now);
+                    if !own {
+                        tracker.overflow_queue.insert(seq, now);
+                    }
+                }
+            }
+        }
+        m.set_totals(state.session_count() as i64);
+    }
+
+    /// Starts tracking `key` (created with `capacity`) if it is not tracked yet.
+    fn track(&self, tracker: &mut Tracker, key: &Key, capacity: u64) {
+        if tracker.objects.contains_key(key) {
+            return;
+        }
+        let own = tracker.own < self.names_max;
+        let labels = if own {
+            object_labels(key.kind, key.name.as_str())
+        } else {
+            object_labels(key.kind, OVERFLOW_LABEL)
+        };
+        if own {
+            tracker.own += 1;
+        }
+        self.metrics.object_gauges(key.kind, &labels, |g| g.capacity.inc_by(capacity as i64));
+        self.metrics.objects_gauge(key.kind).inc();
+        let tracked = Tracked {
+            labels,
+            own,
+            capacity,
+            queued: HashMap::new(),
+            queue_order: BTreeMap::new(),
+            leader_since: None,
+        };
+        tracker.objects.insert(key.clone(), tracked);
+    }
+
+    /// Takes in the effects of the log entry at `index`, applied at leader time `now_ms`.
+    pub fn on_entry(&self, index: u64, now_ms: u64, effects: &[Effect]) {
+        let mut recorded = false;
+        let mut tracker = self.tracker();
+        for effect in effects {
+            match effect {
+                Effect::Event(event) => {
+                    self.count(&mut tracker, now_ms, event);
+                    self.ring.push(|seq| record(seq, index, now_ms, event));
+                    recorded = true;
+                }
+                Effect::TryAcquireRefused { key } => {
+                    if let Some(tracked) = tracker.objects.get(key) {
+                        self.metrics.try_acquire_refused(key.kind, &tracked.labels);
+                    }
+                }
+                Effect::ObjectRemoved { key } => self.untrack(&mut tracker, key),
+                _ => {}
+            }
+        }
+        drop(tracker);
+        if recorded {
+            self.ring.added.notify_waiters();
+        }
+    }
+
+    fn untrack(&self, tracker: &mut Tracker, key: &Key) {
+        let Some(tracked) = tracker.objects.remove(key) else { return };
+        self.metrics.objects_gauge(key.kind).dec();
+        for (seq, _, _) in tracked.queued.values() {
+            tracker.overflow_queue.remove(seq);
+        }
+        if tracked.own {
+            tracker.own -= 1;
+            self.metrics.forget_object(&tracked.labels);
+        } else {
+            // An idle object holds and waits for nothing: only its capacity is in the sum.
+            self.metrics
+                .object_gauges(key.kind, &tracked.labels, |g| g.capacity.dec_by(tracked.capacity as i64));
+        }
+    }
+
+    /// Moves the metrics for one event.
+    fn count(&self, tracker: &mut Tracker, now_ms: u64, event: &Event) {
+        let m = &self.metrics;
+        match event.kind {
+            EventKind::SessionCreated => m.session_created(),
+            EventKind::SessionExpired => m.session_ended(true),
+            EventKind::SessionClosed => m.session_ended(false),
+            _ => {}
+        }
+        let Some(key) = &event.key else { return };
+        if event.kind == EventKind::CapacityChanged {
+            let capacity = event.capacity.unwrap_or(0);
+            if let Some(tracked) = tracker.objects.get_mut(key) {
+                let delta = capacity as i64 - tracked.capacity as i64;
+                tracked.capacity = capacity;
+                m.object_gauges(key.kind, &tracked.labels, |g| g.capacity.inc_by(delta));
+            } else {
+                self.track(tracker, key, capacity);
+            }
+            return;
+        }
+        if !tracker.objects.contains_key(key) {
+            // An election or semaphore created by this event's acquire.
+            self.track(tracker, key, if key.kind == Kind::Election { 1 } else { 0 });
+        }
+        let Tracker { objects, overflow_queue, next_wait, .. } = tracker;
+        let tracked = objects.get_mut(key).expect("tracked above");
+        let labels = &tracked.labels;
+        let permits = event.permits.unwrap_or(0) as i64;
+        let session = event.session;
+        let end_wait = |tracked: &mut Tracked, overflow_queue: &mut BTreeMap<u64, Instant>| {
+            let waited = session.and_then(|session| tracked.queued.remove(&session));
+            if let Some((seq, _, _)) = waited {
+                tracked.queue_order.remove(&seq);
+                overflow_queue.remove(&seq);
+                m.object_gauges(key.kind, &tracked.labels, |g| g.waiters.dec());
+            }
+            waited.map(|(_, _, queued_ms)| queued_ms)
+        };
+        match event.kind {
+            EventKind::Queued => {
+                *next_wait += 1;
+                let now = Instant::now();
+                if let Some(session) = session {
+                    tracked.queued.insert(session, (*next_wait, now, now_ms));
+                    tracked.queue_order.insert(*next_wait, now);
+                    if !tracked.own {
+                        overflow_queue.insert(*next_wait, now);
+                    }
+                }
+                m.object_gauges(key.kind, labels, |g| g.waiters.inc());
+            }
+            EventKind::Granted => {
+                let queued_ms = end_wait(tracked, overflow_queue);
+                let labels = &tracked.labels;
+                m.object_gauges(key.kind, labels, |g| {
+                    g.held.inc_by(permits);
+                    g.holders.inc();
+                });
+                let waited_ms = queued_ms.map_or(0, |queued| now_ms.saturating_sub(queued));
+                m.granted(key.kind, labels, waited_ms as f64 / 1000.0);
+            }
+            EventKind::WaitEnded => {
+                end_wait(tracked, overflow_queue);
+            }
+            EventKind::Released | EventKind::Expired | EventKind::Revoked => {
+                m.object_gauges(key.kind, labels, |g| {
+                    g.held.dec_by(permits);
+                    g.holders.dec();
+                });
+                let held = event.held_ms.unwrap_or(0) as f64 / 1000.0;
+                m.hold_ended(key.kind, labels, event.kind, held);
+            }
+            EventKind::LeaderChanged => {
+                tracked.leader_since = session.map(|_| Instant::now());
+                m.leader_changed(labels);
+            }
+            _ => {}
+        }
+    }
+
+    /// Refreshes the gauges that depend on the clock (oldest waiter, leader tenure): O(series).
+    pub fn refresh(&self) {
+        let tracker = self.tracker();
+        let now = Instant::now();
+        let mut overflow_has = [false, false];
+        for (key, tracked) in &tracker.objects {
+            if !tracked.own {
+                overflow_has[usize::from(key.kind == Kind::Election)] = true;
+                continue;
+            }
+            let oldest =
+                tracked.queue_order.values().next().map_or(0.0, |since| (now - *since).as_secs_f64());
+            let tenure = tracked.leader_since.map(|since| (now - since).as_secs_f64());
+            self.metrics.set_clock_gauges(key.kind, &tracked.labels, oldest, tenure);
+        }
+        let oldest = tracker.overflow_queue.values().next().map_or(0.0, |since| (now - *since).as_secs_f64());
+        for (i, kind) in [Kind::Semaphore, Kind::Election].into_iter().enumerate() {
+            if overflow_has[i] {
+                self.metrics.set_clock_gauges(kind, &object_labels(kind, OVERFLOW_LABEL), oldest, None);
+            }
+        }
+    }
+
+    /// Counts a waiting acquire or campaign on `key` whose long-poll ended still queued.
+    pub fn acquire_timed_out(&self, key: &Key) {
+        if let Some(tracked) = self.tracker().objects.get(key) {
+            self.metrics.acquire_timed_out(key.kind, &tracked.labels);
+        }
+    }
+
+    /// Objects tracked with a series of their own, and in all.
+    pub fn tracked(&self) -> (usize, usize) {
+        let tracker = self.tracker();
+        (tracker.own, tracker.objects.len())
+    }
+}
+
+/// The JSON of one event, as the stream sends it.
+fn record(seq: u64, index: u64, now_ms: u64, event: &Event) -> Recorded {
+    let mut data = serde_json::Map::new();
+    data.insert("seq".into(), seq.into());
+    data.insert("index".into(), index.into());
+    data.insert("now_ms".into(), now_ms.into());
+    data.insert("kind".into(), event.kind.as_str().into());
+    if let Some(key) = &event.key {
+        let kind = match key.kind {
+            Kind::Semaphore => "semaphore",
+            Kind::Election => "election",
+        };
+        data.insert("object_kind".into(), kind.into());
+        data.insert("name".into(), key.name.as_str().into());
+    }
+    if let Some(session) = event.session {
+        data.insert("session".into(), session.to_string().into());
+    }
+    if let Some(name) = &event.session_name {
+        data.insert("session_name".into(), name.as_str().into());
+    }
+    for (field, value) in [("permits", event.permits), ("token", event.token), ("capacity", event.capacity)] {
+        if let Some(value) = value {
+            data.insert(field.into(), value.into());
+        }
+    }
+    if let Some(value) = &event.value {
+        data.insert("value".into(), value.as_str().into());
+    }
+    if let Some(reason) = event.reason {
+        data.insert("reason".into(), reason.as_str().into());
+    }
+    Recorded {
+        seq,
+        kind: event.kind,
+        key: event.key.clone(),
+        session_name: event.kind.is_session().then(|| event.session_name.clone().unwrap_or_default()),
+        json: serde_json::Value::Object(data).to_string(),
+    }
+}
