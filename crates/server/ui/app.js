@@ -437,8 +437,9 @@
       h('span', { class: 'muted' }, `${last10.toFixed(1)}/s`));
   }
 
-  function oldestWait(name, waiters) {
+  function oldestWait(name, waiters, oldestMs, age) {
     if (!waiters) return '—';
+    if (oldestMs !== null && oldestMs !== undefined) return duration(oldestMs + age);
     const waits = S.queuedAt.get(name);
     if (!waits || waits.size === 0) return '?';
     const since = Math.min(...waits.values());
@@ -447,7 +448,7 @@
     return `${sure ? '' : '≥ '}${duration(Date.now() - since)}`;
   }
 
-  function paintSemaphores(body) {
+  function paintSemaphores(body, age) {
     const out = [h('h1', {}, 'Semaphores')];
     if (body.semaphores.length === 0) {
       out.push(h('p', { class: 'muted', id: 'empty' }, 'No semaphores (or none this token may read).'));
@@ -459,7 +460,7 @@
         td('Held / capacity', h('div', {}, capacityBar(s.held, s.capacity), h('span', { class: 'mono' }, `${s.held} / ${s.capacity}`))),
         td('Holders', s.holders, 'num'),
         td('Waiters', s.waiters, 'num'),
-        td('Oldest wait', oldestWait(s.name, s.waiters), 'num'),
+        td('Oldest wait', oldestWait(s.name, s.waiters, s.oldest_wait_ms, age), 'num'),
         td('Grants/s', sparkline(s.name))));
     out.push(h('table', { class: 'responsive', id: 'semaphores' },
       h('thead', {}, h('tr', {}, ['Name', 'Held / capacity', 'Holders', 'Waiters', 'Oldest wait', 'Grants/s (1 min)'].map((c) => h('th', {}, c)))),
@@ -520,7 +521,8 @@
     const seen = S.queuedSeen.get(body.name) || new Set();
     const waiterRows = body.waiters.map((waiter) => {
       const since = waits.get(waiter.session);
-      const waited = since === undefined ? '—' : `${seen.has(waiter.session) ? '' : '≥ '}${duration(Date.now() - since)}`;
+      let waited = since === undefined ? '—' : `${seen.has(waiter.session) ? '' : '≥ '}${duration(Date.now() - since)}`;
+      if (waiter.waiting_ms !== null && waiter.waiting_ms !== undefined) waited = duration(waiter.waiting_ms + age);
       return h('tr', { 'data-session': waiter.session },
         td('Position', waiter.position, 'num'),
         td('Session', waiter.session_name || '(unnamed)'),

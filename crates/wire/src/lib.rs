@@ -199,6 +199,10 @@ pub struct WaiterView {
     pub permits: u64,
     /// 1-based position in the queue.
     pub position: u64,
+    /// Milliseconds it has waited, by the answering node's clock (counted from when that node
+    /// applied the acquire, or loaded the snapshot that held it: a lower bound after a restart).
+    #[serde(default)]
+    pub waiting_ms: Option<u64>,
 }
 
 /// `GET /v1/semaphores/{name}` (and the answer to `PUT`).
@@ -240,6 +244,9 @@ pub struct SemaphoreSummary {
     pub holders: u64,
     /// Number of waiters.
     pub waiters: u64,
+    /// Milliseconds the oldest waiter has waited (as `waiting_ms` counts), `null` when none waits.
+    #[serde(default)]
+    pub oldest_wait_ms: Option<u64>,
     /// Deleted when its last holder and waiter leave.
     #[serde(default)]
     pub ephemeral: bool,

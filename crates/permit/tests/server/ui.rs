@@ -109,3 +109,29 @@ async fn elections_are_listed_with_their_leaders_tenure_and_holds_with_their_age
     assert!(grew, "held_ms did not grow");
     waiting.abort();
 }
+
+#[tokio::test]
+async fn waiters_carry_how_long_they_have_waited_and_the_list_the_oldest_wait() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    let holder = api.session(30_000).await;
+    let waiter = api.session(30_000).await;
+    assert_eq!(api.acquire("one", json!({ "session": holder, "capacity": 1 })).await.status, 200);
+    let list = api.get("/v1/semaphores").await;
+    assert_eq!(list.body["semaphores"][0]["oldest_wait_ms"], serde_json::Value::Null, "nobody waits");
+    let client = api.clone();
+    let body = json!({ "session": waiter, "wait_ms": 30_000 });
+    let waiting = tokio::spawn(async move { client.acquire("one", body).await });
+    let waited = eventually(Duration::from_secs(5), async || {
+        let view = api.get("/v1/semaphores/one").await.body;
+        let list = api.get("/v1/semaphores").await.body;
+        view["waiters"][0]["waiting_ms"].as_u64().is_some_and(|ms| ms >= 300)
+            && list["semaphores"][0]["oldest_wait_ms"].as_u64().is_some_and(|ms| ms >= 300)
+    })
+    .await;
+    assert!(waited, "{:?}", api.get("/v1/semaphores/one").await);
+    assert_eq!(api.release("one", &holder).await.status, 200);
+    assert_eq!(waiting.await.unwrap().status, 200);
+    let list = api.get("/v1/semaphores").await;
+    assert_eq!(list.body["semaphores"][0]["oldest_wait_ms"], serde_json::Value::Null, "{list:?}");
+}
