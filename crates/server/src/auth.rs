@@ -64,6 +64,8 @@ pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> 
     use Resource::{Acl, Cluster, Election, Semaphore};
     let need = match (method.as_str(), route) {
         ("GET", "/v1/health" | "/v1/health/live" | "/v1/openapi.json") => Open,
+        // The dashboard's page and assets hold no data; every call it makes needs its token.
+        ("GET", "/ui" | "/ui/" | "/ui/{file}") => Open,
         (_, route) if route.starts_with("/raft/") => Open,
         ("GET", "/metrics") if metrics_public => Open,
         ("GET", "/metrics") => Global(Cluster, Read),
@@ -79,6 +81,7 @@ pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> 
         }
         ("POST", "/v1/semaphores/{name}/validate") => Named(Semaphore, Read),
         ("POST", "/v1/semaphores/{name}/revoke") => Named(Semaphore, Admin),
+        ("GET", "/v1/elections") => Authenticated,
         ("GET", "/v1/elections/{name}") => Named(Election, Read),
         ("POST", "/v1/elections/{name}/campaign" | "/v1/elections/{name}/resign") => Named(Election, Write),
         ("POST", "/v1/elections/{name}/revoke") => Named(Election, Admin),

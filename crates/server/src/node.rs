@@ -29,6 +29,8 @@ pub struct Node {
     pub addr: SocketAddr,
     /// The replicated log and state.
     pub(crate) consensus: Consensus,
+    /// Leader time as this node reads it (ages of holds in the API's views).
+    pub(crate) clock: Arc<crate::raft::clock::LeaderClock>,
     /// Long-poll wake-ups.
     pub(crate) notifier: Arc<Notifier>,
     /// Metrics.
@@ -99,7 +101,7 @@ impl Node {
                 .await?;
         let driver = ExpiryDriver {
             replica: consensus.replica().clone(),
-            clock: parts.clock,
+            clock: parts.clock.clone(),
             proposer: consensus.proposer().clone(),
             wake: parts.expiry_wake,
             leading: consensus.leading().clone(),
@@ -127,6 +129,7 @@ impl Node {
             id: config.node_id,
             addr,
             consensus,
+            clock: parts.clock,
             notifier,
             metrics,
             observer,

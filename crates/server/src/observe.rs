@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use permit_core::{Effect, Event, EventKind, Key, Kind, SessionId, State};
 use tokio::sync::Notify;
@@ -373,6 +373,19 @@ impl Observer {
         if let Some(tracked) = self.tracker().objects.get(key) {
             self.metrics.acquire_timed_out(key.kind, &tracked.labels);
         }
+    }
+
+    /// How long `session` has waited on `key`, by this node's clock (since it applied the
+    /// entry that queued it, or since it loaded a snapshot that held the waiter).
+    pub fn waited(&self, key: &Key, session: SessionId) -> Option<Duration> {
+        let tracker = self.tracker();
+        tracker.objects.get(key)?.queued.get(&session).map(|(_, since, _)| since.elapsed())
+    }
+
+    /// How long the oldest waiter of `key` has waited, as [`Observer::waited`] counts.
+    pub fn oldest_wait(&self, key: &Key) -> Option<Duration> {
+        let tracker = self.tracker();
+        tracker.objects.get(key)?.queue_order.values().next().map(Instant::elapsed)
     }
 
     /// Objects tracked with a series of their own, and in all.

@@ -54,5 +54,8 @@ fn the_spec_declares_the_enforced_limits() {
             }
         }
     }
-    assert_eq!(names, 12, "eleven `{{name}}` path parameters and the semaphore list's `after`");
+    assert_eq!(
+        names, 13,
+        "eleven `{{name}}` path parameters and the `after` of the semaphore and election lists"
+    );
 }

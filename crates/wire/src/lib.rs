@@ -182,6 +182,9 @@ pub struct HolderView {
     pub granted_index: u64,
     /// Milliseconds left before `max_hold_ms` releases the hold, if the hold has one.
     pub expires_in_ms: Option<u64>,
+    /// Milliseconds since the grant, in leader time (as the answering node reads it).
+    #[serde(default)]
+    pub held_ms: u64,
 }
 
 /// A waiter in `GET /v1/semaphores/{name}`.
@@ -196,6 +199,10 @@ pub struct WaiterView {
     pub permits: u64,
     /// 1-based position in the queue.
     pub position: u64,
+    /// Milliseconds it has waited, by the answering node's clock (counted from when that node
+    /// applied the acquire, or loaded the snapshot that held it: a lower bound after a restart).
+    #[serde(default)]
+    pub waiting_ms: Option<u64>,
 }
 
 /// `GET /v1/semaphores/{name}` (and the answer to `PUT`).
@@ -237,6 +244,9 @@ pub struct SemaphoreSummary {
     pub holders: u64,
     /// Number of waiters.
     pub waiters: u64,
+    /// Milliseconds the oldest waiter has waited (as `waiting_ms` counts), `null` when none waits.
+    #[serde(default)]
+    pub oldest_wait_ms: Option<u64>,
     /// Deleted when its last holder and waiter leave.
     #[serde(default)]
     pub ephemeral: bool,
@@ -379,6 +389,12 @@ pub struct LeaderView {
     pub value: String,
     /// Fencing token of its leadership.
     pub token: u64,
+    /// The leading session's name, if any.
+    #[serde(default)]
+    pub session_name: Option<String>,
+    /// Milliseconds since it became leader (its tenure), in leader time.
+    #[serde(default)]
+    pub held_ms: u64,
 }
 
 /// `GET /v1/elections/{name}`.
@@ -393,6 +409,16 @@ pub struct ElectionView {
     pub candidates: u64,
     /// Raft log index of the last change (also in the `Permit-Index` header); 0 if none exists.
     pub index: u64,
+}
+
+/// `GET /v1/elections`: one page of elections in name order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ElectionList {
+    /// Elections the caller may read, in name order.
+    pub elections: Vec<ElectionView>,
+    /// Pass as `after` to get the next page; `null` on the last page.
+    pub next_after: Option<String>,
 }
 
 /// Why a node is not ready to serve (`GET /v1/health` answers 503 with one of these).

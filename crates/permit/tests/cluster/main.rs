@@ -10,6 +10,7 @@ mod membership;
 mod minority;
 mod peer;
 mod restart;
+mod ui;
 
 pub use common::api::{Answer, Api};
 

@@ -74,6 +74,8 @@ fn routes(spec: &Value) -> Vec<(String, String, String)> {
     }
     // Routes outside the spec that clients can still reach.
     routes.push(("GET".into(), "/metrics".into(), "/metrics".into()));
+    routes.push(("GET".into(), "/ui".into(), "/ui".into()));
+    routes.push(("GET".into(), "/ui/{file}".into(), "/ui/app.js".into()));
     routes
 }
 

@@ -14,6 +14,7 @@ mod observability;
 mod openapi;
 mod semaphores;
 mod sessions;
+mod ui;
 mod watch;
 
 pub use common::api::{Answer, Api};

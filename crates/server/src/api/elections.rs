@@ -5,16 +5,18 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
-use permit_core::{validate_acquire, Acquire, Key, Name};
+use permit_core::{
+    validate_acquire, Access, Acquire, Key, Kind, Name, Resource, Semaphore, State as CoreState,
+};
 use permit_wire::{
-    CampaignRequest, CampaignResponse, ElectionView, ErrorBody, LeaderView, ReleaseRequest, ReleaseResponse,
-    RevokeRequest, INDEX_HEADER,
+    CampaignRequest, CampaignResponse, ElectionList, ElectionView, ErrorBody, LeaderView, ReleaseRequest,
+    ReleaseResponse, RevokeRequest, INDEX_HEADER,
 };
 
 use super::error::ApiError;
 use super::extract::{parse_name, parse_session, Json, Path, Query};
 use super::grant::{self, capped_wait, Grant};
-use super::semaphores::release_key;
+use super::semaphores::{list_limit, release_key, ListParams};
 use super::watch::{blocking_read, ReadParams};
 use crate::auth::Caller;
 use crate::node::Node;
@@ -58,9 +60,9 @@ pub async fn campaign(
     })
 }
 
-fn read_view(node: &Node, name: &Name) -> (ElectionView, u64) {
-    let replica = node.replica().read();
-    let view = match replica.state.object(&Key::election(name.clone())) {
+/// The view of an election from the applied state; `now_ms` is leader time now.
+fn view(state: &CoreState, name: &Name, object: Option<&Semaphore>, now_ms: u64) -> ElectionView {
+    match object {
         None => ElectionView { name: name.to_string(), leader: None, candidates: 0, index: 0 },
         Some(object) => ElectionView {
             name: name.to_string(),
@@ -68,13 +70,50 @@ fn read_view(node: &Node, name: &Name) -> (ElectionView, u64) {
                 session: session.to_string(),
                 value: hold.value.clone().unwrap_or_default(),
                 token: hold.token,
+                session_name: state.session(*session).and_then(|s| s.name.clone()),
+                held_ms: now_ms.saturating_sub(hold.granted_at_ms),
             }),
             candidates: object.queue.len() as u64,
             index: object.modified_index,
         },
-    };
+    }
+}
+
+fn read_view(node: &Node, name: &Name) -> (ElectionView, u64) {
+    let replica = node.replica().read();
+    let now_ms = node.clock.now_ms(replica.state.now_ms());
+    let view = view(&replica.state, name, replica.state.object(&Key::election(name.clone())), now_ms);
     let index = view.index;
     (view, index)
+}
+
+/// Elections in name order, one page at a time: only those the caller may read.
+#[utoipa::path(get, path = "/v1/elections", tag = "elections", params(ListParams),
+    responses((status = 200, body = ElectionList)))]
+pub async fn list(
+    State(node): State<Arc<Node>>,
+    caller: Caller,
+    Query(params): Query<ListParams>,
+) -> Result<axum::Json<ElectionList>, ApiError> {
+    let after = params.after.as_deref().map(parse_name).transpose()?;
+    let limit = list_limit(params.limit)?;
+    if !params.stale {
+        node.ensure_linearizable().await?;
+    }
+    let replica = node.replica().read();
+    let now_ms = node.clock.now_ms(replica.state.now_ms());
+    let mut page = replica.state.objects_after(Kind::Election, after.as_ref());
+    let elections: Vec<ElectionView> = page
+        .by_ref()
+        .filter(|(key, _)| caller.can(Resource::Election, key.name.as_str(), Access::Read))
+        .take(limit)
+        .map(|(key, object)| view(&replica.state, &key.name, Some(object), now_ms))
+        .collect();
+    let next_after = match page.next() {
+        Some(_) => elections.last().map(|e| e.name.clone()),
+        None => None,
+    };
+    Ok(axum::Json(ElectionList { elections, next_after }))
 }
 
 /// The current leader, or `null`. With `index`, blocks until the election changes.

@@ -13,6 +13,7 @@ pub(crate) mod raft;
 mod semaphores;
 mod sessions;
 mod system;
+mod ui;
 mod watch;
 
 use std::sync::Arc;
@@ -46,6 +47,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/semaphores/{name}/release", post(semaphores::release))
         .route("/v1/semaphores/{name}/validate", post(semaphores::validate))
         .route("/v1/semaphores/{name}/revoke", post(semaphores::revoke))
+        .route("/v1/elections", get(elections::list))
         .route("/v1/elections/{name}", get(elections::get))
         .route("/v1/elections/{name}/campaign", post(elections::campaign))
         .route("/v1/elections/{name}/resign", post(elections::resign))
@@ -63,6 +65,9 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/debug/digest", get(system::digest))
         .route("/v1/openapi.json", get(system::openapi))
         .route("/metrics", get(system::metrics))
+        .route("/ui", get(ui::page))
+        .route("/ui/", get(ui::page))
+        .route("/ui/{file}", get(ui::asset))
         .route("/v1/events", get(events::events))
         // Only on matched routes and methods: 404 and 405 answers need no token.
         .route_layer(middleware::from_fn_with_state(node.clone(), crate::auth::authenticate))

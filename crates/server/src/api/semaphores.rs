@@ -1,13 +1,14 @@
 //! `/v1/semaphores`: create, inspect, acquire, release, validate, delete.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use permit_core::{
     validate_acquire, validate_capacity, Access, Acquire, Command, Key, Kind, Name, Outcome, Resource,
-    Semaphore, State as CoreState,
+    Semaphore, SessionId, State as CoreState,
 };
 use permit_wire::{
     AcquireRequest, AcquireResponse, ErrorBody, ErrorCode, HolderView, PutSemaphoreRequest, ReleaseRequest,
@@ -31,8 +32,15 @@ fn index_header(index: u64) -> [(HeaderName, String); 1] {
     [(HeaderName::from_static(INDEX_HEADER), index.to_string())]
 }
 
-/// Builds the view of a semaphore from the applied state.
-pub fn view(state: &CoreState, name: &Name, object: &Semaphore) -> SemaphoreView {
+/// Builds the view of a semaphore from the applied state; `now_ms` is leader time now, and
+/// `waited` how long a session has waited on it.
+pub fn view(
+    state: &CoreState,
+    name: &Name,
+    object: &Semaphore,
+    now_ms: u64,
+    waited: impl Fn(SessionId) -> Option<Duration>,
+) -> SemaphoreView {
     let session_name = |id| state.session(id).and_then(|s| s.name.clone());
     SemaphoreView {
         name: name.to_string(),
@@ -50,6 +58,7 @@ pub fn view(state: &CoreState, name: &Name, object: &Semaphore) -> SemaphoreView
                 token: hold.token,
                 granted_index: hold.granted_index,
                 expires_in_ms: hold.expires_at_ms.map(|at| at.saturating_sub(state.now_ms())),
+                held_ms: now_ms.saturating_sub(hold.granted_at_ms),
             })
             .collect(),
         waiters: object
@@ -61,10 +70,16 @@ pub fn view(state: &CoreState, name: &Name, object: &Semaphore) -> SemaphoreView
                 session_name: session_name(waiter.session),
                 permits: waiter.permits,
                 position: i as u64 + 1,
+                waiting_ms: waited(waiter.session).map(millis),
             })
             .collect(),
         ephemeral: state.is_ephemeral(&Key::semaphore(name.clone())),
     }
+}
+
+/// A duration in whole milliseconds.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn read_view(node: &Node, name: &Name) -> Result<(SemaphoreView, u64), ApiError> {
@@ -75,7 +90,9 @@ fn read_view(node: &Node, name: &Name) -> Result<(SemaphoreView, u64), ApiError>
             format!("semaphore {name} not found: {}", super::error::SEMAPHORE_NOT_FOUND_HINT),
         )
     })?;
-    let view = view(&replica.state, name, object);
+    let now_ms = node.clock.now_ms(replica.state.now_ms());
+    let key = Key::semaphore(name.clone());
+    let view = view(&replica.state, name, object, now_ms, |session| node.observer.waited(&key, session));
     let index = view.index;
     Ok((view, index))
 }
@@ -178,6 +195,7 @@ pub async fn list(
             available: object.available(),
             holders: object.holders.len() as u64,
             waiters: object.queue.len() as u64,
+            oldest_wait_ms: node.observer.oldest_wait(key).map(millis),
             ephemeral: replica.state.is_ephemeral(key),
         })
         .collect();

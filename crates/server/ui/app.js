@@ -1,0 +1,711 @@
+// Permit's dashboard. Plain JavaScript, no dependencies, nothing fetched from elsewhere.
+//
+// Initial state comes from the JSON API; after that the event stream (`GET /v1/events`, read
+// with fetch so that it can carry the token) says when something changed, and the view re-reads
+// the JSON of what it shows. Times that the API does not carry (how long a waiter has waited,
+// grants per second) come from the events seen since the page loaded.
+'use strict';
+
+(() => {
+  const TOKEN_KEY = 'permit.token';
+  const LEVEL = { read: 1, write: 2, admin: 3 };
+  const SERIES_SECONDS = 300;
+  const SPARK_SECONDS = 60;
+  const NAMES_TRACKED_MAX = 500;
+
+  const S = {
+    auth: false,
+    token: sessionStorage.getItem(TOKEN_KEY),
+    rules: null,
+    whoami: '',
+    lastSeq: null,
+    mode: 'connecting',
+    stream: null,
+    grants: new Map(), // semaphore -> Map(second -> grants)
+    queuedAt: new Map(), // semaphore -> Map(session -> local ms it queued, or was first seen waiting)
+    queuedSeen: new Map(), // semaphore -> Set(session) whose queued event this page saw
+    series: new Map(), // semaphore -> [{t, held, waiting, capacity}]
+    last: new Map(), // semaphore -> {held, waiting, capacity}
+    data: null, // what the current view last read, with the local time it was read
+    route: null,
+    refreshTimer: null,
+    refreshing: false,
+    refreshAgain: false,
+    pollTimer: null,
+  };
+
+  // ---- DOM helpers (no innerHTML: every value from the server goes in as text) ----
+
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (key === 'class') el.className = value;
+      else if (key.startsWith('on')) el.addEventListener(key.slice(2), value);
+      else el.setAttribute(key, value === true ? '' : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return el;
+  }
+
+  function svg(tag, attrs, ...children) {
+    const el = document.createElementNS('http://www.w3.org/2000/svg', tag);
+    for (const [key, value] of Object.entries(attrs || {})) el.setAttribute(key, String(value));
+    for (const child of children) el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    return el;
+  }
+
+  function td(label, value, cls) {
+    return h('td', { 'data-label': label, class: cls }, value);
+  }
+
+  function $(id) {
+    return document.getElementById(id);
+  }
+
+  function duration(ms) {
+    if (ms === null || ms === undefined || Number.isNaN(ms)) return '—';
+    const s = Math.max(0, Math.floor(ms / 1000));
+    if (s < 60) return `${s}s`;
+    if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
+    if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+    return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+  }
+
+  function short(id) {
+    return id ? id.slice(0, 8) : '';
+  }
+
+  // ---- API ----
+
+  function headers(extra) {
+    const all = Object.assign({ Accept: 'application/json' }, extra || {});
+    if (S.auth && S.token) all.Authorization = `Bearer ${S.token}`;
+    return all;
+  }
+
+  class ApiError extends Error {
+    constructor(status, code, message) {
+      super(`${code}: ${message}`);
+      this.status = status;
+      this.code = code;
+    }
+  }
+
+  async function api(method, path, body) {
+    const init = { method, headers: headers(body ? { 'Content-Type': 'application/json' } : {}) };
+    if (body) init.body = JSON.stringify(body);
+    const res = await fetch(path, init);
+    const text = await res.text();
+    const json = text ? JSON.parse(text) : null;
+    if (!res.ok) {
+      const error = (json && json.error) || { code: `http_${res.status}`, message: text };
+      throw new ApiError(res.status, error.code, error.message);
+    }
+    return json;
+  }
+
+  // What the token may do, as the server decides it: the matching rule with the longest prefix.
+  function can(resource, name, access) {
+    if (!S.auth) return true;
+    if (!S.rules) return false;
+    let best = null;
+    for (const rule of S.rules) {
+      if (rule.resource !== resource || !name.startsWith(rule.prefix)) continue;
+      if (!best || rule.prefix.length > best.prefix.length) best = rule;
+    }
+    return !!best && LEVEL[best.access] >= LEVEL[access];
+  }
+
+  // ---- live state from events ----
+
+  function bump(map, name, key, fn) {
+    let inner = map.get(name);
+    if (!inner) {
+      if (map.size >= NAMES_TRACKED_MAX) return;
+      inner = new Map();
+      map.set(name, inner);
+    }
+    fn(inner, key);
+  }
+
+  function forgetWaiter(name, session) {
+    const waits = S.queuedAt.get(name);
+    if (waits) waits.delete(session);
+    const seen = S.queuedSeen.get(name);
+    if (seen) seen.delete(session);
+  }
+
+  function onEvent(event) {
+    if (typeof event.seq === 'number') S.lastSeq = event.seq;
+    if (event.object_kind === 'semaphore' && event.name) {
+      const name = event.name;
+      switch (event.kind) {
+        case 'queued':
+          bump(S.queuedAt, name, event.session, (m, k) => m.set(k, Date.now()));
+          if (!S.queuedSeen.has(name)) S.queuedSeen.set(name, new Set());
+          S.queuedSeen.get(name).add(event.session);
+          break;
+        case 'granted': {
+          const second = Math.floor(Date.now() / 1000);
+          bump(S.grants, name, second, (m, k) => m.set(k, (m.get(k) || 0) + 1));
+          forgetWaiter(name, event.session);
+          break;
+        }
+        case 'wait_ended':
+        case 'released':
+        case 'expired':
+        case 'revoked':
+          forgetWaiter(name, event.session);
+          break;
+        default:
+          break;
+      }
+    }
+    refreshSoon();
+  }
+
+  function onFrame(frame) {
+    let type = 'message';
+    const data = [];
+    for (const line of frame.split('\n')) {
+      if (line === '' || line.startsWith(':')) continue;
+      const colon = line.indexOf(':');
+      const field = colon < 0 ? line : line.slice(0, colon);
+      let value = colon < 0 ? '' : line.slice(colon + 1);
+      if (value.startsWith(' ')) value = value.slice(1);
+      if (field === 'event') type = value;
+      else if (field === 'data') data.push(value);
+      else if (field === 'id' && /^\d+$/.test(value)) S.lastSeq = Number(value);
+    }
+    if (data.length === 0) return;
+    if (type === 'missed') {
+      refreshSoon();
+      return;
+    }
+    try {
+      onEvent(JSON.parse(data.join('\n')));
+    } catch (error) {
+      console.warn('unreadable event', error);
+    }
+  }
+
+  function setMode(mode) {
+    S.mode = mode;
+    const live = $('live');
+    live.dataset.mode = mode;
+    live.textContent = {
+      events: 'live',
+      polling: 'live (polling: no event stream)',
+      connecting: 'connecting',
+      offline: 'reconnecting',
+    }[mode];
+  }
+
+  async function stream() {
+    for (let attempt = 0; ; attempt += 1) {
+      const controller = new AbortController();
+      S.stream = controller;
+      try {
+        const extra = S.lastSeq === null ? {} : { 'Last-Event-ID': String(S.lastSeq) };
+        const res = await fetch('/v1/events', {
+          headers: headers(Object.assign({ Accept: 'text/event-stream' }, extra)),
+          signal: controller.signal,
+          cache: 'no-store',
+        });
+        if (res.status === 404) {
+          setMode('polling');
+          startPolling();
+          return;
+        }
+        if (!res.ok || !res.body) throw new Error(`event stream answered ${res.status}`);
+        setMode('events');
+        attempt = 0;
+        refreshSoon();
+        const reader = res.body.getReader();
+        const decoder = new TextDecoder();
+        let buffer = '';
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, '\n');
+          let end;
+          while ((end = buffer.indexOf('\n\n')) >= 0) {
+            onFrame(buffer.slice(0, end));
+            buffer = buffer.slice(end + 2);
+          }
+        }
+      } catch (error) {
+        if (controller.signal.aborted) return;
+      }
+      if (controller.signal.aborted) return;
+      setMode('offline');
+      await new Promise((resolve) => setTimeout(resolve, Math.min(5000, 250 * 2 ** Math.min(attempt, 5))));
+      if (controller.signal.aborted) return;
+    }
+  }
+
+  // Only when the server has no event stream: re-read the current view's JSON twice a second.
+  function startPolling() {
+    if (S.pollTimer) return;
+    S.pollTimer = setInterval(refreshSoon, 500);
+  }
+
+  // ---- views ----
+
+  function routeOf(hash) {
+    const parts = hash.replace(/^#\/?/, '').split('/');
+    const view = parts[0] || 'semaphores';
+    if (view === 'semaphore' && parts[1]) return { view, name: decodeURIComponent(parts.slice(1).join('/')) };
+    if (['cluster', 'semaphores', 'elections', 'sessions'].includes(view)) return { view };
+    return { view: 'semaphores' };
+  }
+
+  const LOADERS = {
+    async cluster() {
+      const health = await api('GET', '/v1/health');
+      const cluster = can('cluster', '', 'read') ? await api('GET', '/v1/cluster') : null;
+      return { health, cluster };
+    },
+    async semaphores() {
+      return api('GET', '/v1/semaphores?limit=1000');
+    },
+    async semaphore(route) {
+      return api('GET', `/v1/semaphores/${encodeURIComponent(route.name)}`);
+    },
+    async elections() {
+      return api('GET', '/v1/elections?limit=1000');
+    },
+    async sessions() {
+      return api('GET', '/v1/sessions?limit=1000');
+    },
+  };
+
+  function refreshSoon() {
+    if (S.refreshTimer) return;
+    S.refreshTimer = setTimeout(() => {
+      S.refreshTimer = null;
+      refresh();
+    }, 100);
+  }
+
+  async function refresh() {
+    if (S.refreshing) {
+      S.refreshAgain = true;
+      return;
+    }
+    const route = S.route;
+    if (!route) return;
+    S.refreshing = true;
+    try {
+      const body = await LOADERS[route.view](route);
+      if (route !== S.route) return;
+      S.data = { route, body, at: Date.now() };
+      remember(route, body);
+      paint();
+      $('updated').textContent = `updated ${new Date().toLocaleTimeString()}`;
+    } catch (error) {
+      if (route === S.route) showError(error);
+    } finally {
+      S.refreshing = false;
+      if (S.refreshAgain) {
+        S.refreshAgain = false;
+        refreshSoon();
+      }
+    }
+  }
+
+  // Keeps the last known numbers of each semaphore for its charts, and the first time each
+  // waiter was seen (when its `queued` event came before the page loaded).
+  function remember(route, body) {
+    if (route.view === 'semaphores') {
+      for (const s of body.semaphores) S.last.set(s.name, { held: s.held, waiting: s.waiters, capacity: s.capacity });
+    } else if (route.view === 'semaphore') {
+      S.last.set(body.name, { held: body.held, waiting: body.waiters.length, capacity: body.capacity });
+      // Every change read is a point of its chart (the 1 s tick adds points between changes).
+      const series = S.series.get(body.name);
+      if (series) series.push(Object.assign({ t: Date.now() }, S.last.get(body.name)));
+      const known = new Set(body.waiters.map((w) => w.session));
+      bump(S.queuedAt, body.name, null, (m) => {
+        for (const session of known) if (!m.has(session)) m.set(session, Date.now());
+        for (const session of [...m.keys()]) if (!known.has(session)) m.delete(session);
+      });
+    }
+  }
+
+  function sample() {
+    const t = Date.now();
+    for (const [name, last] of S.last) {
+      let series = S.series.get(name);
+      if (!series) {
+        if (S.series.size >= NAMES_TRACKED_MAX) continue;
+        series = [];
+        S.series.set(name, series);
+      }
+      series.push(Object.assign({ t }, last));
+      while (series.length && series[0].t < t - SERIES_SECONDS * 1000) series.shift();
+    }
+    const oldest = Math.floor(t / 1000) - SPARK_SECONDS;
+    for (const counts of S.grants.values()) for (const second of counts.keys()) if (second < oldest) counts.delete(second);
+  }
+
+  function showError(error) {
+    const content = $('content') || $('view');
+    content.replaceChildren(h('p', { class: 'error', id: 'view-error' }, error.message || String(error)));
+  }
+
+  function paint() {
+    if (!S.data || S.data.route !== S.route) return;
+    const { route, body, at } = S.data;
+    const age = Date.now() - at;
+    const content = $('content');
+    const painter = {
+      cluster: paintCluster,
+      semaphores: paintSemaphores,
+      semaphore: paintSemaphore,
+      elections: paintElections,
+      sessions: paintSessions,
+    }[route.view];
+    content.replaceChildren(...painter(body, age, route));
+    // Numeric columns: the header aligns as its cells do.
+    for (const table of content.querySelectorAll('table')) {
+      const first = table.querySelector('tbody tr');
+      if (!first) continue;
+      table.querySelectorAll('thead th').forEach((th, i) => {
+        if (first.cells[i] && first.cells[i].classList.contains('num')) th.classList.add('num');
+      });
+    }
+  }
+
+  function stat(key, value, id) {
+    return h('div', { class: 'stat' }, h('div', { class: 'k' }, key), h('div', { class: 'v', id }, value));
+  }
+
+  function paintCluster({ health, cluster }) {
+    const out = [h('h1', {}, 'Cluster')];
+    out.push(
+      h('div', { class: 'grid' },
+        stat('This node', health.node_id),
+        stat('Leader', cluster ? (cluster.leader ?? 'none') : (health.raft_leader ?? 'none'), 'cluster-leader'),
+        stat('Term', cluster ? cluster.term : health.raft_term),
+        stat('Commit index', cluster ? (cluster.commit_index ?? '—') : '—'),
+        stat('Applied index', health.applied_index),
+        stat('Status', health.status)),
+    );
+    if (!cluster) {
+      out.push(h('p', { class: 'muted' }, 'This token lacks cluster read access: members are not shown.'));
+      return out;
+    }
+    const rows = cluster.members.map((m) =>
+      h('tr', { 'data-member': m.id },
+        td('Id', m.id, 'num'),
+        td('Address', h('code', {}, m.addr)),
+        td('Role', h('span', { class: m.leader ? 'pill leader' : 'pill' }, m.leader ? 'leader' : m.role)),
+        td('Matched', m.matched_index ?? '—', 'num'),
+        td('Applied', m.applied_index ?? '—', 'num'),
+        td('Health', h('span', { class: m.reachable ? 'pill ok' : 'pill down' }, m.reachable ? 'reachable' : 'unreachable'))));
+    out.push(h('h2', {}, 'Members'));
+    out.push(h('table', { class: 'responsive', id: 'members' },
+      h('thead', {}, h('tr', {}, ['Id', 'Address', 'Role', 'Matched index', 'Applied index', 'Health'].map((c) => h('th', {}, c)))),
+      h('tbody', {}, rows)));
+    return out;
+  }
+
+  function capacityBar(held, capacity) {
+    const ratio = capacity > 0 ? Math.min(1, held / capacity) : 0;
+    const bar = h('div', { class: `bar${held > capacity ? ' over' : held === capacity ? ' full' : ''}`, role: 'img', 'aria-label': `${held} of ${capacity}` });
+    const fill = h('span');
+    fill.style.width = `${(ratio * 100).toFixed(1)}%`;
+    bar.append(fill);
+    return bar;
+  }
+
+  function sparkline(name) {
+    const counts = S.grants.get(name) || new Map();
+    const now = Math.floor(Date.now() / 1000);
+    const values = [];
+    for (let s = now - SPARK_SECONDS + 1; s <= now; s += 1) values.push(counts.get(s) || 0);
+    const max = Math.max(1, ...values);
+    const points = values.map((v, i) => `${(i * 120) / (SPARK_SECONDS - 1)},${(22 - (v / max) * 20 + 1).toFixed(1)}`).join(' ');
+    const last10 = values.slice(-10).reduce((a, b) => a + b, 0) / 10;
+    return h('div', {},
+      svg('svg', { class: 'spark', viewBox: '0 0 120 24', preserveAspectRatio: 'none', role: 'img', 'aria-label': 'grants per second, last minute' },
+        svg('polyline', { points })),
+      h('span', { class: 'muted' }, `${last10.toFixed(1)}/s`));
+  }
+
+  function oldestWait(name, waiters, oldestMs, age) {
+    if (!waiters) return '—';
+    if (oldestMs !== null && oldestMs !== undefined) return duration(oldestMs + age);
+    const waits = S.queuedAt.get(name);
+    if (!waits || waits.size === 0) return '?';
+    const since = Math.min(...waits.values());
+    const exact = S.queuedSeen.get(name);
+    const sure = exact && [...waits.entries()].every(([session]) => exact.has(session));
+    return `${sure ? '' : '≥ '}${duration(Date.now() - since)}`;
+  }
+
+  function paintSemaphores(body, age) {
+    const out = [h('h1', {}, 'Semaphores')];
+    if (body.semaphores.length === 0) {
+      out.push(h('p', { class: 'muted', id: 'empty' }, 'No semaphores (or none this token may read).'));
+      return out;
+    }
+    const rows = body.semaphores.map((s) =>
+      h('tr', { 'data-name': s.name },
+        td('Name', h('a', { href: `#/semaphore/${encodeURIComponent(s.name)}` }, s.name)),
+        td('Held / capacity', h('div', {}, capacityBar(s.held, s.capacity), h('span', { class: 'mono' }, `${s.held} / ${s.capacity}`))),
+        td('Holders', s.holders, 'num'),
+        td('Waiters', s.waiters, 'num'),
+        td('Oldest wait', oldestWait(s.name, s.waiters, s.oldest_wait_ms, age), 'num'),
+        td('Grants/s', sparkline(s.name))));
+    out.push(h('table', { class: 'responsive', id: 'semaphores' },
+      h('thead', {}, h('tr', {}, ['Name', 'Held / capacity', 'Holders', 'Waiters', 'Oldest wait', 'Grants/s (1 min)'].map((c) => h('th', {}, c)))),
+      h('tbody', {}, rows)));
+    if (body.next_after) out.push(h('p', { class: 'muted' }, 'Only the first 1000 are shown.'));
+    return out;
+  }
+
+  function chart(name) {
+    const series = S.series.get(name) || [];
+    const width = 600;
+    const height = 140;
+    const now = Date.now();
+    // The last 5 minutes, or the time since the page opened when that is shorter (at least 10 s).
+    const first = series.length ? series[0].t : now;
+    const span = Math.min(SERIES_SECONDS * 1000, Math.max(10_000, now - first));
+    const max = Math.max(1, ...series.map((p) => Math.max(p.held, p.waiting, p.capacity)));
+    const x = (t) => (((t - (now - span)) / span) * width).toFixed(1);
+    const y = (v) => (height - 4 - (v / max) * (height - 12)).toFixed(1);
+    const line = (key, cls) => svg('polyline', { class: cls, points: series.map((p) => `${x(p.t)},${y(p[key])}`).join(' ') });
+    return h('div', { class: 'card' },
+      h('div', { class: 'legend' }, h('span', { class: 'held' }, '— held'), h('span', { class: 'waiting' }, '— waiting'),
+        h('span', { class: 'cap' }, '- - capacity'), h('span', { class: 'muted' }, `scale 0–${max}, last ${duration(span)} to now`)),
+      svg('svg', { class: 'chart', id: 'chart', viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: 'none', role: 'img', 'aria-label': 'held and waiting permits over the last minutes' },
+        line('capacity', 'cap'), line('held', 'held'), line('waiting', 'waiting')));
+  }
+
+  function paintSemaphore(body, age) {
+    const admin = can('semaphore', body.name, 'admin');
+    const out = [
+      h('p', {}, h('a', { href: '#/semaphores' }, '← Semaphores')),
+      h('h1', {}, 'Semaphore ', h('code', { id: 'semaphore-name' }, body.name), body.ephemeral ? h('span', { class: 'pill' }, 'ephemeral') : null),
+      h('div', { class: 'grid' },
+        stat('Capacity', body.capacity, 'capacity'),
+        stat('Held', body.held, 'held'),
+        stat('Available', body.available, 'available'),
+        stat('Waiting', body.waiters.length, 'waiting'),
+        stat('Grants/s', sparkline(body.name))),
+      h('h2', {}, 'Held and waiting over the last minutes'),
+      chart(body.name),
+      h('h2', {}, `Holders (${body.holders.length})`),
+    ];
+    const holderRows = body.holders.map((holder) =>
+      h('tr', { 'data-session': holder.session },
+        td('Session', holder.session_name || '(unnamed)'),
+        td('Id', h('code', { title: holder.session }, short(holder.session))),
+        td('Permits', holder.permits, 'num'),
+        td('Token', holder.token, 'num'),
+        td('Held for', duration((holder.held_ms || 0) + age), 'num'),
+        admin ? td('', h('button', { class: 'danger revoke', type: 'button', 'data-session': holder.session, onclick: () => revoke(body.name, holder) }, 'Revoke')) : null));
+    out.push(holderRows.length
+      ? h('table', { class: 'responsive', id: 'holders' },
+        h('thead', {}, h('tr', {}, ['Session', 'Id', 'Permits', 'Token', 'Held for'].concat(admin ? [''] : []).map((c) => h('th', {}, c)))),
+        h('tbody', {}, holderRows))
+      : h('p', { class: 'muted', id: 'holders' }, 'Nobody holds a permit.'));
+    out.push(h('h2', {}, `Queue (${body.waiters.length})`));
+    const waits = S.queuedAt.get(body.name) || new Map();
+    const seen = S.queuedSeen.get(body.name) || new Set();
+    const waiterRows = body.waiters.map((waiter) => {
+      const since = waits.get(waiter.session);
+      let waited = since === undefined ? '—' : `${seen.has(waiter.session) ? '' : '≥ '}${duration(Date.now() - since)}`;
+      if (waiter.waiting_ms !== null && waiter.waiting_ms !== undefined) waited = duration(waiter.waiting_ms + age);
+      return h('tr', { 'data-session': waiter.session },
+        td('Position', waiter.position, 'num'),
+        td('Session', waiter.session_name || '(unnamed)'),
+        td('Id', h('code', { title: waiter.session }, short(waiter.session))),
+        td('Permits', waiter.permits, 'num'),
+        td('Waiting', waited, 'num'));
+    });
+    out.push(waiterRows.length
+      ? h('table', { class: 'responsive', id: 'queue' },
+        h('thead', {}, h('tr', {}, ['Position', 'Session', 'Id', 'Permits', 'Waiting'].map((c) => h('th', {}, c)))),
+        h('tbody', {}, waiterRows))
+      : h('p', { class: 'muted', id: 'queue' }, 'Nobody waits.'));
+    if (admin) out.push(adminForm(body));
+    return out;
+  }
+
+  // The admin form outlives repaints (a repaint every second would lose what is being typed).
+  let capacityForm = null;
+  function adminForm(body) {
+    if (!capacityForm || capacityForm.dataset.name !== body.name) {
+      const input = h('input', { id: 'capacity-input', type: 'number', min: 1, max: 1000000, required: true, value: body.capacity });
+      const message = h('span', { id: 'admin-message', class: 'muted' });
+      capacityForm = h('form', { class: 'card inline', id: 'admin', 'data-name': body.name },
+        h('strong', {}, 'Admin'),
+        h('label', {}, 'Capacity ', input),
+        h('button', { type: 'submit', id: 'set-capacity' }, 'Set capacity'),
+        message);
+      capacityForm.addEventListener('submit', async (event) => {
+        event.preventDefault();
+        try {
+          await api('PUT', `/v1/semaphores/${encodeURIComponent(body.name)}`, { capacity: Number(input.value) });
+          message.className = 'ok';
+          message.textContent = `capacity set to ${input.value}`;
+        } catch (error) {
+          message.className = 'error';
+          message.textContent = error.message;
+        }
+        refreshSoon();
+      });
+    }
+    return capacityForm;
+  }
+
+  async function revoke(name, holder) {
+    const who = holder.session_name || holder.session;
+    if (!window.confirm(`Revoke the hold of ${who} (token ${holder.token}) on ${name}?`)) return;
+    try {
+      await api('POST', `/v1/semaphores/${encodeURIComponent(name)}/revoke`, { session: holder.session });
+    } catch (error) {
+      showError(error);
+    }
+    refreshSoon();
+  }
+
+  function paintElections(body) {
+    const out = [h('h1', {}, 'Elections')];
+    if (body.elections.length === 0) {
+      out.push(h('p', { class: 'muted', id: 'empty' }, 'No elections (or none this token may read).'));
+      return out;
+    }
+    const age = Date.now() - S.data.at;
+    const rows = body.elections.map((e) =>
+      h('tr', { 'data-name': e.name },
+        td('Name', e.name),
+        td('Leader', e.leader ? (e.leader.session_name || short(e.leader.session)) : h('span', { class: 'bad' }, 'none')),
+        td('Value', e.leader ? h('code', {}, e.leader.value) : '—'),
+        td('Token', e.leader ? e.leader.token : '—', 'num'),
+        td('Tenure', e.leader ? duration((e.leader.held_ms || 0) + age) : '—', 'num'),
+        td('Candidates', e.candidates, 'num')));
+    out.push(h('table', { class: 'responsive', id: 'elections' },
+      h('thead', {}, h('tr', {}, ['Name', 'Leader', 'Value', 'Token', 'Tenure', 'Candidates'].map((c) => h('th', {}, c)))),
+      h('tbody', {}, rows)));
+    return out;
+  }
+
+  function paintSessions(body, age) {
+    const out = [h('h1', {}, 'Sessions')];
+    if (body.sessions.length === 0) {
+      out.push(h('p', { class: 'muted', id: 'empty' }, 'No sessions (or none this token may read).'));
+      return out;
+    }
+    const rows = body.sessions.map((s) =>
+      h('tr', { 'data-session': s.id },
+        td('Name', s.name || '(unnamed)'),
+        td('Id', h('code', { title: s.id }, short(s.id))),
+        td('TTL', duration(s.ttl_ms), 'num'),
+        td('Remaining', s.remaining_ms === null || s.remaining_ms === undefined ? '—' : duration(s.remaining_ms - age), 'num'),
+        td('Holds', s.holds, 'num'),
+        td('Waits', s.waits, 'num')));
+    out.push(h('table', { class: 'responsive', id: 'sessions' },
+      h('thead', {}, h('tr', {}, ['Name', 'Id', 'TTL', 'Remaining', 'Holds', 'Waits'].map((c) => h('th', {}, c)))),
+      h('tbody', {}, rows)));
+    out.push(h('p', { class: 'muted' }, 'Remaining counts down from the last read; keepalives are not events, so it is re-read on the next change.'));
+    return out;
+  }
+
+  // ---- navigation, login ----
+
+  function navigate() {
+    const route = routeOf(location.hash);
+    S.route = route;
+    S.data = null;
+    for (const link of document.querySelectorAll('nav a')) {
+      const active = link.dataset.view === route.view || (route.view === 'semaphore' && link.dataset.view === 'semaphores');
+      link.classList.toggle('active', active);
+    }
+    $('view').replaceChildren(h('div', { id: 'content' }, h('p', { class: 'muted' }, 'Loading…')));
+    refresh();
+  }
+
+  function showLogin(message) {
+    $('login').hidden = false;
+    $('view').hidden = true;
+    $('logout').hidden = true;
+    const error = $('login-error');
+    error.hidden = !message;
+    error.textContent = message || '';
+    $('token').focus();
+  }
+
+  async function start() {
+    if (S.auth) {
+      if (!S.token) {
+        showLogin();
+        return;
+      }
+      try {
+        const self = await api('GET', '/v1/acl/tokens/self');
+        S.rules = self.rules;
+        S.whoami = self.name;
+      } catch (error) {
+        sessionStorage.removeItem(TOKEN_KEY);
+        S.token = null;
+        showLogin(error.status === 401 ? 'That token is unknown (or was deleted).' : error.message);
+        return;
+      }
+      $('logout').hidden = false;
+      $('whoami').textContent = `token: ${S.whoami}`;
+    }
+    $('login').hidden = true;
+    $('view').hidden = false;
+    navigate();
+    stream();
+  }
+
+  async function main() {
+    const config = await (await fetch('/ui/config.json', { cache: 'no-store' })).json();
+    S.auth = !!config.auth;
+    window.addEventListener('hashchange', navigate);
+    $('login').addEventListener('submit', (event) => {
+      event.preventDefault();
+      S.token = $('token').value.trim();
+      $('token').value = '';
+      sessionStorage.setItem(TOKEN_KEY, S.token);
+      start();
+    });
+    $('logout').addEventListener('click', () => {
+      sessionStorage.removeItem(TOKEN_KEY);
+      S.token = null;
+      S.rules = null;
+      if (S.stream) S.stream.abort();
+      if (S.pollTimer) clearInterval(S.pollTimer);
+      S.pollTimer = null;
+      $('whoami').textContent = '';
+      // Nothing read with the old token stays on the page.
+      S.route = null;
+      S.data = null;
+      capacityForm = null;
+      $('view').replaceChildren();
+      setMode('connecting');
+      showLogin();
+    });
+    // Once a second: sample the charts and repaint the ages from what was last read (no fetch).
+    setInterval(() => {
+      sample();
+      paint();
+    }, 1000);
+    // Raft membership and health are not events: the cluster view re-reads them every 2 s.
+    setInterval(() => {
+      if (S.route && S.route.view === 'cluster' && !$('view').hidden) refreshSoon();
+    }, 2000);
+    await start();
+  }
+
+  main().catch((error) => showError(error));
+})();
