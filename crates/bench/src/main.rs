@@ -10,6 +10,7 @@
 mod api;
 mod auth;
 mod floors;
+mod redis;
 mod server;
 mod stats;
 mod tls;
@@ -34,8 +35,9 @@ struct Args {
     /// Length of each timed workload run.
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
-    /// Parts to run: floors,w1,tls,w2,w3,w4,auth,cluster,scale,failover,big (default: all but big).
-    /// `tls` runs W1 over HTTPS on a second node, alternating with plain HTTP runs.
+    /// Parts to run: floors,w1,tls,w2,w3,w4,redis,auth,cluster,scale,failover,big (default: all but
+    /// big). `tls` runs W1 over HTTPS on a second node, alternating with plain HTTP runs; `redis`
+    /// runs W1 and W2 against redis-server with appendfsync always, alternating with Permit runs.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sessions (and semaphores) in the small scale step; the large step is 10x.
@@ -160,7 +162,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     report.add("HTTP round trips, 32 clients", format!("{http_rate:.0} /s"), None);
     report.add("fdatasync of a 4 KiB append, p50", format!("{fsync_p50:.3} ms"), None);
 
-    if ["w1", "tls", "w2", "w3", "w4"].iter().any(|part| wants(&args, part)) {
+    if ["w1", "tls", "w2", "w3", "w4", "redis"].iter().any(|part| wants(&args, part)) {
         let node = match &args.url {
             Some(_) => None,
             None => Some(ServerProcess::start(&bin, "127.0.0.1:0", &work.path().join("single"), &[])?),
@@ -204,6 +206,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 0.6,
             )
             .await?;
+        }
+        if wants(&args, "redis") {
+            redis_rows(&mut report, work.path(), &url, &args, duration).await?;
         }
         if wants(&args, "w3") {
             let mut all = Samples::default();
@@ -324,6 +329,53 @@ async fn tls_rows(
         "W1 acquire p50, HTTPS (TLS 1.3, kept-alive connection)",
         format!("{secure:.3} ms ({cost:+.1} %)"),
         Some(("<= plain + 15 %".into(), cost <= 15.0)),
+    );
+    Ok(())
+}
+
+/// The durable peer: W1 and W2 against Redis (`appendfsync always`, a Lua semaphore, see
+/// `redis.rs`), each run alternating with the same workload against Permit's single node, so
+/// both see the same machine; ratios Permit/Redis.
+async fn redis_rows(
+    report: &mut Report,
+    work: &std::path::Path,
+    permit_url: &str,
+    args: &Args,
+    duration: Duration,
+) -> anyhow::Result<()> {
+    let server = redis::RedisProcess::start(&work.join("redis")).await?;
+    let (mut p1, mut r1, mut p2, mut r2, mut rcv, mut rmax) = (vec![], vec![], vec![], vec![], vec![], 0);
+    for run in 0..args.runs {
+        p1.push(workloads::uncontended(permit_url, &format!("w1r-{run}"), duration).await?.acquire.p50());
+        r1.push(redis::uncontended(&server.addr, &format!("w1-{run}"), duration).await?.acquire.p50());
+        p2.push(
+            workloads::contended(&[permit_url.to_owned()], &format!("w2r-{run}"), 32, duration)
+                .await?
+                .cycles_per_second,
+        );
+        let w2 = redis::contended(&server.addr, &format!("w2-{run}"), 32, duration).await?;
+        r2.push(w2.cycles_per_second);
+        rcv.push(w2.fairness_cv);
+        rmax = rmax.max(w2.max_holders_seen);
+    }
+    drop(server);
+    let (p1, r1, p2, r2) = (median(&p1), median(&r1), median(&p2), median(&r2));
+    println!(
+        "Redis 7 peer (appendonly yes, appendfsync always, Lua FIFO semaphore; runs alternating with Permit)"
+    );
+    report.add("Redis W1 acquire p50", format!("{r1:.3} ms"), None);
+    report.add(
+        "Permit W1 acquire p50 (same runs)",
+        format!("{p1:.3} ms ({:.2}x Redis)", p1 / r1),
+        Some(("<= 1.0x Redis".into(), p1 <= r1)),
+    );
+    report.add("Redis W2 cycles, 32 clients, capacity 4", format!("{r2:.0} /s"), None);
+    report.add("Redis W2 fairness (CV of cycles per client)", format!("{:.3}", median(&rcv)), None);
+    report.add("Redis W2 most holders seen at once", format!("{rmax}"), Some(("<= 4".into(), rmax <= 4)));
+    report.add(
+        "Permit W2 cycles (same runs)",
+        format!("{p2:.0} /s ({:.2}x Redis)", p2 / r2),
+        Some((">= 1.5x Redis".into(), p2 >= 1.5 * r2)),
     );
     Ok(())
 }
