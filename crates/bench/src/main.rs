@@ -35,9 +35,10 @@ struct Args {
     /// Length of each timed workload run.
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
-    /// Parts to run: floors,w1,tls,w2,w3,w4,redis,auth,cluster,scale,failover,big (default: all but
+    /// Parts to run: floors,w1,tls,w2,w3,w4,redis,logstore,auth,cluster,scale,failover,big (default: all but
     /// big). `tls` runs W1 over HTTPS on a second node, alternating with plain HTTP runs; `redis`
-    /// runs W1 and W2 against redis-server with appendfsync always, alternating with Permit runs.
+    /// runs W1 and W2 against redis-server with appendfsync always, alternating with Permit runs;
+    /// `logstore` runs W1 and W2 on two more nodes, --log-store redb and segment, alternating.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sessions (and semaphores) in the small scale step; the large step is 10x.
@@ -233,6 +234,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 
+    if wants(&args, "logstore") {
+        log_store_rows(&mut report, &bin, work.path(), &args, duration).await?;
+    }
+
     if wants(&args, "auth") {
         let cost = auth::measure(&bin, work.path(), args.runs, duration).await?;
         println!("auth (single node, plain and --auth servers in alternation)");
@@ -330,6 +335,39 @@ async fn tls_rows(
         format!("{secure:.3} ms ({cost:+.1} %)"),
         Some(("<= plain + 15 %".into(), cost <= 15.0)),
     );
+    Ok(())
+}
+
+/// W1 and W2 on a `--log-store redb` node and a `--log-store segment` node, runs alternating so
+/// both see the same machine.
+async fn log_store_rows(
+    report: &mut Report,
+    bin: &std::path::Path,
+    work: &std::path::Path,
+    args: &Args,
+    duration: Duration,
+) -> anyhow::Result<()> {
+    let start = |kind: &str| {
+        let flags = ["--log-store".to_owned(), kind.to_owned()];
+        ServerProcess::start(bin, "127.0.0.1:0", &work.join(format!("single-{kind}")), &flags)
+    };
+    let nodes = [start("redb")?, start("segment")?];
+    let (mut w1, mut w2) = ([vec![], vec![]], [vec![], vec![]]);
+    for run in 0..args.runs {
+        for (i, node) in nodes.iter().enumerate() {
+            let url = node.url.clone();
+            w1[i].push(workloads::uncontended(&url, &format!("w1s-{run}"), duration).await?.acquire.p50());
+            w2[i].push(
+                workloads::contended(&[url], &format!("w2s-{run}"), 32, duration).await?.cycles_per_second,
+            );
+        }
+    }
+    println!("log stores (single node each, runs alternating)");
+    let (r1, s1, r2, s2) = (median(&w1[0]), median(&w1[1]), median(&w2[0]), median(&w2[1]));
+    report.add("W1 acquire p50, --log-store redb", format!("{r1:.3} ms"), None);
+    report.add("W1 acquire p50, --log-store segment", format!("{s1:.3} ms ({:.2}x redb)", s1 / r1), None);
+    report.add("W2 cycles, --log-store redb", format!("{r2:.0} /s"), None);
+    report.add("W2 cycles, --log-store segment", format!("{s2:.0} /s ({:.2}x redb)", s2 / r2), None);
     Ok(())
 }
 
