@@ -50,6 +50,10 @@ struct Args {
     /// The `permit` binary (default: next to this one).
     #[arg(long)]
     permit_bin: Option<PathBuf>,
+    /// The `logstore` part also runs these other `permit` binaries (comma-separated) with `--log-store segment`
+    /// (e.g. a build before a change), alternating with the others: before/after in one run.
+    #[arg(long, value_delimiter = ',')]
+    compare_bin: Vec<PathBuf>,
     /// Run W1-W4 against this running server instead of a fresh one (e.g. to profile it).
     #[arg(long)]
     url: Option<String>,
@@ -347,14 +351,21 @@ async fn log_store_rows(
     args: &Args,
     duration: Duration,
 ) -> anyhow::Result<()> {
-    let start = |kind: &str| {
+    let start = |bin: &std::path::Path, kind: &str, dir: &str| {
         let flags = ["--log-store".to_owned(), kind.to_owned()];
-        ServerProcess::start(bin, "127.0.0.1:0", &work.join(format!("single-{kind}")), &flags)
+        ServerProcess::start(bin, "127.0.0.1:0", &work.join(dir), &flags)
     };
-    let nodes = [start("redb")?, start("segment")?];
-    let (mut w1, mut w2) = ([vec![], vec![]], [vec![], vec![]]);
+    let mut nodes = vec![
+        ("--log-store redb".to_owned(), start(bin, "redb", "single-redb")?),
+        ("--log-store segment".to_owned(), start(bin, "segment", "single-segment")?),
+    ];
+    for (i, other) in args.compare_bin.iter().enumerate() {
+        let label = format!("--log-store segment, {}", other.display());
+        nodes.push((label, start(other, "segment", &format!("single-compare{i}"))?));
+    }
+    let (mut w1, mut w2) = (vec![vec![]; nodes.len()], vec![vec![]; nodes.len()]);
     for run in 0..args.runs {
-        for (i, node) in nodes.iter().enumerate() {
+        for (i, (_, node)) in nodes.iter().enumerate() {
             let url = node.url.clone();
             w1[i].push(workloads::uncontended(&url, &format!("w1s-{run}"), duration).await?.acquire.p50());
             w2[i].push(
@@ -363,11 +374,12 @@ async fn log_store_rows(
         }
     }
     println!("log stores (single node each, runs alternating)");
-    let (r1, s1, r2, s2) = (median(&w1[0]), median(&w1[1]), median(&w2[0]), median(&w2[1]));
-    report.add("W1 acquire p50, --log-store redb", format!("{r1:.3} ms"), None);
-    report.add("W1 acquire p50, --log-store segment", format!("{s1:.3} ms ({:.2}x redb)", s1 / r1), None);
-    report.add("W2 cycles, --log-store redb", format!("{r2:.0} /s"), None);
-    report.add("W2 cycles, --log-store segment", format!("{s2:.0} /s ({:.2}x redb)", s2 / r2), None);
+    let (r1, r2) = (median(&w1[0]), median(&w2[0]));
+    for (i, (label, _)) in nodes.iter().enumerate() {
+        let (a, b) = (median(&w1[i]), median(&w2[i]));
+        report.add(&format!("W1 acquire p50, {label}"), format!("{a:.3} ms ({:.2}x redb)", a / r1), None);
+        report.add(&format!("W2 cycles, {label}"), format!("{b:.0} /s ({:.2}x redb)", b / r2), None);
+    }
     Ok(())
 }
 
