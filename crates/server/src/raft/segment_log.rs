@@ -44,7 +44,7 @@ use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{AnyError, Entry, ErrorSubject, ErrorVerb, OptionalSend, StorageIOError, Vote};
 use serde::{Deserialize, Serialize};
 
-use super::log_store::{decode, encode};
+use super::log_store::{decode, encode, LOG_FORMAT_VERSION};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::failstop::FailStop;
 
@@ -135,6 +135,17 @@ fn preallocate(file: &File, bytes: u64) -> io::Result<()> {
         return file.set_len(bytes);
     }
     Err(error)
+}
+
+/// The index of an encoded entry, read from its leading log id without decoding the rest.
+fn peek_index(body: &[u8]) -> Result<u64, io::Error> {
+    match body.split_first() {
+        Some((&LOG_FORMAT_VERSION, rest)) => {
+            postcard::take_from_bytes::<LogId>(rest).map(|(log_id, _)| log_id.index).map_err(super::io_error)
+        }
+        Some((version, _)) => Err(io::Error::other(format!("log format version {version} unsupported"))),
+        None => Err(io::Error::other("empty log record")),
+    }
 }
 
 fn record(kind: u8, body: &[u8], out: &mut Vec<u8>) {
@@ -238,11 +249,12 @@ impl Inner {
                     Parsed::Record { kind, body, next } => {
                         match kind {
                             KIND_ENTRY => {
-                                let entry: Entry<TypeConfig> = match decode(body) {
-                                    Ok(entry) => entry,
+                                // The log id leads the encoding: purged entries (most of a
+                                // segment that awaits deletion) are not decoded in full.
+                                let index = match peek_index(body) {
+                                    Ok(index) => index,
                                     Err(e) => break Some(format!("undecodable entry at offset {at}: {e}")),
                                 };
-                                let index = entry.log_id.index;
                                 if previous.is_some_and(|p| index != p + 1) {
                                     return Err(io::Error::other(format!(
                                         "{}: entry {index} follows entry {} (corrupt log)",
@@ -253,6 +265,13 @@ impl Inner {
                                 previous = Some(index);
                                 last_index = Some(index);
                                 if purged.is_none_or(|p| index > p) {
+                                    let entry = match decode::<Entry<TypeConfig>>(body) {
+                                        Ok(entry) if entry.log_id.index == index => entry,
+                                        Ok(_) => break Some(format!("inconsistent entry at offset {at}")),
+                                        Err(e) => {
+                                            break Some(format!("undecodable entry at offset {at}: {e}"))
+                                        }
+                                    };
                                     inner.entries.insert(index, (entry, seq, at as u64));
                                 }
                             }
