@@ -11,6 +11,7 @@ mod api;
 mod auth;
 mod floors;
 mod python;
+mod redis;
 mod server;
 mod stats;
 mod tls;
@@ -36,10 +37,12 @@ struct Args {
     /// Length of each timed workload run.
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
-    /// Parts to run: floors,w1,tls,w2,w3,w4,python,auth,cluster,scale,failover,big,scrape
-    /// (default: all but big and scrape). `python` runs the Python client's W1/W2 driver (threads
-    /// and asyncio) in alternation with the Rust driver's W1/W2 runs on the same server.
-    /// `tls` runs W1 over HTTPS on a second node, alternating with plain HTTP runs.
+    /// Parts to run: floors,w1,tls,w2,w3,w4,python,redis,logstore,auth,cluster,scale,failover,
+    /// big,scrape (default: all but big and scrape). `tls` runs W1 over HTTPS on a second node,
+    /// alternating with plain HTTP runs. `python` runs the Python client's W1/W2 driver (threads
+    /// and asyncio) in alternation with the Rust driver's W1/W2 runs on the same server. `redis`
+    /// runs W1 and W2 against redis-server with appendfsync always, alternating with Permit runs;
+    /// `logstore` runs W1 and W2 on two more nodes, --log-store redb and segment, alternating.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sessions (and semaphores) in the small scale step; the large step is 10x.
@@ -62,6 +65,10 @@ struct Args {
     /// The `permit` binary (default: next to this one).
     #[arg(long)]
     permit_bin: Option<PathBuf>,
+    /// The `logstore` part also runs these other `permit` binaries (comma-separated) with `--log-store segment`
+    /// (e.g. a build before a change), alternating with the others: before/after in one run.
+    #[arg(long, value_delimiter = ',')]
+    compare_bin: Vec<PathBuf>,
     /// Run W1-W4 against this running server instead of a fresh one (e.g. to profile it).
     #[arg(long)]
     url: Option<String>,
@@ -175,7 +182,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     report.add("HTTP round trips, 32 clients", format!("{http_rate:.0} /s"), None);
     report.add("fdatasync of a 4 KiB append, p50", format!("{fsync_p50:.3} ms"), None);
 
-    if ["w1", "tls", "w2", "w3", "w4", "python"].iter().any(|part| wants(&args, part)) {
+    if ["w1", "tls", "w2", "w3", "w4", "python", "redis"].iter().any(|part| wants(&args, part)) {
         let node = match &args.url {
             Some(_) => None,
             None => Some(ServerProcess::start(&bin, "127.0.0.1:0", &work.path().join("single"), &[])?),
@@ -220,6 +227,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             )
             .await?;
         }
+        if wants(&args, "redis") {
+            redis_rows(&mut report, work.path(), &url, &args, duration).await?;
+        }
         if wants(&args, "w3") {
             let mut all = Samples::default();
             for run in 0..args.runs {
@@ -244,6 +254,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 Some(("<= 20 ms".into(), over <= 20.0)),
             );
         }
+    }
+
+    if wants(&args, "logstore") {
+        log_store_rows(&mut report, &bin, work.path(), &args, duration).await?;
     }
 
     if wants(&args, "auth") {
@@ -421,6 +435,94 @@ async fn tls_rows(
         "W1 acquire p50, HTTPS (TLS 1.3, kept-alive connection)",
         format!("{secure:.3} ms ({cost:+.1} %)"),
         Some(("<= plain + 15 %".into(), cost <= 15.0)),
+    );
+    Ok(())
+}
+
+/// W1 and W2 on a `--log-store redb` node and a `--log-store segment` node, runs alternating so
+/// both see the same machine.
+async fn log_store_rows(
+    report: &mut Report,
+    bin: &std::path::Path,
+    work: &std::path::Path,
+    args: &Args,
+    duration: Duration,
+) -> anyhow::Result<()> {
+    let start = |bin: &std::path::Path, kind: &str, dir: &str| {
+        let flags = ["--log-store".to_owned(), kind.to_owned()];
+        ServerProcess::start(bin, "127.0.0.1:0", &work.join(dir), &flags)
+    };
+    let mut nodes = vec![
+        ("--log-store redb".to_owned(), start(bin, "redb", "single-redb")?),
+        ("--log-store segment".to_owned(), start(bin, "segment", "single-segment")?),
+    ];
+    for (i, other) in args.compare_bin.iter().enumerate() {
+        let label = format!("--log-store segment, {}", other.display());
+        nodes.push((label, start(other, "segment", &format!("single-compare{i}"))?));
+    }
+    let (mut w1, mut w2) = (vec![vec![]; nodes.len()], vec![vec![]; nodes.len()]);
+    for run in 0..args.runs {
+        for (i, (_, node)) in nodes.iter().enumerate() {
+            let url = node.url.clone();
+            w1[i].push(workloads::uncontended(&url, &format!("w1s-{run}"), duration).await?.acquire.p50());
+            w2[i].push(
+                workloads::contended(&[url], &format!("w2s-{run}"), 32, duration).await?.cycles_per_second,
+            );
+        }
+    }
+    println!("log stores (single node each, runs alternating)");
+    let (r1, r2) = (median(&w1[0]), median(&w2[0]));
+    for (i, (label, _)) in nodes.iter().enumerate() {
+        let (a, b) = (median(&w1[i]), median(&w2[i]));
+        report.add(&format!("W1 acquire p50, {label}"), format!("{a:.3} ms ({:.2}x redb)", a / r1), None);
+        report.add(&format!("W2 cycles, {label}"), format!("{b:.0} /s ({:.2}x redb)", b / r2), None);
+    }
+    Ok(())
+}
+
+/// The durable peer: W1 and W2 against Redis (`appendfsync always`, a Lua semaphore, see
+/// `redis.rs`), each run alternating with the same workload against Permit's single node, so
+/// both see the same machine; ratios Permit/Redis.
+async fn redis_rows(
+    report: &mut Report,
+    work: &std::path::Path,
+    permit_url: &str,
+    args: &Args,
+    duration: Duration,
+) -> anyhow::Result<()> {
+    let server = redis::RedisProcess::start(&work.join("redis")).await?;
+    let (mut p1, mut r1, mut p2, mut r2, mut rcv, mut rmax) = (vec![], vec![], vec![], vec![], vec![], 0);
+    for run in 0..args.runs {
+        p1.push(workloads::uncontended(permit_url, &format!("w1r-{run}"), duration).await?.acquire.p50());
+        r1.push(redis::uncontended(&server.addr, &format!("w1-{run}"), duration).await?.acquire.p50());
+        p2.push(
+            workloads::contended(&[permit_url.to_owned()], &format!("w2r-{run}"), 32, duration)
+                .await?
+                .cycles_per_second,
+        );
+        let w2 = redis::contended(&server.addr, &format!("w2-{run}"), 32, duration).await?;
+        r2.push(w2.cycles_per_second);
+        rcv.push(w2.fairness_cv);
+        rmax = rmax.max(w2.max_holders_seen);
+    }
+    drop(server);
+    let (p1, r1, p2, r2) = (median(&p1), median(&r1), median(&p2), median(&r2));
+    println!(
+        "Redis 7 peer (appendonly yes, appendfsync always, Lua FIFO semaphore; runs alternating with Permit)"
+    );
+    report.add("Redis W1 acquire p50", format!("{r1:.3} ms"), None);
+    report.add(
+        "Permit W1 acquire p50 (same runs)",
+        format!("{p1:.3} ms ({:.2}x Redis)", p1 / r1),
+        Some(("<= 1.0x Redis".into(), p1 <= r1)),
+    );
+    report.add("Redis W2 cycles, 32 clients, capacity 4", format!("{r2:.0} /s"), None);
+    report.add("Redis W2 fairness (CV of cycles per client)", format!("{:.3}", median(&rcv)), None);
+    report.add("Redis W2 most holders seen at once", format!("{rmax}"), Some(("<= 4".into(), rmax <= 4)));
+    report.add(
+        "Permit W2 cycles (same runs)",
+        format!("{p2:.0} /s ({:.2}x Redis)", p2 / r2),
+        Some((">= 1.5x Redis".into(), p2 >= 1.5 * r2)),
     );
     Ok(())
 }

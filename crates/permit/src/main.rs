@@ -67,6 +67,11 @@ struct ServeArgs {
     /// Take a snapshot and compact the log every this many entries.
     #[arg(long, default_value_t = 10_000)]
     snapshot_logs: u64,
+    /// The Raft log's storage: `redb` (a redb database, `DATA_DIR/raft-log.redb`) or `segment`
+    /// (append-only segment files, `DATA_DIR/raft-log/`). Fixed when the data dir is created: a
+    /// data dir of the other kind is refused.
+    #[arg(long, env = "PERMIT_LOG_STORE", default_value = "redb")]
+    log_store: permit_server::config::LogStoreKind,
     /// Do not form a cluster: wait to be added (`permit cluster add ID ADDR`) or initialised.
     #[arg(long, conflicts_with = "peers")]
     join: bool,
@@ -202,6 +207,7 @@ fn main() -> anyhow::Result<()> {
                 data_dir: args.data_dir,
                 peers: args.peers.into_iter().collect::<BTreeMap<_, _>>(),
                 snapshot_logs: args.snapshot_logs,
+                log_store: args.log_store,
                 join: args.join,
                 auth: args.auth.auth,
                 root_token: if args.auth.auth { args.auth.root_token()? } else { None },

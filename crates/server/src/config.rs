@@ -57,6 +57,31 @@ pub struct Config {
     /// Most semaphores and elections with metric series of their own (`--metrics-names-max`);
     /// the others are summed under the label value `_other`.
     pub metrics_names_max: usize,
+    /// The Raft log's storage (`--log-store`, `PERMIT_LOG_STORE`); a data dir keeps the one it
+    /// was created with.
+    pub log_store: LogStoreKind,
+}
+
+/// Which log store a node uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogStoreKind {
+    /// A redb database, `DATA_DIR/raft-log.redb` (the default).
+    #[default]
+    Redb,
+    /// Append-only segment files, `DATA_DIR/raft-log/` (`raft/segment_log.rs`).
+    Segment,
+}
+
+impl std::str::FromStr for LogStoreKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "redb" => Ok(LogStoreKind::Redb),
+            "segment" => Ok(LogStoreKind::Segment),
+            other => Err(format!("unknown log store {other:?}: expected redb or segment")),
+        }
+    }
 }
 
 /// `permit serve`'s default address.
@@ -85,6 +110,7 @@ impl Default for Config {
             connections_max: crate::listener::CONNECTIONS_MAX_DEFAULT,
             tls: None,
             restore: None,
+            log_store: LogStoreKind::Redb,
         }
     }
 }

@@ -1,16 +1,30 @@
-//! openraft's own storage test suite, run against the redb log store and Permit's state machine.
+//! openraft's own storage test suite, run against both log stores (redb and the segment log)
+//! with Permit's state machine; and the segment log's recovery from a torn or corrupt tail.
 
 use std::sync::Arc;
 
-use openraft::testing::{StoreBuilder, Suite};
-use openraft::StorageError;
+use openraft::storage::{RaftLogReader, RaftLogStorage};
+use openraft::testing::{log_id, StoreBuilder, Suite};
+use openraft::{Entry, EntryPayload, StorageError};
 use permit_server::notify::Notifier;
 use permit_server::raft::log_store::LogStore;
 use permit_server::raft::replica::Replica;
+use permit_server::raft::segment_log::SegmentLog;
 use permit_server::raft::snapshot_store::SnapshotStore;
 use permit_server::raft::state_machine::StateMachine;
 use permit_server::raft::TypeConfig;
 use tokio::sync::Notify;
+
+fn state_machine(dir: &std::path::Path) -> StateMachine {
+    let snapshots = SnapshotStore::open(&dir.join("snapshots")).expect("snapshot dir");
+    StateMachine::new(
+        Arc::new(Replica::default()),
+        Notifier::new(),
+        Arc::new(permit_server::observe::Observer::new(Arc::default(), 1000)),
+        snapshots,
+        Arc::new(Notify::new()),
+    )
+}
 
 struct RedbBuilder;
 
@@ -18,14 +32,18 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Red
     async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<u64>> {
         let dir = tempfile::tempdir().expect("temp dir");
         let log = LogStore::open(&dir.path().join("raft-log.redb")).expect("open log");
-        let snapshots = SnapshotStore::open(&dir.path().join("snapshots")).expect("snapshot dir");
-        let machine = StateMachine::new(
-            Arc::new(Replica::default()),
-            Notifier::new(),
-            Arc::new(permit_server::observe::Observer::new(Arc::default(), 1000)),
-            snapshots,
-            Arc::new(Notify::new()),
-        );
+        let machine = state_machine(dir.path());
+        Ok((dir, log, machine))
+    }
+}
+
+struct SegmentBuilder;
+
+impl StoreBuilder<TypeConfig, SegmentLog, StateMachine, tempfile::TempDir> for SegmentBuilder {
+    async fn build(&self) -> Result<(tempfile::TempDir, SegmentLog, StateMachine), StorageError<u64>> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = SegmentLog::open(&dir.path().join("raft-log")).expect("open log");
+        let machine = state_machine(dir.path());
         Ok((dir, log, machine))
     }
 }
@@ -33,4 +51,87 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Red
 #[test]
 fn redb_log_store_and_state_machine_pass_openraft_suite() {
     Suite::test_all(RedbBuilder).expect("openraft storage suite");
+}
+
+#[test]
+fn segment_log_store_and_state_machine_pass_openraft_suite() {
+    Suite::test_all(SegmentBuilder).expect("openraft storage suite");
+}
+
+fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
+    Entry { log_id: log_id(term, 1, index), payload: EntryPayload::Blank }
+}
+
+/// Appends durably (openraft's `LogFlushed` callback cannot be built outside openraft; the
+/// trait's `append` calls the same method).
+async fn append(log: &mut SegmentLog, entries: Vec<Entry<TypeConfig>>) {
+    log.append_entries(entries).expect("append");
+}
+
+async fn indexes(log: &mut SegmentLog) -> Vec<u64> {
+    log.try_get_log_entries(0..u64::MAX).await.expect("read").iter().map(|e| e.log_id.index).collect()
+}
+
+fn only_segment(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut segments: Vec<_> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    segments.pop().expect("one")
+}
+
+/// The byte offset just past the last non-zero byte of `file` (the written records).
+fn written_len(file: &std::path::Path) -> usize {
+    let data = std::fs::read(file).expect("read segment");
+    data.iter().rposition(|b| *b != 0).map_or(0, |p| p + 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segment_log_truncates_a_torn_tail_and_refuses_corruption_before_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("raft-log");
+    let mut log = SegmentLog::open(&path).expect("open");
+    append(&mut log, (1..=3).map(|i| blank(1, i)).collect()).await;
+    let after_three = written_len(&only_segment(&path));
+    append(&mut log, vec![blank(1, 4), blank(1, 5)]).await;
+    let after_five = written_len(&only_segment(&path));
+    drop(log);
+
+    // A torn tail: the last batch's second record cut in half (its fdatasync never returned).
+    let segment = only_segment(&path);
+    let mut data = std::fs::read(&segment).expect("read");
+    let cut = after_three + (after_five - after_three) * 3 / 4;
+    data[cut..after_five].fill(0);
+    std::fs::write(&segment, &data).expect("write");
+    let mut log = SegmentLog::open(&path).expect("a torn tail is truncated, not refused");
+    assert_eq!(indexes(&mut log).await, vec![1, 2, 3, 4]);
+    assert_eq!(log.get_log_state().await.expect("state").last_log_id.map(|l| l.index), Some(4));
+    // The log goes on after the truncated tail, and the new record survives a reopen.
+    append(&mut log, vec![blank(2, 5)]).await;
+    drop(log);
+    let mut log = SegmentLog::open(&path).expect("reopen");
+    assert_eq!(indexes(&mut log).await, vec![1, 2, 3, 4, 5]);
+    let last = log.get_log_state().await.expect("state").last_log_id.expect("last");
+    assert_eq!((last.leader_id.term, last.index), (2, 5));
+    drop(log);
+
+    // A flipped bit in the last record: its CRC fails, it is dropped as a torn tail.
+    let mut data = std::fs::read(&segment).expect("read");
+    let end = written_len(&segment);
+    data[end - 1] ^= 0x40;
+    std::fs::write(&segment, &data).expect("write");
+    let mut log = SegmentLog::open(&path).expect("open");
+    assert_eq!(indexes(&mut log).await, vec![1, 2, 3, 4]);
+    drop(log);
+
+    // A corrupt record in a segment that is not the last: refused, never a shorter log.
+    let later = path.join(format!("{:016x}.seg", u64::MAX - 1));
+    std::fs::write(&later, []).expect("an empty later segment");
+    let mut data = std::fs::read(&segment).expect("read");
+    data[after_three / 2] ^= 0x01;
+    std::fs::write(&segment, &data).expect("write");
+    let refused = SegmentLog::open(&path).err().expect("corruption before the tail is refused");
+    assert!(refused.to_string().contains("corrupt"), "{refused}");
 }

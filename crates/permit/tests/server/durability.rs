@@ -193,3 +193,38 @@ async fn a_backup_restores_every_object_and_the_token_counter_into_a_new_server(
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("must be empty"), "{again:?}");
 }
+
+/// `permit serve --log-store STORE` on `data_dir`, expected to refuse to start: its stderr.
+fn refused_start(data_dir: &std::path::Path, store: &str) -> String {
+    let output = std::process::Command::new(crate::common::permit_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--log-store", store, "--data-dir"])
+        .arg(data_dir)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "started on a data dir of the other log store");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn a_data_dir_keeps_its_log_store_and_the_segment_log_survives_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    for (store, other) in [("redb", "segment"), ("segment", "redb")] {
+        let data_dir = dir.path().join(store);
+        let mut server = Server::start_in(&data_dir, "127.0.0.1:0", &["--log-store", store]);
+        let api = Api::new(&server);
+        let session = api.session(120_000).await;
+        let answer = api.acquire("kept", json!({ "session": session, "capacity": 1 })).await;
+        assert_eq!(answer.status, 200);
+        let token = answer.body["token"].as_u64().unwrap();
+        server.kill9();
+        // The other store would see no log and start empty: refused, naming the right flag.
+        let stderr = refused_start(&data_dir, other);
+        assert!(stderr.contains(&format!("--log-store {store}")), "{stderr}");
+        // The right store starts and has the acknowledged grant.
+        server.restart();
+        let api = Api::new(&server);
+        let view = api.get("/v1/semaphores/kept").await;
+        assert_eq!(view.body["holders"][0]["token"].as_u64(), Some(token), "{}", view.body);
+    }
+}

@@ -23,11 +23,13 @@ use super::peer_rpc::PeerRpc;
 use super::proposer::{ProposeError, Proposer};
 use super::read_barrier::ReadBarrier;
 use super::replica::{Replica, ReplicaState};
+use super::segment_log::SegmentLog;
 use super::snapshot_store::SnapshotStore;
 use super::state_machine::{load_replica, StateMachine};
 use super::status::Status;
 use super::{NodeId, Raft, TypeConfig};
 use crate::config::Config;
+use crate::config::LogStoreKind;
 use crate::failstop::FailStop;
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
@@ -58,6 +60,12 @@ pub struct Consensus {
     peer_rpc: PeerRpc,
 }
 
+/// The log store a node opened (`--log-store`).
+enum Store {
+    Redb(LogStore),
+    Segment(SegmentLog),
+}
+
 impl Consensus {
     /// Opens the data dir's log and snapshots (restoring `config.restore` first, if set), starts
     /// Raft with `network`, initialises a fresh node (single node, or `--peers`), and starts the
@@ -75,16 +83,39 @@ impl Consensus {
         notifier: Arc<Notifier>,
         fail_stop: &Arc<FailStop>,
     ) -> anyhow::Result<(Consensus, Parts)> {
-        let log_path = config.data_dir.join("raft-log.redb");
+        let redb_path = config.data_dir.join("raft-log.redb");
+        let segment_path = config.data_dir.join("raft-log");
+        let (log_path, other_path, other) = match config.log_store {
+            LogStoreKind::Redb => (&redb_path, &segment_path, "segment"),
+            LogStoreKind::Segment => (&segment_path, &redb_path, "redb"),
+        };
+        // A data dir keeps the log store it was created with: opening the other kind would
+        // start from an empty log and lose every acknowledged write.
+        anyhow::ensure!(
+            !other_path.exists(),
+            "{} holds a log written by --log-store {other}; start with --log-store {other} \
+             (PERMIT_LOG_STORE={other}) or use another data dir",
+            config.data_dir.display()
+        );
         let opening = std::time::Instant::now();
         if let Some(file) = &config.restore {
             let snapshots = SnapshotStore::open(&config.data_dir.join("snapshots"))?;
-            super::state_machine::restore(file, &snapshots, &log_path, config.node_id, &addr.to_string())?;
+            super::state_machine::restore(file, &snapshots, log_path, config.node_id, &addr.to_string())?;
         }
-        let log_store = LogStore::open(&log_path)
-            .map_err(|e| open_error(&log_path, &e))?
-            .with_append_histogram(metrics.append_seconds.clone())
-            .with_fail_stop(fail_stop.clone());
+        let log_store = match config.log_store {
+            LogStoreKind::Redb => Store::Redb(
+                LogStore::open(&redb_path)
+                    .map_err(|e| open_error(&redb_path, &e))?
+                    .with_append_histogram(metrics.append_seconds.clone())
+                    .with_fail_stop(fail_stop.clone()),
+            ),
+            LogStoreKind::Segment => Store::Segment(
+                SegmentLog::open(&segment_path)
+                    .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", segment_path.display()))?
+                    .with_append_histogram(metrics.append_seconds.clone())
+                    .with_fail_stop(fail_stop.clone()),
+            ),
+        };
         tracing::info!(elapsed_ms = opening.elapsed().as_millis() as u64, "log opened");
         let snapshot_dir = config.data_dir.join("snapshots");
         let snapshots = SnapshotStore::open(&snapshot_dir)
@@ -98,9 +129,13 @@ impl Consensus {
         let expiry_wake = Arc::new(Notify::new());
         let state_machine =
             StateMachine::new(replica.clone(), notifier, observer.clone(), snapshots, expiry_wake.clone());
-        let raft =
-            Raft::new(config.node_id, Arc::new(raft_config(config)?), network, log_store, state_machine)
-                .await?;
+        let raft_config = Arc::new(raft_config(config)?);
+        let raft = match log_store {
+            Store::Redb(log) => Raft::new(config.node_id, raft_config, network, log, state_machine).await?,
+            Store::Segment(log) => {
+                Raft::new(config.node_id, raft_config, network, log, state_machine).await?
+            }
+        };
 
         if config.cluster_secret.is_none() && has_other_members(&raft, config.node_id).await? {
             let _ = raft.shutdown().await;

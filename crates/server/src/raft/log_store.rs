@@ -57,7 +57,8 @@ fn write_logs_error(e: impl std::error::Error) -> StorageError {
     storage_error(ErrorSubject::Logs, ErrorVerb::Write, e)
 }
 
-fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+/// Encodes a stored log entry or metadata value: [`LOG_FORMAT_VERSION`], then postcard.
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     postcard::to_extend(value, vec![LOG_FORMAT_VERSION]).expect("encoding to memory cannot fail")
 }
 

@@ -19,6 +19,7 @@ pub mod proposer;
 pub mod read_barrier;
 pub mod removal;
 pub mod replica;
+pub mod segment_log;
 pub mod snapshot_store;
 pub mod state_machine;
 pub mod status;
