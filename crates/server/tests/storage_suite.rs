@@ -6,10 +6,10 @@ use openraft::testing::{StoreBuilder, Suite};
 use openraft::StorageError;
 use permit_server::notify::Notifier;
 use permit_server::raft::log_store::LogStore;
+use permit_server::raft::replica::Replica;
 use permit_server::raft::snapshot_store::SnapshotStore;
 use permit_server::raft::state_machine::StateMachine;
 use permit_server::raft::TypeConfig;
-use permit_server::raft::replica::Replica;
 use tokio::sync::Notify;
 
 struct RedbBuilder;
