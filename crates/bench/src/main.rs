@@ -47,7 +47,8 @@ struct Args {
     /// Sessions, each with one hold, in the `big` part.
     #[arg(long, default_value_t = 1_000_000)]
     big_n: usize,
-    /// Sessions in the `snap` part (W1 acquires while the node snapshots them).
+    /// Sessions, each with one hold, in the `snap` part (W1 acquires while the node snapshots
+    /// them).
     #[arg(long, default_value_t = 1_000_000)]
     snap_n: usize,
     /// `--snapshot-logs` of the `snap` part's node: a snapshot every this many log entries.
@@ -493,7 +494,7 @@ async fn snap_rows(
     args: &Args,
 ) -> anyhow::Result<()> {
     let (n, logs) = (args.snap_n, args.snap_logs);
-    println!("snap ({n} sessions, a snapshot every {logs} log entries)");
+    println!("snap ({n} sessions with one hold each, a snapshot every {logs} log entries)");
     let node = ServerProcess::start(
         bin,
         "127.0.0.1:0",

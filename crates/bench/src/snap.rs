@@ -27,16 +27,32 @@ pub struct SnapshotStall {
     pub cycles_per_second: f64,
 }
 
-/// Creates `count` sessions (no holds) with `clients` concurrent clients.
+/// Semaphores the `snap` part's sessions hold permits of (the `big` part's shape).
+const SEMAPHORES: usize = 1000;
+
+/// Creates `count` sessions, each holding one permit of one of [`SEMAPHORES`] semaphores, with
+/// `clients` concurrent kept-alive clients. Holds matter: a session's hold names its semaphore,
+/// which the snapshot encodes per session, so the encode of 1 M sessions with holds takes about
+/// ten times as long as that of 1 M bare sessions.
 pub async fn sessions(url: &str, count: usize, clients: usize) -> anyhow::Result<()> {
+    let admin = Api::new(url);
+    for i in 0..SEMAPHORES {
+        admin.semaphore(&format!("snap-{i}"), count.div_ceil(SEMAPHORES) as u64).await?;
+    }
     let next = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..clients)
         .map(|_| {
             let (url, next) = (url.to_owned(), next.clone());
             tokio::spawn(async move {
                 let api = Api::new(&url);
-                while (next.fetch_add(1, Ordering::Relaxed) as usize) < count {
-                    api.session(86_400_000).await?;
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    if i >= count {
+                        break;
+                    }
+                    let session = api.session(86_400_000).await?;
+                    let name = format!("snap-{}", i % SEMAPHORES);
+                    api.acquire(&name, &session, 1, 0).await?.context("populate acquire refused")?;
                 }
                 anyhow::Ok(())
             })
