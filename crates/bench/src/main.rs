@@ -4,6 +4,7 @@
 //! cargo build --release -p permit -p permit-bench
 //! target/release/permit-bench            # everything but the 1M-session run
 //! target/release/permit-bench --only big # 1M sessions with one hold each
+//! target/release/permit-bench --only snap # W1 while 1M sessions are snapshotted
 //! ```
 //! Every figure is a median over `--runs` runs; ratios are to floors measured in the same run.
 
@@ -13,6 +14,7 @@ mod floors;
 mod python;
 mod redis;
 mod server;
+mod snap;
 mod stats;
 mod tls;
 mod workloads;
@@ -38,11 +40,12 @@ struct Args {
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
     /// Parts to run: floors,w1,tls,w2,w3,w4,python,redis,logstore,auth,cluster,scale,failover,
-    /// big,scrape (default: all but big and scrape). `tls` runs W1 over HTTPS on a second node,
-    /// alternating with plain HTTP runs. `python` runs the Python client's W1/W2 driver (threads
-    /// and asyncio) in alternation with the Rust driver's W1/W2 runs on the same server. `redis`
-    /// runs W1 and W2 against redis-server with appendfsync always, alternating with Permit runs;
-    /// `logstore` runs W1 and W2 on two more nodes, --log-store redb and segment, alternating.
+    /// big,scrape,snap (default: all but big, scrape and snap). `tls` runs W1 over HTTPS on a
+    /// second node, alternating with plain HTTP runs. `python` runs the Python client's W1/W2
+    /// driver (threads and asyncio) in alternation with the Rust driver's W1/W2 runs on the same
+    /// server. `redis` runs W1 and W2 against redis-server with appendfsync always, alternating
+    /// with Permit runs; `logstore` runs W1 and W2 on two more nodes, --log-store redb and
+    /// segment, alternating. `snap` runs W1 while a node of `--snap-n` sessions snapshots.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sessions (and semaphores) in the small scale step; the large step is 10x.
@@ -62,6 +65,16 @@ struct Args {
     /// alternating with `--permit-bin`, for a before/after comparison in one run.
     #[arg(long)]
     before_bin: Option<PathBuf>,
+    /// Sessions, each with one hold, in the `snap` part (W1 acquires while the node snapshots
+    /// them).
+    #[arg(long, default_value_t = 1_000_000)]
+    snap_n: usize,
+    /// `--snapshot-logs` of the `snap` part's node: a snapshot every this many log entries.
+    #[arg(long, default_value_t = 2000)]
+    snap_logs: u64,
+    /// Length of the `snap` part's W1 run.
+    #[arg(long, default_value_t = 15_000)]
+    snap_ms: u64,
     /// The `permit` binary (default: next to this one).
     #[arg(long)]
     permit_bin: Option<PathBuf>,
@@ -140,7 +153,7 @@ fn main() -> anyhow::Result<()> {
 
 fn wants(args: &Args, part: &str) -> bool {
     if args.only.is_empty() {
-        part != "big" && part != "scrape"
+        part != "big" && part != "scrape" && part != "snap"
     } else {
         args.only.iter().any(|p| p == part)
     }
@@ -332,6 +345,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         for &n in &args.scrape_n {
             scrape_rows(&mut report, &bins, work.path(), n, args.runs).await?;
         }
+    }
+    if wants(&args, "snap") {
+        snap_rows(&mut report, &bin, work.path(), &args).await?;
     }
     report.print_markdown();
     if args.keep_data {
@@ -749,6 +765,61 @@ async fn scrape_rows(
             );
         }
     }
+    Ok(())
+}
+
+async fn snap_rows(
+    report: &mut Report,
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    args: &Args,
+) -> anyhow::Result<()> {
+    let (n, logs) = (args.snap_n, args.snap_logs);
+    println!("snap ({n} sessions with one hold each, a snapshot every {logs} log entries)");
+    let node = ServerProcess::start(
+        bin,
+        "127.0.0.1:0",
+        &dir.join("snap"),
+        &["--snapshot-logs".into(), logs.to_string()],
+    )?;
+    let started = Instant::now();
+    snap::sessions(&node.url, n, 64).await?;
+    report.add("snap: populate", format!("{:.0} s", started.elapsed().as_secs_f64()), None);
+    let run = snap::stall(&node.url, Duration::from_millis(args.snap_ms)).await?;
+    let mut windows = stats::Samples::default();
+    for window in &run.windows {
+        windows.push(*window);
+    }
+    report.add(
+        "snap: snapshots taken during the W1 run",
+        format!(
+            "{} (window p50 {:.0} ms, max {:.0} ms)",
+            run.windows.len(),
+            windows.p50(),
+            windows.quantile_ms(1.0)
+        ),
+        Some(("> 0".into(), !run.windows.is_empty())),
+    );
+    report.add("snap: W1 cycles", format!("{:.0} /s", run.cycles_per_second), None);
+    for (label, samples) in [("outside snapshots", &run.outside), ("during a snapshot", &run.during)] {
+        report.add(
+            &format!("snap: W1 acquire {label}, p50 / p99 / max"),
+            format!(
+                "{:.3} / {:.3} / {:.1} ms (n={})",
+                samples.p50(),
+                samples.p99(),
+                samples.quantile_ms(1.0),
+                samples.len()
+            ),
+            None,
+        );
+    }
+    let p99 = run.during.p99();
+    report.add(
+        &format!("snap: W1 acquire p99 during a snapshot of {n} sessions"),
+        format!("{p99:.3} ms"),
+        Some(("<= 10 ms".into(), p99 <= 10.0)),
+    );
     Ok(())
 }
 

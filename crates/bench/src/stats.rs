@@ -19,6 +19,11 @@ impl Samples {
         self.nanos.extend_from_slice(&other.nanos);
     }
 
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.nanos.len()
+    }
+
     /// The `q` quantile (0..=1) in milliseconds.
     pub fn quantile_ms(&self, q: f64) -> f64 {
         if self.nanos.is_empty() {

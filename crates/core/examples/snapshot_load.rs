@@ -43,6 +43,29 @@ fn main() {
     let started = Instant::now();
     let bytes = state.encode_snapshot();
     println!("encode: {:?} ({} bytes)", started.elapsed(), bytes.len());
+    // What the shell does under its lock now: freeze a view. Then a write to the state while
+    // the view lives copies the paths it touches.
+    let started = Instant::now();
+    let view = state.snapshot_view();
+    println!("snapshot view (under the lock): {:?}", started.elapsed());
+    let started = Instant::now();
+    let id = SessionId::from_bytes([0xff; 16]);
+    let commands = vec![
+        Command::CreateSession { id, ttl_ms: 86_400_000, name: None },
+        Command::Acquire(Acquire {
+            key: Key::semaphore(names[0].clone()),
+            session: id,
+            permits: 1,
+            wait: false,
+            capacity: None,
+            max_hold_ms: None,
+            value: None,
+        }),
+    ];
+    state.apply(index + 1, 1, &Batch { now_ms: index + 1, commands }, &mut effects);
+    println!("first apply while a view lives: {:?}", started.elapsed());
+    assert_eq!(view.encode(), bytes, "the view kept the state it was taken from");
+    drop(view);
     let started = Instant::now();
     let decoded = State::decode_snapshot(&bytes).expect("decodes");
     println!("decode and verify: {:?}", started.elapsed());

@@ -31,7 +31,7 @@ pub use name::{InvalidName, Key, Kind, Name};
 pub use outcome::{Effect, Event, EventKind, Field, Limit, Outcome, Refusal, WaitEndReason};
 pub use semaphore::{Hold, Semaphore, Waiter};
 pub use session::{InvalidSessionId, KeySet, Session, SessionId};
-pub use snapshot::{SnapshotError, SNAPSHOT_FORMAT_VERSION};
+pub use snapshot::{SnapshotError, SnapshotView, SNAPSHOT_FORMAT_VERSION};
 pub use state::{validate_acquire, validate_capacity, validate_session_name, validate_ttl_ms, State};
 pub use verify::InvariantViolation;
 pub use wait_queue::WaitQueue;

@@ -1,8 +1,10 @@
 //! The snapshot format: versioned, deterministic bytes of a [`State`].
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use imbl::{OrdMap, OrdSet};
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::semaphore::Semaphore;
 use crate::session::{KeySet, Session};
@@ -42,16 +44,97 @@ struct SnapshotV2 {
     ephemeral: Vec<Key>,
 }
 
-#[derive(Serialize)]
-struct SnapshotV2Ref<'a> {
-    sessions: &'a BTreeMap<SessionId, Session>,
-    objects: &'a BTreeMap<Key, Semaphore>,
+/// The encoded fields of a [`State`], frozen: a persistent copy that shares its trees with the
+/// state it was taken from. Taking one is O(1) ([`State::snapshot_view`]); encoding it
+/// ([`SnapshotView::encode`]) walks every session and may run on another thread while the
+/// state goes on changing.
+#[derive(Clone, Debug)]
+pub struct SnapshotView {
+    sessions: OrdMap<SessionId, Session>,
+    objects: OrdMap<Key, Arc<Semaphore>>,
     last_token: u64,
     now_ms: u64,
     applied_index: u64,
-    tokens: &'a BTreeMap<TokenId, Token>,
+    tokens: OrdMap<TokenId, Token>,
     root_created: bool,
-    ephemeral: &'a std::collections::BTreeSet<Key>,
+    ephemeral: OrdSet<Key>,
+}
+
+/// A map serialized as a map in key order, exactly as serde serializes a `BTreeMap`: postcard
+/// writes the length, then the pairs, so the bytes are those of version 2 written from
+/// `BTreeMap`s (the test `maps_decode_from_the_bytes_of_sorted_pairs` holds them to it).
+struct InOrder<'a, K, V>(&'a OrdMap<K, V>);
+
+impl<K: Serialize + Ord + Clone, V: Serialize + Clone> Serialize for InOrder<'_, K, V> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (key, value) in self.0 {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
+}
+
+/// The objects in key order, each as its semaphore (not its `Arc`).
+struct ObjectsInOrder<'a>(&'a OrdMap<Key, Arc<Semaphore>>);
+
+impl Serialize for ObjectsInOrder<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (key, object) in self.0 {
+            map.serialize_entry(key, &**object)?;
+        }
+        map.end()
+    }
+}
+
+/// A set serialized as a sequence in order, as serde serializes a `BTreeSet`.
+struct SetInOrder<'a, K>(&'a OrdSet<K>);
+
+impl<K: Serialize + Ord + Clone> Serialize for SetInOrder<'_, K> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for key in self.0 {
+            seq.serialize_element(key)?;
+        }
+        seq.end()
+    }
+}
+
+/// Version 2's layout, borrowed from a [`SnapshotView`].
+#[derive(Serialize)]
+struct SnapshotV2Ref<'a> {
+    sessions: InOrder<'a, SessionId, Session>,
+    objects: ObjectsInOrder<'a>,
+    last_token: u64,
+    now_ms: u64,
+    applied_index: u64,
+    tokens: InOrder<'a, TokenId, Token>,
+    root_created: bool,
+    ephemeral: SetInOrder<'a, Key>,
+}
+
+impl SnapshotView {
+    /// Encodes the view: the bytes [`State::encode_snapshot`] gives for the state it was taken
+    /// from. Equal states give equal bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let view = SnapshotV2Ref {
+            sessions: InOrder(&self.sessions),
+            objects: ObjectsInOrder(&self.objects),
+            last_token: self.last_token,
+            now_ms: self.now_ms,
+            applied_index: self.applied_index,
+            tokens: InOrder(&self.tokens),
+            root_created: self.root_created,
+            ephemeral: SetInOrder(&self.ephemeral),
+        };
+        postcard::to_extend(&view, vec![SNAPSHOT_FORMAT_VERSION]).expect("encoding to memory cannot fail")
+    }
+
+    /// Log index of the last batch applied to the state the view was taken from.
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
 }
 
 /// Version 1: no tokens, sessions without owners.
@@ -99,17 +182,31 @@ impl From<SnapshotV1> for SnapshotV2 {
 impl State {
     /// Encodes the state. Equal states give equal bytes.
     pub fn encode_snapshot(&self) -> Vec<u8> {
-        let view = SnapshotV2Ref {
-            sessions: &self.sessions,
-            objects: &self.objects,
+        self.snapshot_view().encode()
+    }
+
+    /// A frozen copy of what a snapshot encodes, in O(1): the persistent maps are shared, and
+    /// a later change to this state copies only what it touches. The shell takes it under its
+    /// lock and encodes it outside.
+    ///
+    /// # Examples
+    /// ```
+    /// use permit_core::State;
+    /// let state = State::default();
+    /// let view = state.snapshot_view();
+    /// assert_eq!(view.encode(), state.encode_snapshot());
+    /// ```
+    pub fn snapshot_view(&self) -> SnapshotView {
+        SnapshotView {
+            sessions: self.sessions.clone(),
+            objects: self.objects.clone(),
             last_token: self.last_token,
             now_ms: self.now_ms,
             applied_index: self.applied_index,
-            tokens: &self.tokens,
+            tokens: self.tokens.clone(),
             root_created: self.root_created,
-            ephemeral: &self.ephemeral,
-        };
-        postcard::to_extend(&view, vec![SNAPSHOT_FORMAT_VERSION]).expect("encoding to memory cannot fail")
+            ephemeral: self.ephemeral.clone(),
+        }
     }
 
     /// Decodes a snapshot and checks its invariants.
@@ -173,7 +270,10 @@ impl State {
         };
         let mut state = State {
             sessions: sorted_map(v2.sessions, "session")?,
-            objects: sorted_map(v2.objects, "object")?,
+            objects: sorted_map(
+                v2.objects.into_iter().map(|(key, object)| (key, Arc::new(object))).collect(),
+                "object",
+            )?,
             hold_deadlines: Default::default(),
             last_token: v2.last_token,
             now_ms: v2.now_ms,
@@ -198,7 +298,10 @@ impl State {
                 *state.sessions_per_owner.entry(owner).or_default() += 1;
             }
         }
-        for (key, object) in &mut state.objects {
+        // Freshly decoded, every object is unshared: `make_mut` does not copy.
+        let keys: Vec<Key> = state.objects.keys().cloned().collect();
+        for key in &keys {
+            let object = state.objects.get_mut(key).map(Arc::make_mut).expect("listed above");
             object.queue.validate().map_err(|what| InvariantViolation(format!("{key}: {what}")))?;
             object.queue.rebuild_index();
             for (session, hold) in &object.holders {
@@ -220,10 +323,10 @@ impl State {
 
 /// The map of `pairs`, which must be in strictly increasing key order as encoded: anything else
 /// is a corrupt snapshot, not something to repair silently.
-fn sorted_map<K: Ord + std::fmt::Display, V>(
+fn sorted_map<K: Ord + Clone + std::fmt::Display, V: Clone>(
     pairs: Vec<(K, V)>,
     what: &str,
-) -> Result<BTreeMap<K, V>, InvariantViolation> {
+) -> Result<OrdMap<K, V>, InvariantViolation> {
     if let Some(pair) = pairs.windows(2).find(|pair| pair[0].0 >= pair[1].0) {
         return Err(InvariantViolation(format!("{what} {} out of order in the snapshot", pair[1].0)));
     }
@@ -262,7 +365,7 @@ mod tests {
         order(&mut sessions);
         let raw = Raw {
             sessions,
-            objects: state.objects.iter().map(|(k, o)| (k.clone(), o.clone())).collect(),
+            objects: state.objects.iter().map(|(k, o)| (k.clone(), (**o).clone())).collect(),
             last_token: state.last_token,
             now_ms: state.now_ms,
             applied_index: state.applied_index,
@@ -313,6 +416,38 @@ mod tests {
     fn maps_decode_from_the_bytes_of_sorted_pairs() {
         let state = state_with_sessions(3);
         assert_eq!(raw_bytes(&state, |_| {}), state.encode_snapshot());
+        assert_eq!(State::decode_snapshot(&state.encode_snapshot()).unwrap(), state);
+    }
+
+    #[test]
+    fn a_view_keeps_the_state_it_was_taken_from_while_the_state_changes() {
+        let mut state = state_with_sessions(3);
+        let acquire = |session: u8| crate::Acquire {
+            key: Key::semaphore(crate::Name::new("db").unwrap()),
+            session: SessionId::from_bytes([session; 16]),
+            permits: 1,
+            wait: true,
+            capacity: Some(1),
+            max_hold_ms: None,
+            value: None,
+        };
+        let batch = |commands| Batch { now_ms: 6, commands };
+        state.apply(2, 1, &batch(vec![Command::Acquire(acquire(1))]), &mut Vec::new());
+        let frozen = state.clone();
+        let view = state.snapshot_view();
+        // Change every map the view shares: a waiter and a hold on the shared object, a new
+        // session, a closed one.
+        state.apply(3, 1, &batch(vec![Command::Acquire(acquire(2))]), &mut Vec::new());
+        let new = SessionId::from_bytes([9; 16]);
+        let commands = vec![
+            Command::CreateSession { id: new, ttl_ms: 1000, name: None },
+            Command::CloseSession { id: SessionId::from_bytes([1; 16]) },
+        ];
+        state.apply(4, 1, &batch(commands), &mut Vec::new());
+        assert_eq!(view.applied_index(), 2);
+        assert_eq!(view.encode(), frozen.encode_snapshot(), "the view did not move");
+        assert_ne!(state.encode_snapshot(), frozen.encode_snapshot());
+        assert_eq!(State::decode_snapshot(&view.encode()).unwrap(), frozen);
         assert_eq!(State::decode_snapshot(&state.encode_snapshot()).unwrap(), state);
     }
 

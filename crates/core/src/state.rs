@@ -2,6 +2,9 @@
 
 use std::cmp::max;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use imbl::{OrdMap, OrdSet};
 
 use crate::command::{Acquire, Batch, Command};
 use crate::limits::*;
@@ -36,10 +39,16 @@ use crate::{Key, Kind, Name, SessionId, Token, TokenId};
 /// let outcomes = state.apply(1, 1, &batch, &mut Vec::new());
 /// assert_eq!(outcomes[1], Outcome::Acquired { permits: 2, token: 1 });
 /// ```
+///
+/// The maps that a snapshot encodes are persistent B-trees (`imbl`): cloning them is O(1) and
+/// later writes copy only the paths they touch, so [`State::snapshot_view`] freezes the state
+/// under the shell's lock and the view is encoded outside it while writes go on. Objects sit
+/// behind an `Arc`, so a write during a snapshot copies the one object it touches, not the
+/// up to 64 neighbours that share its tree leaf.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct State {
-    pub(crate) sessions: BTreeMap<SessionId, Session>,
-    pub(crate) objects: BTreeMap<Key, Semaphore>,
+    pub(crate) sessions: OrdMap<SessionId, Session>,
+    pub(crate) objects: OrdMap<Key, Arc<Semaphore>>,
     /// Derived index of holds with a `max_hold_ms` deadline: (deadline, object, session).
     pub(crate) hold_deadlines: BTreeSet<(u64, Key, SessionId)>,
     /// The largest fencing token issued so far; tokens are global, so they grow per object too.
@@ -49,7 +58,7 @@ pub struct State {
     /// Log index of the last applied batch.
     pub(crate) applied_index: u64,
     /// Access tokens by id.
-    pub(crate) tokens: BTreeMap<TokenId, Token>,
+    pub(crate) tokens: OrdMap<TokenId, Token>,
     /// Derived index: token id by the SHA-256 of its secret.
     pub(crate) token_ids_by_secret: BTreeMap<[u8; 32], TokenId>,
     /// Derived index: live sessions per owning token (tokens without sessions are absent).
@@ -58,7 +67,7 @@ pub struct State {
     pub(crate) root_created: bool,
     /// Semaphores created by an ephemeral acquire and not made permanent by a put since: each is
     /// deleted when it becomes idle.
-    pub(crate) ephemeral: BTreeSet<Key>,
+    pub(crate) ephemeral: OrdSet<Key>,
 }
 
 impl State {
@@ -215,7 +224,7 @@ impl State {
             }
         }
         for key in &session.waits {
-            let object = self.objects.get_mut(key).expect("a wait's object exists");
+            let object = self.object_mut(key).expect("a wait's object exists");
             let waiter = object.queue.remove(id).expect("a session's wait is queued");
             effects.push(Effect::WaitEnded { key: key.clone(), session: id });
             let mut event = Event::new(EventKind::WaitEnded);
@@ -257,11 +266,11 @@ impl State {
         validate_capacity(capacity)?;
         let key = Key::semaphore(name.clone());
         let last_token = self.last_token;
-        let Some(object) = self.objects.get_mut(&key) else {
+        let Some(object) = self.objects.get_mut(&key).map(Arc::make_mut) else {
             if self.objects.len() >= OBJECTS_MAX {
                 return Err(Refusal::LimitExceeded(Limit::Objects));
             }
-            self.objects.insert(key.clone(), Semaphore::new(capacity, index, last_token));
+            self.objects.insert(key.clone(), Arc::new(Semaphore::new(capacity, index, last_token)));
             emit(effects, capacity_event(&key, capacity));
             effects.push(Effect::ObjectChanged { key });
             return Ok(Outcome::SemaphoreCreated);
@@ -337,12 +346,12 @@ impl State {
             if self.objects.len() >= OBJECTS_MAX {
                 return Err(Refusal::LimitExceeded(Limit::Objects));
             }
-            self.objects.insert(key.clone(), Semaphore::new(capacity, index, self.last_token));
+            self.objects.insert(key.clone(), Arc::new(Semaphore::new(capacity, index, self.last_token)));
             if key.kind == Kind::Semaphore {
                 emit(effects, capacity_event(key, capacity));
             }
         }
-        let object = self.objects.get_mut(key).expect("created above");
+        let object = self.object_mut(key).expect("created above");
         if object.queue.is_empty() && object.fits(acquire.permits) {
             let waiter = waiter_of(index, acquire);
             let token = self.grant(index, key, waiter, false, effects);
@@ -380,7 +389,7 @@ impl State {
         if !self.sessions.contains_key(&session_id) {
             return Err(Refusal::SessionNotFound);
         }
-        let Some(object) = self.objects.get_mut(key) else {
+        let Some(object) = self.object_mut(key) else {
             return Ok(Outcome::Released { permits: 0 });
         };
         let held = object.holders.contains_key(&session_id);
@@ -442,7 +451,7 @@ impl State {
     /// blocks everyone behind it: strict FIFO, so large requests are never starved.
     fn pump(&mut self, index: u64, key: &Key, effects: &mut Vec<Effect>) {
         loop {
-            let object = self.objects.get_mut(key).expect("pumped object exists");
+            let object = self.object_mut(key).expect("pumped object exists");
             match object.queue.head() {
                 Some(head) if object.fits(head.permits) => {}
                 _ => return,
@@ -475,7 +484,7 @@ impl State {
             expires_at_ms,
             value: waiter.value,
         };
-        let object = self.objects.get_mut(key).expect("granted object exists");
+        let object = self.object_mut(key).expect("granted object exists");
         assert!(object.fits(hold.permits), "grant over capacity");
         object.held += hold.permits;
         object.holders.insert(waiter.session, hold);
@@ -509,7 +518,7 @@ impl State {
 
     /// Removes a hold from its object and the deadline index; the caller updates the session.
     fn remove_hold(&mut self, key: &Key, session: SessionId) -> Hold {
-        let object = self.objects.get_mut(key).expect("held object exists");
+        let object = self.object_mut(key).expect("held object exists");
         let hold = object.holders.remove(&session).expect("hold exists");
         object.held -= hold.permits;
         if let Some(expires_at_ms) = hold.expires_at_ms {
@@ -522,7 +531,7 @@ impl State {
     /// is removed. Tokens are global, so a name created again never repeats a token.
     fn drop_idle_election(&mut self, key: &Key, effects: &mut Vec<Effect>) {
         let transient = key.kind == Kind::Election || self.ephemeral.contains(key);
-        if transient && self.objects.get(key).is_some_and(Semaphore::is_idle) {
+        if transient && self.objects.get(key).is_some_and(|object| object.is_idle()) {
             self.objects.remove(key);
             self.ephemeral.remove(key);
             effects.push(Effect::ObjectRemoved { key: key.clone() });
@@ -562,8 +571,13 @@ impl State {
         }
     }
 
+    /// The object to change: copied first if a snapshot view still shares it.
+    pub(crate) fn object_mut(&mut self, key: &Key) -> Option<&mut Semaphore> {
+        self.objects.get_mut(key).map(Arc::make_mut)
+    }
+
     fn touch(&mut self, index: u64, key: &Key, effects: &mut Vec<Effect>) {
-        if let Some(object) = self.objects.get_mut(key) {
+        if let Some(object) = self.object_mut(key) {
             object.modified_index = index;
         }
         effects.push(Effect::ObjectChanged { key: key.clone() });
@@ -596,7 +610,7 @@ impl State {
 
     /// The object with this key.
     pub fn object(&self, key: &Key) -> Option<&Semaphore> {
-        self.objects.get(key)
+        self.objects.get(key).map(|object| &**object)
     }
 
     /// Objects of `kind` whose name comes after `after`, in name order.
@@ -610,7 +624,10 @@ impl State {
             Some(name) => Bound::Excluded(Key { kind, name: name.clone() }),
             None => Bound::Included(Key { kind, name: Name::below_all() }),
         };
-        self.objects.range((start, Bound::Unbounded)).take_while(move |(key, _)| key.kind == kind)
+        self.objects
+            .range((start, Bound::Unbounded))
+            .take_while(move |(key, _)| key.kind == kind)
+            .map(|(key, object)| (key, &**object))
     }
 
     /// Whether the semaphore is ephemeral (deleted when idle).
@@ -655,7 +672,7 @@ fn capacity_event(key: &Key, capacity: u64) -> Event {
     event
 }
 
-fn object_value(objects: &BTreeMap<Key, Semaphore>, key: &Key, session: SessionId) -> Option<String> {
+fn object_value(objects: &OrdMap<Key, Arc<Semaphore>>, key: &Key, session: SessionId) -> Option<String> {
     objects.get(key)?.holders.get(&session)?.value.clone()
 }
 

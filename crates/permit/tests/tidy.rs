@@ -17,7 +17,12 @@ enum Outside {
 }
 
 const RULES: &[Rule] = &[
-    Rule { dir: "core", permit_deps: &[], outside: Outside::Only(&["serde", "postcard", "thiserror"]) },
+    // imbl (MPL-2.0): persistent ordered maps, so a snapshot is encoded from an O(1) copy.
+    Rule {
+        dir: "core",
+        permit_deps: &[],
+        outside: Outside::Only(&["serde", "postcard", "thiserror", "imbl"]),
+    },
     Rule { dir: "wire", permit_deps: &[], outside: Outside::Only(&["serde", "utoipa"]) },
     Rule { dir: "server", permit_deps: &["permit-core", "permit-wire"], outside: Outside::Never(&["clap"]) },
     Rule {

@@ -18,16 +18,23 @@ pub enum Bug {
     /// Serve reads and validations from local state without confirming leadership, and never
     /// forward them.
     StaleReads,
+    /// Not a bug: every snapshot's encoding takes [`SLOW_SNAPSHOT_ENCODE`] longer, so that a test
+    /// can show that writes keep flowing while a snapshot is encoded.
+    SlowSnapshotEncode,
 }
+
+/// How much longer a snapshot's encoding takes under [`Bug::SlowSnapshotEncode`].
+pub const SLOW_SNAPSHOT_ENCODE: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Bug {
     /// Every bug, with its name in `PERMIT_INJECT_BUG`.
-    pub const ALL: [(&'static str, Bug); 5] = [
+    pub const ALL: [(&'static str, Bug); 6] = [
         ("ack_before_commit", Bug::AckBeforeCommit),
         ("ignore_ttl", Bug::IgnoreTtl),
         ("non_monotonic_token", Bug::NonMonotonicToken),
         ("early_expiry", Bug::EarlyExpiry),
         ("stale_reads", Bug::StaleReads),
+        ("slow_snapshot_encode", Bug::SlowSnapshotEncode),
     ];
 }
 

@@ -228,3 +228,68 @@ async fn a_data_dir_keeps_its_log_store_and_the_segment_log_survives_kill_9() {
         assert_eq!(view.body["holders"][0]["token"].as_u64(), Some(token), "{}", view.body);
     }
 }
+
+/// The gauge `name` of the server's `/metrics`.
+async fn gauge(api: &Api, name: &str) -> u64 {
+    let text = api.http.get(format!("{}/metrics", api.url)).send().await.unwrap().text().await.unwrap();
+    let value = text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')).unwrap();
+    value.trim().parse::<f64>().unwrap() as u64
+}
+
+/// A snapshot is encoded from a frozen copy of the state, off the lock: with its encoding slowed
+/// down by 2 s (`slow_snapshot_encode`), writes keep being acknowledged and applied past the
+/// snapshot's index while it is being taken, none waits for it, and the snapshot is then taken
+/// at the index where it started and recovers after `kill -9`.
+#[tokio::test]
+async fn writes_flow_while_a_snapshot_is_encoded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start_with_env(
+        &dir.path().join("d"),
+        "127.0.0.1:0",
+        &["--snapshot-logs", "20"],
+        &[("PERMIT_INJECT_BUG", "slow_snapshot_encode")],
+    );
+    let api = Api::new(&server);
+    let session = api.session(120_000).await;
+    api.semaphore("w", 1).await;
+    let cycle = async |api: &Api| {
+        let started = std::time::Instant::now();
+        assert_eq!(api.acquire("w", json!({ "session": session })).await.status, 200);
+        assert_eq!(api.release("w", &session).await.status, 200);
+        started.elapsed()
+    };
+    // Past 20 entries: the first snapshot starts, and its encoding sleeps for 2 s.
+    while gauge(&api, "permit_raft_applied_index").await < 25 {
+        cycle(&api).await;
+    }
+    assert_eq!(gauge(&api, "permit_raft_snapshot_index").await, 0, "the snapshot is still being encoded");
+    let (mut cycles, mut slowest) = (0, Duration::ZERO);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut applied_before_it = 0;
+    loop {
+        let snapshot = gauge(&api, "permit_raft_snapshot_index").await;
+        if snapshot > 0 {
+            assert!(snapshot <= 30, "the snapshot is at the index it started from, not later: {snapshot}");
+            assert!(
+                applied_before_it >= snapshot + 20,
+                "writes were applied past the snapshot's index ({snapshot}) while it was encoded: \
+                 {applied_before_it}"
+            );
+            break;
+        }
+        applied_before_it = gauge(&api, "permit_raft_applied_index").await;
+        assert!(std::time::Instant::now() < deadline, "no snapshot within 30 s");
+        slowest = slowest.max(cycle(&api).await);
+        cycles += 1;
+    }
+    assert!(cycles >= 10, "only {cycles} write cycles during the 2 s encoding");
+    assert!(slowest < Duration::from_millis(1000), "a write waited {slowest:?} for the snapshot");
+    let file = server.data_dir.join("snapshots/snapshot.bin");
+    assert!(file.exists());
+    let held = api.acquire("w", json!({ "session": session })).await;
+    assert_eq!(held.status, 200);
+    server.kill9();
+    server.restart();
+    let api = Api::new(&server);
+    assert_eq!(api.holders("w").await, vec![session.clone()], "the state after the snapshot recovers");
+}

@@ -164,6 +164,10 @@ pub async fn remove(State(node): State<Arc<Node>>, Path(id): Path<String>) -> Re
 pub async fn snapshot(State(node): State<Arc<Node>>) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     node.ensure_linearizable().await?;
-    let bytes = crate::raft::state_machine::backup(&node.replica().read()).map_err(ApiError::internal)?;
+    let backup = crate::raft::state_machine::backup(&node.replica().read());
+    let bytes = tokio::task::spawn_blocking(move || backup.encode())
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(ApiError::internal)?;
     Ok(([(axum::http::header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }

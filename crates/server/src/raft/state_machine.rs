@@ -64,14 +64,40 @@ impl StateMachine {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    /// Freezes the state under the replica lock (an O(1) persistent copy), then encodes it and
+    /// writes the file on a blocking thread while entries go on being applied: openraft runs
+    /// this in a task of its own, so nothing waits for it but the log purge that follows.
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let (meta, bytes) = {
+        let (meta, view) = {
             let replica = self.replica.write();
-            (snapshot_meta(&replica), replica.state.encode_snapshot())
+            (snapshot_meta(&replica), replica.state.snapshot_view())
         };
-        super::blocking(|| self.snapshots.save(&meta, &bytes))
-            .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
+        let snapshots = self.snapshots.clone();
+        let saved_meta = meta.clone();
+        let bytes = off_the_runtime(move || {
+            if crate::bugs::is(crate::bugs::Bug::SlowSnapshotEncode) {
+                std::thread::sleep(crate::bugs::SLOW_SNAPSHOT_ENCODE);
+            }
+            let bytes = view.encode();
+            drop(view);
+            snapshots.save(&saved_meta, &bytes).map(|()| bytes)
+        })
+        .await
+        .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
+    }
+}
+
+/// Runs `f` on tokio's blocking pool on a multi-thread runtime; on a current-thread runtime
+/// (the simulation, in paused time) it runs in place, so that a seed replays the same way.
+async fn off_the_runtime(
+    f: impl FnOnce() -> std::io::Result<Vec<u8>> + Send + 'static,
+) -> std::io::Result<Vec<u8>> {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::spawn_blocking(f)
+            .await
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic())),
+        _ => f(),
     }
 }
 
@@ -179,13 +205,27 @@ fn snapshot_meta(replica: &crate::raft::replica::ReplicaState) -> Meta {
     Meta { last_log_id: replica.last_applied, last_membership: replica.membership.clone(), snapshot_id }
 }
 
-/// A backup of the applied state: the bytes of a snapshot file (`GET /v1/snapshot`), which
-/// `permit serve --restore` starts a new cluster from.
-///
-/// # Errors
-/// When the meta does not encode (never, in practice).
-pub fn backup(replica: &crate::raft::replica::ReplicaState) -> std::io::Result<Vec<u8>> {
-    super::snapshot_store::encode(&snapshot_meta(replica), &replica.state.encode_snapshot())
+/// A backup of the applied state (`GET /v1/snapshot`), frozen under the lock by [`backup`]
+/// and encoded outside it by [`Backup::encode`].
+pub struct Backup {
+    meta: Meta,
+    view: permit_core::SnapshotView,
+}
+
+/// The applied state as it stands, to encode as a backup: O(1), so cheap under the lock.
+pub fn backup(replica: &crate::raft::replica::ReplicaState) -> Backup {
+    Backup { meta: snapshot_meta(replica), view: replica.state.snapshot_view() }
+}
+
+impl Backup {
+    /// The bytes of a snapshot file, which `permit serve --restore` starts a new cluster from.
+    /// It walks the whole state: call it off the async runtime.
+    ///
+    /// # Errors
+    /// When the meta does not encode (never, in practice).
+    pub fn encode(self) -> std::io::Result<Vec<u8>> {
+        super::snapshot_store::encode(&self.meta, &self.view.encode())
+    }
 }
 
 /// Makes a new data dir start from the backup in `file`: the state of the backup, as a cluster
