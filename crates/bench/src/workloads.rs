@@ -176,6 +176,9 @@ pub async fn populate(
             let (url, prefix, next) = (url.to_owned(), prefix.to_owned(), next.clone());
             tokio::spawn(async move {
                 let api = Api::new(&url);
+                // One client (and kept-alive connection) per task: a client per request made
+                // the populate of the `scrape` part reconnect every time (≈ 290 sessions/s).
+                let http = crate::api_client();
                 let mut sessions = Vec::new();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed) as usize;
@@ -185,7 +188,7 @@ pub async fn populate(
                     let session = api.session(86_400_000).await?;
                     let capacity = count.div_ceil(semaphores).max(1);
                     let body = serde_json::json!({ "session": session, "capacity": capacity });
-                    let answer = crate::api_client()
+                    let answer = http
                         .post(format!("{url}/v1/semaphores/{prefix}{}/acquire", i % semaphores))
                         .json(&body)
                         .send()

@@ -148,6 +148,22 @@ impl Stream {
     }
 }
 
+/// One frame of `GET /v1/events` as an SSE parser reads it (the spec's per-event schema; the
+/// server builds frames as text, so this type only documents them).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct EventFrame {
+    /// The event's `seq`: resume after it with `Last-Event-ID`.
+    id: Option<String>,
+    /// The event's kind (`granted`, `released`, ...), or `missed`.
+    event: Option<String>,
+    /// One line of JSON: the event (`seq`, `index`, `now_ms`, `kind` and the fields that apply),
+    /// or `{"requested","first_available"}` in a `missed` frame.
+    data: String,
+    /// Reconnection delay; never sent by Permit.
+    retry: Option<u64>,
+}
+
 /// Server-Sent Events of this node's applied state changes (see `docs/observability.md`).
 /// Served by every node from its own applied state, never forwarded. Resume with
 /// `Last-Event-ID: N`: every event after N still in the ring (the last 10 000), or first an
@@ -156,8 +172,8 @@ impl Stream {
 /// `: keepalive` comments every 15 s. Takes one of the token's long-poll places.
 #[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsParams,
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event")),
-    responses((status = 200, content_type = "text/event-stream", body = String,
-            description = "An endless stream of `id:`/`event:`/`data:` frames"),
+    responses((status = 200, content_type = "text/event-stream", body = EventFrame,
+            description = "An endless stream of `id:`/`event:`/`data:` frames; the schema is one frame's"),
         (status = 400, body = permit_wire::ErrorBody, description = "`invalid_argument`: an unknown kind")))]
 pub async fn events(
     State(node): State<Arc<Node>>,
