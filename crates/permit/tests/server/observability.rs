@@ -296,6 +296,36 @@ async fn a_resume_past_the_ring_is_told_what_it_missed() {
     assert_eq!(next.id, Some(first));
 }
 
+/// `wait_ms` ends the stream after that long, having sent what it had; a wait too long for the
+/// clock keeps it open (and panics nothing).
+#[tokio::test]
+async fn wait_ms_ends_the_stream_and_a_huge_one_keeps_it_open() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    let session = api.session(60_000).await;
+    let mut stream = Sse::open(&api, "/v1/events?wait_ms=300", Some(0)).await;
+    let first = stream.next(Duration::from_secs(5)).await.expect("the resumed events first");
+    assert_eq!(first.event, "session_created");
+    assert_eq!(first.data["session"], session.as_str());
+    let started = Instant::now();
+    assert!(stream.next(Duration::from_secs(10)).await.is_none(), "no frame after the session's");
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), stream.response.chunk())
+            .await
+            .expect("ended")
+            .unwrap()
+            .is_none(),
+        "the stream ended"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "ended after {:?}", started.elapsed());
+
+    let mut open = Sse::open(&api, &format!("/v1/events?wait_ms={}", u64::MAX), Some(0)).await;
+    assert_eq!(open.next(Duration::from_secs(5)).await.expect("a frame").event, "session_created");
+    api.session(60_000).await;
+    let next = open.next(Duration::from_secs(5)).await.expect("still open for a new event");
+    assert_eq!(next.event, "session_created");
+}
+
 #[tokio::test]
 async fn a_follower_serves_the_event_stream_from_its_own_state() {
     let cluster = Cluster::start(3, &[]).await;

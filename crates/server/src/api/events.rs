@@ -34,6 +34,9 @@ pub struct EventsParams {
     /// `session_closed`, `queued`, `granted`, `released`, `wait_ended`, `expired`, `revoked`,
     /// `capacity_changed`, `leader_changed`.
     pub kinds: Option<String>,
+    /// Close the stream after this many milliseconds (default: keep it open until the client or
+    /// the node goes away), for clients that read in rounds; resume with `Last-Event-ID`.
+    pub wait_ms: Option<u64>,
 }
 
 /// Which events one stream sends.
@@ -97,13 +100,18 @@ struct Stream {
     pending: VecDeque<Arc<Recorded>>,
     /// A `missed` frame to send first.
     missed: Option<(u64, u64)>,
+    /// When the stream ends (`wait_ms`); `None`: never.
+    deadline: Option<tokio::time::Instant>,
     /// The caller's long-poll place, held while the stream is open.
     _poll: LongPoll,
 }
 
 impl Stream {
-    /// The next chunk to send; `None` ends the stream (the node shuts down).
+    /// The next chunk to send; `None` ends the stream (the node shuts down, or `wait_ms` passed).
     async fn next(&mut self) -> Option<Bytes> {
+        if self.deadline.is_some_and(|deadline| tokio::time::Instant::now() >= deadline) {
+            return None;
+        }
         if let Some((requested, first)) = self.missed.take() {
             let data = serde_json::json!({ "requested": requested, "first_available": first });
             return Some(Bytes::from(format!("event: missed\ndata: {data}\n\n")));
@@ -139,8 +147,10 @@ impl Stream {
             if *shutdown.borrow() {
                 return None;
             }
+            let deadline = self.deadline;
             tokio::select! {
                 () = &mut added => {}
+                () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => return None,
                 () = tokio::time::sleep(KEEPALIVE_INTERVAL) => return Some(Bytes::from_static(b": keepalive\n\n")),
                 _ = shutdown.wait_for(|stopping| *stopping) => return None,
             }
@@ -181,6 +191,9 @@ pub async fn events(
     headers: HeaderMap,
     Query(params): Query<EventsParams>,
 ) -> Result<Response, ApiError> {
+    // A wait too long to add to the clock is no deadline at all.
+    let deadline =
+        params.wait_ms.and_then(|ms| tokio::time::Instant::now().checked_add(Duration::from_millis(ms)));
     let filter = Filter::parse(params, caller.clone())?;
     let resume = match headers.get("last-event-id") {
         None => None,
@@ -200,7 +213,7 @@ pub async fn events(
             None => (last, None),
         },
     };
-    let stream = Stream { node, filter, last, pending: VecDeque::new(), missed, _poll: poll };
+    let stream = Stream { node, filter, last, pending: VecDeque::new(), missed, deadline, _poll: poll };
     let body = futures::stream::unfold(stream, |mut stream| async move {
         let chunk = stream.next().await?;
         Some((Ok::<_, std::convert::Infallible>(chunk), stream))
