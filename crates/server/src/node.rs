@@ -201,6 +201,11 @@ impl Node {
         self.consensus.leader(patience).await
     }
 
+    /// This node's failure, once it failed (it then refuses all work, as the HTTP layer does).
+    pub fn failure(&self) -> Option<crate::failstop::Failure> {
+        self.fail_stop.failure()
+    }
+
     /// Resolves with the failure once this node fails (a storage error, or Raft stopped without
     /// a shutdown); `serve` selects on it to exit non-zero.
     pub async fn fatal(&self) -> crate::failstop::Failure {

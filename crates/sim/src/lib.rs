@@ -5,7 +5,8 @@
 //! driver) on one current-thread tokio runtime with paused time, so simulated seconds cost only
 //! the work done in them. The nodes talk through an in-memory [`router::Router`] that injects
 //! seeded faults ([`nemesis`]): isolated nodes, one-way and bridge partitions, message loss,
-//! slow links, and crashes with restarts on the same data dir. Random [`client`]s run sessions,
+//! slow links, crashes with restarts on the same data dir, failed fsyncs (the node must
+//! fail-stop) and torn log tails after a power cut. Random [`client`]s run sessions,
 //! acquires, releases and resizes against whichever node believes it leads, and every answer
 //! goes into a [`history::History`].
 //!

@@ -65,6 +65,8 @@ pub struct Stats {
     pub snapshot_installs: u64,
     /// Raft messages delivered and lost.
     pub messages: (u64, u64),
+    /// Injected fsync failures that stopped a node, and power cuts that tore a log tail.
+    pub storage: (u64, u64),
 }
 
 /// The result of one simulation.
@@ -170,6 +172,7 @@ async fn simulate(seed: u64, settings: &Settings, recorder: Arc<Recorder>, obser
         applied_max: observer.applied_max(),
         snapshot_installs: observer.snapshot_installs(),
         messages: router.counts(),
+        storage: cluster.storage_counts(),
         ..Stats::default()
     };
     cluster.shutdown().await;

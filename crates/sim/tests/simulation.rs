@@ -59,8 +59,15 @@ fn assert_faults_happened(runs: &[Run]) {
     let lost = sum(|run| run.stats.messages.1);
     let leaders = sum(|run| run.stats.terms_led as u64);
     let installs = sum(|run| run.stats.snapshot_installs);
-    eprintln!("over {} seeds: {crashes} crashes, {lost} messages lost, {leaders} terms led, {installs} snapshot installs", runs.len());
+    let fsync_failures = sum(|run| run.stats.storage.0);
+    let torn_tails = sum(|run| run.stats.storage.1);
+    eprintln!(
+        "over {} seeds: {crashes} crashes, {lost} messages lost, {leaders} terms led, {installs} snapshot \
+         installs, {fsync_failures} fsync failures, {torn_tails} torn tails",
+        runs.len()
+    );
     assert!(crashes > 0 && lost > 0 && installs > 0, "the nemesis did not exercise every fault");
+    assert!(fsync_failures > 0 && torn_tails > 0, "the nemesis did not exercise the storage faults");
     assert!(leaders > 2 * runs.len() as u64, "leaders hardly changed");
 }
 
