@@ -63,6 +63,10 @@ pub struct Config {
     /// Storage faults a simulation injects into the redb log (`permit serve` never sets it).
     #[doc(hidden)]
     pub storage_faults: Option<std::sync::Arc<crate::raft::log_store::StorageFaults>>,
+    /// Seeds the generator of new session and token ids (a simulation's; `permit serve` draws
+    /// them from the OS-seeded generator).
+    #[doc(hidden)]
+    pub id_seed: Option<u64>,
 }
 
 /// Which log store a node uses.
@@ -115,6 +119,7 @@ impl Default for Config {
             restore: None,
             log_store: LogStoreKind::Redb,
             storage_faults: None,
+            id_seed: None,
         }
     }
 }

@@ -26,7 +26,7 @@ pub const NODE_IDS: [NodeId; 3] = [1, 2, 3];
 /// Attempts to reopen a data dir whose previous node is still letting go of its files.
 const REOPEN_ATTEMPTS: u32 = 50;
 
-/// Raft timing and compaction of every node.
+/// Raft timing and compaction of every node, and the seed of their id sources.
 #[derive(Debug, Clone, Copy)]
 pub struct RaftSettings {
     /// Leader heartbeat interval, in ms.
@@ -35,6 +35,9 @@ pub struct RaftSettings {
     pub election_timeout_ms: (u64, u64),
     /// Snapshot (and compact the log) after this many entries.
     pub snapshot_logs: u64,
+    /// Seeds each node's source of new session ids (mixed with its id and its start count,
+    /// so that a restarted node does not hand out the ids of its previous run again).
+    pub id_seed: u64,
 }
 
 /// The nodes of one simulation.
@@ -51,6 +54,8 @@ pub struct Cluster {
     fsync_failures: AtomicU64,
     /// Power cuts that lost a stalled, unacknowledged tail.
     torn_tails: AtomicU64,
+    /// Node starts so far.
+    launches: AtomicU64,
 }
 
 impl Cluster {
@@ -76,6 +81,7 @@ impl Cluster {
             faults: NODE_IDS.iter().map(|id| (*id, StorageFaults::new())).collect(),
             fsync_failures: AtomicU64::new(0),
             torn_tails: AtomicU64::new(0),
+            launches: AtomicU64::new(0),
         });
         for id in NODE_IDS {
             cluster.launch(id).await?;
@@ -103,6 +109,7 @@ impl Cluster {
                 permit_server::peer::ClusterSecret::new(b"simulation-cluster-secret").expect("long enough"),
             ),
             storage_faults: Some(self.faults[&id].clone()),
+            id_seed: Some(self.settings.id_seed ^ (id << 48) ^ self.launches.fetch_add(1, Ordering::Relaxed)),
             ..Config::default()
         }
     }

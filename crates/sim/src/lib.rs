@@ -17,9 +17,10 @@
 //! notes sessions that vanished from a leader before its deadline there (closes included), to
 //! explain a lease violation when one is found.
 //!
-//! Runs are reproducible only in their seeded parts: openraft draws election timeouts from an
-//! unseeded RNG, so a seed replays the same clients and faults, not the same interleaving.
-//! Failures print their seed and their last events; see [`seeds`] for the environment variables.
+//! A seed replays exactly (the same history, event by event): it seeds the clients, the faults,
+//! the nodes' session ids and openraft's election timeouts, and the server wakes waiters in a
+//! fixed order (`tests/replay.rs` checks it). Failures print their seed and their last events;
+//! see [`seeds`] for the environment variables.
 
 #![deny(missing_docs)]
 

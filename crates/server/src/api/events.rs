@@ -140,6 +140,7 @@ impl Stream {
                 return None;
             }
             tokio::select! {
+                biased;
                 () = &mut added => {}
                 () = tokio::time::sleep(KEEPALIVE_INTERVAL) => return Some(Bytes::from_static(b": keepalive\n\n")),
                 _ = shutdown.wait_for(|stopping| *stopping) => return None,
