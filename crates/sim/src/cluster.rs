@@ -56,7 +56,12 @@ pub struct Cluster {
     torn_tails: AtomicU64,
     /// Node starts so far.
     launches: AtomicU64,
+    /// Self-test: every crash loses acknowledged entries (see `Settings::lying_disk`).
+    lying_disk: std::sync::atomic::AtomicBool,
 }
+
+/// Acknowledged entries a lying disk loses at each crash.
+const LIE_ENTRIES: u64 = 20;
 
 impl Cluster {
     /// Starts every node; each forms the cluster from the same `--peers` list, as `permit serve`
@@ -82,6 +87,7 @@ impl Cluster {
             fsync_failures: AtomicU64::new(0),
             torn_tails: AtomicU64::new(0),
             launches: AtomicU64::new(0),
+            lying_disk: std::sync::atomic::AtomicBool::new(false),
         });
         for id in NODE_IDS {
             cluster.launch(id).await?;
@@ -170,10 +176,23 @@ impl Cluster {
         self.leaders().choose(rng).cloned()
     }
 
-    /// Crashes node `id`: shuts it down and drops it. Its disk stays.
+    /// Self-test: makes every crash lose the crashed node's last acknowledged entries.
+    pub fn set_lying_disk(&self, lying: bool) {
+        self.lying_disk.store(lying, Ordering::Relaxed);
+    }
+
+    /// Crashes node `id`: shuts it down and drops it. Its disk stays (all of it, unless the
+    /// disk lies: see [`Cluster::set_lying_disk`]).
     pub async fn crash(&self, id: NodeId) {
         let Some(node) = self.lock().get_mut(&id).and_then(Option::take) else { return };
         self.recorder.note(format!("node {id} crashes"));
+        if self.lying_disk.load(Ordering::Relaxed) {
+            self.observer.storage_fault(id);
+            self.faults[&id].lie_about_fsync(LIE_ENTRIES);
+            if let Some((from, to)) = self.faults[&id].power_cut(0) {
+                self.recorder.note(format!("node {id}'s disk lied: acknowledged entries {from}..={to} lost"));
+            }
+        }
         self.router.detach(id);
         self.observer.stopping(id);
         node.shutdown().await;

@@ -38,11 +38,14 @@ pub struct Settings {
     pub clients: u32,
     /// Whether the nemesis injects faults.
     pub faults: bool,
+    /// Self-test only: every crash loses the crashed node's last acknowledged log entries (a
+    /// disk that lies about fsync), which the checks must catch.
+    pub lying_disk: bool,
 }
 
 impl Default for Settings {
     fn default() -> Settings {
-        Settings { simulated: Duration::from_secs(30), clients: 5, faults: true }
+        Settings { simulated: Duration::from_secs(30), clients: 5, faults: true, lying_disk: false }
     }
 }
 
@@ -163,6 +166,7 @@ async fn simulate(seed: u64, settings: &Settings, recorder: Arc<Recorder>, obser
             return Stats::default();
         }
     };
+    cluster.set_lying_disk(settings.lying_disk);
     let names: Vec<Name> = SEMAPHORES.iter().map(|name| Name::new(*name).expect("valid name")).collect();
     let driver = Gateway::new(cluster.clone(), recorder.clone(), DRIVER);
     if !create_semaphores(&driver, &mut rng, &names).await {

@@ -69,6 +69,11 @@ pub struct StorageFaults {
     stalled: std::sync::Mutex<Option<(LogFlushed<TypeConfig>, u64, u64)>>,
     /// After a power cut: the index from which the next open drops the log.
     torn_from: std::sync::Mutex<Option<u64>>,
+    /// The last index appended (and acknowledged, unless stalled).
+    last_appended: std::sync::atomic::AtomicU64,
+    /// A disk that lies about fsync: the next power cut also loses this many acknowledged
+    /// entries. Only the simulation's self-test sets it, to show that the checkers catch it.
+    lie: std::sync::atomic::AtomicU64,
 }
 
 impl Debug for StorageFaults {
@@ -103,14 +108,29 @@ impl StorageFaults {
         self.stall.store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Makes the disk lie about fsync: the next power cut also loses the last `entries`
+    /// acknowledged entries. Raft cannot survive that; the simulation's self-test uses it to
+    /// show that its checkers notice.
+    pub fn lie_about_fsync(&self, entries: u64) {
+        self.lie.store(entries, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The machine loses power: the withheld flush never comes (openraft's wait for it fails)
-    /// and the next open keeps only the first `keep` entries of the stalled append. Returns the
-    /// indexes lost, if an append was stalled.
+    /// and the next open keeps only the first `keep` entries of the stalled append (and loses
+    /// acknowledged ones too if the disk lies). Returns the indexes lost, if any.
     pub fn power_cut(&self, keep: u64) -> Option<(u64, u64)> {
         self.disarm();
-        let (flushed, first, last) = self.stalled.lock().expect("faults lock").take()?;
-        drop(flushed);
-        let from = first.saturating_add(keep);
+        let lie = self.lie.swap(0, std::sync::atomic::Ordering::Relaxed);
+        let stalled = self.stalled.lock().expect("faults lock").take();
+        let (first, last) = match stalled {
+            // Dropping the flush fails openraft's wait for it.
+            Some((_flushed, first, last)) => (first, last),
+            None => {
+                let last = self.last_appended.load(std::sync::atomic::Ordering::Relaxed);
+                (last.saturating_add(1), last)
+            }
+        };
+        let from = if lie > 0 { first.saturating_sub(lie).max(1) } else { first.saturating_add(keep) };
         if from > last {
             return None;
         }
@@ -205,6 +225,9 @@ impl LogStore {
             let mut txn = self.db.begin_write()?;
             txn.set_durability(Durability::Immediate)?;
             txn.open_table(LOG)?.retain_in::<u64, _>(from.., |_, _| false)?;
+            // The commit index hint is written without an fsync of its own: it goes with the
+            // tail (it may point into it if the disk lied).
+            txn.open_table(META)?.remove(COMMITTED)?;
             txn.commit()?;
         }
         self.faults = Some(faults);
@@ -350,6 +373,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         match result {
             Ok(()) => {
                 if let (Some(faults), Some((first, last))) = (&self.faults, span) {
+                    faults.last_appended.store(last, std::sync::atomic::Ordering::Relaxed);
                     if faults.stall.load(std::sync::atomic::Ordering::Relaxed) {
                         // The fsync "hangs": the flush is withheld until a power cut drops it.
                         *faults.stalled.lock().expect("faults lock") = Some((callback, first, last));
