@@ -60,6 +60,13 @@ pub struct Config {
     /// The Raft log's storage (`--log-store`, `PERMIT_LOG_STORE`); a data dir keeps the one it
     /// was created with.
     pub log_store: LogStoreKind,
+    /// Storage faults a simulation injects into the redb log (`permit serve` never sets it).
+    #[doc(hidden)]
+    pub storage_faults: Option<std::sync::Arc<crate::raft::log_store::StorageFaults>>,
+    /// Seeds the generator of new session and token ids (a simulation's; `permit serve` draws
+    /// them from the OS-seeded generator).
+    #[doc(hidden)]
+    pub id_seed: Option<u64>,
 }
 
 /// Which log store a node uses.
@@ -111,6 +118,8 @@ impl Default for Config {
             tls: None,
             restore: None,
             log_store: LogStoreKind::Redb,
+            storage_faults: None,
+            id_seed: None,
         }
     }
 }

@@ -64,6 +64,7 @@ impl ExpiryDriver {
                 }
             };
             tokio::select! {
+                biased;
                 () = sleep => stalled = !self.expire_due().await,
                 () = self.wake.notified() => stalled = false,
                 changed = self.leading.changed() => {

@@ -51,6 +51,25 @@ pub struct Node {
     pub(crate) fail_stop: Arc<FailStop>,
     /// True while this node is removed from the membership (see `raft::removal`).
     pub(crate) removed: watch::Receiver<bool>,
+    /// Where new session and token ids come from.
+    ids: IdSource,
+}
+
+/// Where a node draws new session and token ids: the OS-seeded generator, or, in a simulation
+/// (`Config::id_seed`), a generator seeded so that a seed replays the same ids.
+struct IdSource(Option<std::sync::Mutex<rand::rngs::StdRng>>);
+
+impl IdSource {
+    fn new(seed: Option<u64>) -> IdSource {
+        IdSource(seed.map(|seed| std::sync::Mutex::new(rand::SeedableRng::seed_from_u64(seed))))
+    }
+
+    fn draw(&self) -> [u8; 16] {
+        match &self.0 {
+            Some(seeded) => rand::Rng::random(&mut *seeded.lock().expect("id source lock")),
+            None => rand::random(),
+        }
+    }
 }
 
 impl Node {
@@ -127,6 +146,7 @@ impl Node {
         tokio::spawn(removal.run());
         let node = Arc::new(Node {
             id: config.node_id,
+            ids: IdSource::new(config.id_seed),
             addr,
             consensus,
             clock: parts.clock,
@@ -199,6 +219,21 @@ impl Node {
     /// The leader's id and address, waiting up to `patience` for one to be known.
     pub async fn leader(&self, patience: Duration) -> Option<(NodeId, String)> {
         self.consensus.leader(patience).await
+    }
+
+    /// A new session id, from this node's id source (random, or seeded in a simulation).
+    pub fn new_session_id(&self) -> permit_core::SessionId {
+        permit_core::SessionId::from_bytes(self.ids.draw())
+    }
+
+    /// A new token id, from this node's id source.
+    pub(crate) fn new_token_id(&self) -> permit_core::TokenId {
+        permit_core::TokenId::from_bytes(self.ids.draw())
+    }
+
+    /// This node's failure, once it failed (it then refuses all work, as the HTTP layer does).
+    pub fn failure(&self) -> Option<crate::failstop::Failure> {
+        self.fail_stop.failure()
     }
 
     /// Resolves with the failure once this node fails (a storage error, or Raft stopped without

@@ -88,7 +88,7 @@ impl Client {
     }
 
     async fn create_session(&mut self) {
-        let id = SessionId::from_bytes(self.rng.random());
+        let id = self.gateway.new_session_id(&mut self.rng);
         let ttl_ms = *TTLS_MS.choose(&mut self.rng).expect("TTLs");
         if let Some(Outcome::SessionCreated) = self.gateway.create_session(&mut self.rng, id, ttl_ms).await {
             *self.lease.lock().expect("lease lock") = Some(Lease { id, ttl_ms });
@@ -225,6 +225,7 @@ pub async fn sleep_or_stop(duration: Duration, stop: &mut watch::Receiver<bool>)
         return true;
     }
     let stopped = tokio::select! {
+        biased;
         () = tokio::time::sleep(duration) => false,
         _ = stop.wait_for(|stopped| *stopped) => true,
     };

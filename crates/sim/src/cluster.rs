@@ -5,10 +5,12 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use openraft::ServerState;
+use permit_server::raft::log_store::StorageFaults;
 use permit_server::raft::NodeId;
 use permit_server::{Config, Node};
 use rand::seq::IndexedRandom;
@@ -24,7 +26,7 @@ pub const NODE_IDS: [NodeId; 3] = [1, 2, 3];
 /// Attempts to reopen a data dir whose previous node is still letting go of its files.
 const REOPEN_ATTEMPTS: u32 = 50;
 
-/// Raft timing and compaction of every node.
+/// Raft timing and compaction of every node, and the seed of their id sources.
 #[derive(Debug, Clone, Copy)]
 pub struct RaftSettings {
     /// Leader heartbeat interval, in ms.
@@ -33,6 +35,9 @@ pub struct RaftSettings {
     pub election_timeout_ms: (u64, u64),
     /// Snapshot (and compact the log) after this many entries.
     pub snapshot_logs: u64,
+    /// Seeds each node's source of new session ids (mixed with its id and its start count,
+    /// so that a restarted node does not hand out the ids of its previous run again).
+    pub id_seed: u64,
 }
 
 /// The nodes of one simulation.
@@ -43,7 +48,20 @@ pub struct Cluster {
     settings: RaftSettings,
     root: tempfile::TempDir,
     nodes: Mutex<BTreeMap<NodeId, Option<Arc<Node>>>>,
+    /// Each node's storage faults, kept across its restarts.
+    faults: BTreeMap<NodeId, Arc<StorageFaults>>,
+    /// Nodes found fail-stopped by an injected fsync failure.
+    fsync_failures: AtomicU64,
+    /// Power cuts that lost a stalled, unacknowledged tail.
+    torn_tails: AtomicU64,
+    /// Node starts so far.
+    launches: AtomicU64,
+    /// Self-test: every crash loses acknowledged entries (see `Settings::lying_disk`).
+    lying_disk: std::sync::atomic::AtomicBool,
 }
+
+/// Acknowledged entries a lying disk loses at each crash.
+const LIE_ENTRIES: u64 = 20;
 
 impl Cluster {
     /// Starts every node; each forms the cluster from the same `--peers` list, as `permit serve`
@@ -65,6 +83,11 @@ impl Cluster {
             settings,
             root,
             nodes: Mutex::new(NODE_IDS.iter().map(|id| (*id, None)).collect()),
+            faults: NODE_IDS.iter().map(|id| (*id, StorageFaults::new())).collect(),
+            fsync_failures: AtomicU64::new(0),
+            torn_tails: AtomicU64::new(0),
+            launches: AtomicU64::new(0),
+            lying_disk: std::sync::atomic::AtomicBool::new(false),
         });
         for id in NODE_IDS {
             cluster.launch(id).await?;
@@ -91,6 +114,8 @@ impl Cluster {
             cluster_secret: Some(
                 permit_server::peer::ClusterSecret::new(b"simulation-cluster-secret").expect("long enough"),
             ),
+            storage_faults: Some(self.faults[&id].clone()),
+            id_seed: Some(self.settings.id_seed ^ (id << 48) ^ self.launches.fetch_add(1, Ordering::Relaxed)),
             ..Config::default()
         }
     }
@@ -137,10 +162,11 @@ impl Cluster {
     }
 
     /// The running nodes that believe they lead (a deposed leader cut off from the others may
-    /// still believe it).
+    /// still believe it), but not one that failed (it refuses all work, as over HTTP).
     pub fn leaders(&self) -> Vec<Arc<Node>> {
         self.running()
             .into_iter()
+            .filter(|node| node.failure().is_none())
             .filter(|node| node.consensus().raft().metrics().borrow().state == ServerState::Leader)
             .collect()
     }
@@ -150,13 +176,74 @@ impl Cluster {
         self.leaders().choose(rng).cloned()
     }
 
-    /// Crashes node `id`: shuts it down and drops it. Its disk stays.
+    /// Self-test: makes every crash lose the crashed node's last acknowledged entries.
+    pub fn set_lying_disk(&self, lying: bool) {
+        self.lying_disk.store(lying, Ordering::Relaxed);
+    }
+
+    /// Crashes node `id`: shuts it down and drops it. Its disk stays (all of it, unless the
+    /// disk lies: see [`Cluster::set_lying_disk`]).
     pub async fn crash(&self, id: NodeId) {
         let Some(node) = self.lock().get_mut(&id).and_then(Option::take) else { return };
         self.recorder.note(format!("node {id} crashes"));
+        if self.lying_disk.load(Ordering::Relaxed) {
+            self.observer.storage_fault(id);
+            self.faults[&id].lie_about_fsync(LIE_ENTRIES);
+            if let Some((from, to)) = self.faults[&id].power_cut(0) {
+                self.recorder.note(format!("node {id}'s disk lied: acknowledged entries {from}..={to} lost"));
+            }
+        }
         self.router.detach(id);
         self.observer.stopping(id);
         node.shutdown().await;
+    }
+
+    /// Makes node `id`'s next log append fail as a failed fsync (`written`: after its entries
+    /// reached the file); the node must fail-stop.
+    pub fn fail_next_fsync(&self, id: NodeId, written: bool) {
+        self.observer.storage_fault(id);
+        self.faults[&id].fail_next_append(written);
+    }
+
+    /// Makes node `id`'s log appends hang: written, never reported durable.
+    pub fn stall_appends(&self, id: NodeId) {
+        self.observer.storage_fault(id);
+        self.faults[&id].stall_appends();
+    }
+
+    /// Cuts node `id`'s power: its stalled append loses all but its first `keep` entries (a torn
+    /// tail, never acknowledged), and the node crashes.
+    pub async fn power_cut(&self, id: NodeId, keep: u64) {
+        self.observer.storage_fault(id);
+        match self.faults[&id].power_cut(keep) {
+            Some((from, to)) => {
+                self.torn_tails.fetch_add(1, Ordering::Relaxed);
+                self.recorder
+                    .note(format!("node {id} loses power: unacknowledged entries {from}..={to} torn"));
+            }
+            None => self.recorder.note(format!("node {id} loses power: nothing stalled")),
+        }
+        self.crash(id).await;
+    }
+
+    /// Disarms every storage fault that has not fired, and crashes the nodes that fail-stopped
+    /// (a supervisor restarts them).
+    pub async fn clear_storage_faults(&self) {
+        for faults in self.faults.values() {
+            faults.disarm();
+        }
+        for node in self.running() {
+            if let Some(failure) = node.failure() {
+                self.fsync_failures.fetch_add(1, Ordering::Relaxed);
+                self.recorder.note(format!("node {} fail-stopped: {failure}", node.id));
+                self.crash(node.id).await;
+            }
+        }
+    }
+
+    /// Fsync failures that stopped a node, and power cuts that tore a tail.
+    pub fn storage_counts(&self) -> (u64, u64) {
+        (self.fsync_failures.load(Ordering::Relaxed), self.torn_tails.load(Ordering::Relaxed))
     }
 
     /// Restarts node `id` on its data dir, if it is down.

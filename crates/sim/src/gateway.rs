@@ -109,6 +109,15 @@ impl Gateway {
         self.propose(rng, operation, Command::PutSemaphore { name: name.clone(), capacity }).await
     }
 
+    /// A new session id, drawn as the HTTP API does: by a node that believes it leads (from its
+    /// seeded id source), else by `rng`.
+    pub fn new_session_id(&self, rng: &mut impl Rng) -> SessionId {
+        match self.cluster.pick_leader(rng) {
+            Some(node) => node.new_session_id(),
+            None => SessionId::from_bytes(rng.random()),
+        }
+    }
+
     /// Creates a session.
     pub async fn create_session(
         &self,

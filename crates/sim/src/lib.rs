@@ -5,7 +5,8 @@
 //! driver) on one current-thread tokio runtime with paused time, so simulated seconds cost only
 //! the work done in them. The nodes talk through an in-memory [`router::Router`] that injects
 //! seeded faults ([`nemesis`]): isolated nodes, one-way and bridge partitions, message loss,
-//! slow links, and crashes with restarts on the same data dir. Random [`client`]s run sessions,
+//! slow links, crashes with restarts on the same data dir, failed fsyncs (the node must
+//! fail-stop) and torn log tails after a power cut. Random [`client`]s run sessions,
 //! acquires, releases and resizes against whichever node believes it leads, and every answer
 //! goes into a [`history::History`].
 //!
@@ -16,9 +17,10 @@
 //! notes sessions that vanished from a leader before its deadline there (closes included), to
 //! explain a lease violation when one is found.
 //!
-//! Runs are reproducible only in their seeded parts: openraft draws election timeouts from an
-//! unseeded RNG, so a seed replays the same clients and faults, not the same interleaving.
-//! Failures print their seed and their last events; see [`seeds`] for the environment variables.
+//! A seed replays exactly (the same history, event by event): it seeds the clients, the faults,
+//! the nodes' session ids and openraft's election timeouts, and the server wakes waiters in a
+//! fixed order (`tests/replay.rs` checks it). Failures print their seed and their last events;
+//! see [`seeds`] for the environment variables.
 
 #![deny(missing_docs)]
 

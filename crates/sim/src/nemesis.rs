@@ -17,6 +17,10 @@ use crate::router::Router;
 
 /// Longest a fault is held, in ms.
 pub const FAULT_MS_MAX: u64 = 4000;
+/// Largest share of storage faults among the faults drawn (drawn per seed), in thousandths.
+const STORAGE_PER_MILLE_MAX: u32 = 300;
+/// Longest time appends hang before a power cut, in ms.
+const STALL_MS_MAX: u64 = 600;
 /// Longest rest between faults, in ms.
 const REST_MS_MAX: u64 = 2500;
 
@@ -35,6 +39,12 @@ pub enum Fault {
     Slow(NodeId, NodeId, (u64, u64)),
     /// Crash a node; it restarts when the fault heals.
     Crash(NodeId),
+    /// The node's next log append fails as a failed fsync (after its entries reached the file,
+    /// or before); the node must fail-stop. It restarts when the fault heals.
+    FsyncFail(NodeId, bool),
+    /// The node's appends hang (written, never acknowledged) for this many ms, then it loses
+    /// power keeping only this many entries of the stalled append: a torn tail on restart.
+    TornTail(NodeId, u64, u64),
 }
 
 /// Injects faults into one simulation.
@@ -45,14 +55,23 @@ pub struct Nemesis {
     rng: StdRng,
     /// Faults injected, crashes among them.
     pub injected: u64,
-    /// Crashes injected.
+    /// Crashes injected (power cuts included).
     pub crashes: u64,
+    /// This seed's share of storage faults among the faults drawn, in thousandths.
+    storage_per_mille: u32,
 }
 
 impl Nemesis {
     /// A nemesis for `cluster`.
-    pub fn new(cluster: Arc<Cluster>, router: Arc<Router>, recorder: Arc<Recorder>, rng: StdRng) -> Nemesis {
-        Nemesis { cluster, router, recorder, rng, injected: 0, crashes: 0 }
+    pub fn new(
+        cluster: Arc<Cluster>,
+        router: Arc<Router>,
+        recorder: Arc<Recorder>,
+        mut rng: StdRng,
+    ) -> Nemesis {
+        let storage_per_mille = rng.random_range(0..=STORAGE_PER_MILLE_MAX);
+        recorder.note(format!("nemesis: storage faults {storage_per_mille}‰ of faults"));
+        Nemesis { cluster, router, recorder, rng, injected: 0, crashes: 0, storage_per_mille }
     }
 
     /// Injects faults until `stop` turns true, then heals everything; returns itself for its
@@ -94,6 +113,13 @@ impl Nemesis {
             .collect::<Vec<_>>()
             .choose(&mut self.rng)
             .expect("3 nodes");
+        if self.rng.random_range(0..1000) < self.storage_per_mille {
+            return if self.rng.random_bool(0.5) {
+                Fault::FsyncFail(target, self.rng.random_bool(0.5))
+            } else {
+                Fault::TornTail(target, self.rng.random_range(0..=STALL_MS_MAX), self.rng.random_range(0..=3))
+            };
+        }
         match self.rng.random_range(0..100) {
             0..30 => Fault::Isolate(target),
             30..40 => Fault::Bridge(target, *other),
@@ -120,12 +146,23 @@ impl Nemesis {
                 self.crashes += 1;
                 self.cluster.crash(id).await;
             }
+            Fault::FsyncFail(id, written) => self.cluster.fail_next_fsync(id, written),
+            Fault::TornTail(id, stall_ms, keep) => {
+                if self.cluster.node(id).is_none() {
+                    return;
+                }
+                self.crashes += 1;
+                self.cluster.stall_appends(id);
+                tokio::time::sleep(Duration::from_millis(stall_ms)).await;
+                self.cluster.power_cut(id, keep).await;
+            }
         }
     }
 
     /// Heals the network and restarts every crashed node.
     pub async fn heal(&mut self) {
         self.router.with_faults(|f| f.heal());
+        self.cluster.clear_storage_faults().await;
         for id in self.cluster.down() {
             if let Err(error) = self.cluster.restart(id).await {
                 self.recorder.violation(format!("node {id} does not restart: {error:#}"));

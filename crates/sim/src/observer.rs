@@ -46,6 +46,8 @@ struct ObserverState {
     runs: BTreeMap<NodeId, u64>,
     /// Nodes that the simulation is shutting down: their fatal `Stopped` is expected.
     stopping: BTreeMap<NodeId, u64>,
+    /// Runs into whose storage a fault was injected: a fatal storage error is expected.
+    storage_faulted: BTreeMap<NodeId, u64>,
     /// The vote under which each node leads, if it does.
     leading: BTreeMap<NodeId, Vote<NodeId>>,
     /// Sessions that vanished from a leader before their deadline there.
@@ -98,6 +100,13 @@ impl Observer {
         state.stopping.insert(id, run);
     }
 
+    /// Marks the current run of `id` as having a storage fault injected.
+    pub fn storage_fault(&self, id: NodeId) {
+        let mut state = self.lock();
+        let run = state.runs.get(&id).copied().unwrap_or(0);
+        state.storage_faulted.insert(id, run);
+    }
+
     /// The largest applied index any node ever reached.
     pub fn applied_max(&self) -> u64 {
         self.lock().applied_max
@@ -130,6 +139,7 @@ impl Observer {
             let mut state = self.lock();
             match &metrics.running_state {
                 Err(Fatal::Stopped) if state.stopping.get(&id) == Some(&run) => {}
+                Err(Fatal::StorageError(_)) if state.storage_faulted.get(&id) == Some(&run) => {}
                 Err(fatal) => violations.push(format!("node {id} (run {run}) stopped: {fatal}")),
                 Ok(()) => {}
             }

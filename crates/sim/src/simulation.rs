@@ -38,11 +38,14 @@ pub struct Settings {
     pub clients: u32,
     /// Whether the nemesis injects faults.
     pub faults: bool,
+    /// Self-test only: every crash loses the crashed node's last acknowledged log entries (a
+    /// disk that lies about fsync), which the checks must catch.
+    pub lying_disk: bool,
 }
 
 impl Default for Settings {
     fn default() -> Settings {
-        Settings { simulated: Duration::from_secs(30), clients: 5, faults: true }
+        Settings { simulated: Duration::from_secs(30), clients: 5, faults: true, lying_disk: false }
     }
 }
 
@@ -65,6 +68,8 @@ pub struct Stats {
     pub snapshot_installs: u64,
     /// Raft messages delivered and lost.
     pub messages: (u64, u64),
+    /// Injected fsync failures that stopped a node, and power cuts that tore a log tail.
+    pub storage: (u64, u64),
 }
 
 /// The result of one simulation.
@@ -86,6 +91,10 @@ pub struct Run {
     pub wall: Duration,
 }
 
+/// Mixed into the seed of openraft's election generator, so that it draws other numbers than
+/// the simulation's own generator.
+const ELECTION_RNG_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
+
 /// Trace lines kept in a [`Run`].
 const TRACE_LINES: usize = 2000;
 
@@ -97,11 +106,16 @@ pub fn run(seed: u64, settings: &Settings) -> Run {
     crate::panics::install_hook();
     let _ = crate::panics::take();
     let wall = std::time::Instant::now();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
+    // openraft's election timeouts: drawn from a generator seeded by the seed (all the nodes
+    // run on this thread), so that the seed replays the same elections.
+    permit_server::raft::runtime::seed_election_rng(Some(seed.rotate_left(32) ^ ELECTION_RNG_SALT));
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_all().start_paused(true);
+    // tokio's own random choices (`select!` without `biased;`, which waiter of a `watch` wakes
+    // first) follow the seed only with `--cfg tokio_unstable`; CI builds without it.
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
+    let runtime = builder.build().expect("a current-thread runtime");
     let (recorder, observer, stats) = runtime.block_on(async {
         let recorder = Recorder::new();
         let observer = Observer::new(recorder.clone());
@@ -109,6 +123,7 @@ pub fn run(seed: u64, settings: &Settings) -> Run {
         (recorder, observer, stats)
     });
     drop(runtime);
+    permit_server::raft::runtime::seed_election_rng(None);
     let mut violations = recorder.violations();
     violations.extend(crate::panics::take().into_iter().map(|panic| format!("panic: {panic}")));
     let history = recorder.history();
@@ -141,6 +156,7 @@ async fn simulate(seed: u64, settings: &Settings, recorder: Arc<Recorder>, obser
         heartbeat_ms: 100,
         election_timeout_ms: (500, 1000),
         snapshot_logs: rng.random_range(10..=120),
+        id_seed: rng.random(),
     };
     recorder.note(format!("seed {seed}: {settings:?}, {raft:?}"));
     let cluster = match Cluster::start(router.clone(), observer.clone(), recorder.clone(), raft).await {
@@ -150,6 +166,7 @@ async fn simulate(seed: u64, settings: &Settings, recorder: Arc<Recorder>, obser
             return Stats::default();
         }
     };
+    cluster.set_lying_disk(settings.lying_disk);
     let names: Vec<Name> = SEMAPHORES.iter().map(|name| Name::new(*name).expect("valid name")).collect();
     let driver = Gateway::new(cluster.clone(), recorder.clone(), DRIVER);
     if !create_semaphores(&driver, &mut rng, &names).await {
@@ -170,6 +187,7 @@ async fn simulate(seed: u64, settings: &Settings, recorder: Arc<Recorder>, obser
         applied_max: observer.applied_max(),
         snapshot_installs: observer.snapshot_installs(),
         messages: router.counts(),
+        storage: cluster.storage_counts(),
         ..Stats::default()
     };
     cluster.shutdown().await;

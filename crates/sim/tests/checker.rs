@@ -16,7 +16,8 @@ const FAKE_SESSION: SessionId = SessionId::from_bytes([0xfa; 16]);
 fn recorded() -> &'static Run {
     static RUN: OnceLock<Run> = OnceLock::new();
     RUN.get_or_init(|| {
-        let settings = Settings { simulated: Duration::from_secs(10), clients: 5, faults: false };
+        let settings =
+            Settings { simulated: Duration::from_secs(10), clients: 5, faults: false, lying_disk: false };
         let run = permit_sim::run(42, &settings);
         assert!(!run.failed(), "{}", run.report());
         run

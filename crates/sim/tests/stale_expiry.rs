@@ -69,8 +69,12 @@ async fn scenario(attempt: u64) -> Seen {
     let recorder = Recorder::new();
     let router = Router::new(attempt);
     let observer = Observer::new(recorder.clone());
-    let settings =
-        RaftSettings { heartbeat_ms: 100, election_timeout_ms: (500, 1000), snapshot_logs: 10_000 };
+    let settings = RaftSettings {
+        heartbeat_ms: 100,
+        election_timeout_ms: (500, 1000),
+        snapshot_logs: 10_000,
+        id_seed: attempt,
+    };
     let cluster =
         Cluster::start(router.clone(), observer, recorder.clone(), settings).await.expect("cluster");
     let gateway = Gateway::new(cluster.clone(), recorder, 0);

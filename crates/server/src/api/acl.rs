@@ -30,7 +30,7 @@ pub async fn create(
     let rules: Vec<Rule> = request.rules.iter().map(rule_from_wire).collect();
     validate_token(&request.name, &rules)?;
     for _ in 0..TOKEN_ID_ATTEMPTS {
-        let id = TokenId::from_bytes(rand::random());
+        let id = node.new_token_id();
         if id == ROOT_TOKEN_ID {
             continue;
         }

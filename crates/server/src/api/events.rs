@@ -149,6 +149,7 @@ impl Stream {
             }
             let deadline = self.deadline;
             tokio::select! {
+                biased;
                 () = &mut added => {}
                 () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => return None,
                 () = tokio::time::sleep(KEEPALIVE_INTERVAL) => return Some(Bytes::from_static(b": keepalive\n\n")),

@@ -84,6 +84,7 @@ async fn acquire_correctly(
             Status::Ended(error) => return Err(error),
         };
         tokio::select! {
+            biased;
             () = &mut notified => {}
             () = tokio::time::sleep_until(deadline) => {
                 node.observer.acquire_timed_out(&key);

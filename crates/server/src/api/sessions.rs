@@ -47,7 +47,7 @@ pub async fn create(
         }
     }
     for _ in 0..SESSION_ID_ATTEMPTS {
-        let id = SessionId::from_bytes(rand::random());
+        let id = node.new_session_id();
         let name = request.name.clone();
         let command = match caller.token_id() {
             None => Command::CreateSession { id, ttl_ms, name },

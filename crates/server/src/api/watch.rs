@@ -63,6 +63,7 @@ pub async fn blocking_read<T>(
             return Ok((view, index));
         }
         tokio::select! {
+            biased;
             () = &mut changed => {}
             () = tokio::time::sleep_until(deadline) => return Ok((view, index)),
             _ = shutdown.wait_for(|stopping| *stopping) => return Ok((view, index)),

@@ -103,12 +103,21 @@ impl Consensus {
             super::state_machine::restore(file, &snapshots, log_path, config.node_id, &addr.to_string())?;
         }
         let log_store = match config.log_store {
-            LogStoreKind::Redb => Store::Redb(
-                LogStore::open(&redb_path)
+            LogStoreKind::Redb => {
+                let log = LogStore::open(&redb_path)
                     .map_err(|e| open_error(&redb_path, &e))?
                     .with_append_histogram(metrics.append_seconds.clone())
-                    .with_fail_stop(fail_stop.clone()),
-            ),
+                    .with_fail_stop(fail_stop.clone());
+                Store::Redb(match &config.storage_faults {
+                    Some(faults) => {
+                        log.with_faults(faults.clone()).map_err(|e| open_error(&redb_path, &e))?
+                    }
+                    None => log,
+                })
+            }
+            LogStoreKind::Segment if config.storage_faults.is_some() => {
+                anyhow::bail!("storage faults are injected into the redb log store only")
+            }
             LogStoreKind::Segment => Store::Segment(
                 SegmentLog::open(&segment_path)
                     .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", segment_path.display()))?

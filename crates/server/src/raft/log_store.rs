@@ -43,6 +43,108 @@ pub struct LogStore {
     append_seconds: Option<prometheus_client::metrics::histogram::Histogram>,
     /// Told about the first failed write; after it, every write is refused (never retried).
     fail_stop: Option<Arc<FailStop>>,
+    /// Faults a simulation injects (never set by `permit serve`).
+    faults: Option<Arc<StorageFaults>>,
+}
+
+/// Storage faults a simulation injects into a node's redb log, shared across the node's restarts
+/// on the same data dir (`Config::storage_faults`; `permit serve` never sets it).
+///
+/// - A failed fsync: the next append fails as a failed `fdatasync` would, with or without its
+///   entries having reached the file first. The store reports it to the fail-stop latch and
+///   openraft is told the append failed, so the entries are never acknowledged and the node
+///   stops.
+/// - A torn tail: appends are written but their flush is never reported (an fsync that hangs,
+///   so openraft acknowledges none of them); a power cut then drops that withheld flush and the
+///   next open loses a suffix of the stalled entries, as a disk that never made them durable
+///   would. Entries acknowledged before the stall are never lost.
+#[derive(Default)]
+pub struct StorageFaults {
+    /// The next append fails: `Some(true)` after its entries reached the file, `Some(false)`
+    /// before.
+    fail_next_append: std::sync::Mutex<Option<bool>>,
+    /// Appends are written, but their flush is withheld.
+    stall: std::sync::atomic::AtomicBool,
+    /// The withheld flush and the first and last index of its append.
+    stalled: std::sync::Mutex<Option<(LogFlushed<TypeConfig>, u64, u64)>>,
+    /// After a power cut: the index from which the next open drops the log.
+    torn_from: std::sync::Mutex<Option<u64>>,
+    /// The last index appended (and acknowledged, unless stalled).
+    last_appended: std::sync::atomic::AtomicU64,
+    /// A disk that lies about fsync: the next power cut also loses this many acknowledged
+    /// entries. Only the simulation's self-test sets it, to show that the checkers catch it.
+    lie: std::sync::atomic::AtomicU64,
+}
+
+impl Debug for StorageFaults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageFaults")
+            .field("fail_next_append", &*self.fail_next_append.lock().expect("faults lock"))
+            .field("stall", &self.stall.load(std::sync::atomic::Ordering::Relaxed))
+            .field("torn_from", &*self.torn_from.lock().expect("faults lock"))
+            .finish_non_exhaustive()
+    }
+}
+
+impl StorageFaults {
+    /// No fault armed.
+    pub fn new() -> Arc<StorageFaults> {
+        Arc::new(StorageFaults::default())
+    }
+
+    /// Makes the next append fail as a failed fsync; `written`: its entries reach the file first.
+    pub fn fail_next_append(&self, written: bool) {
+        *self.fail_next_append.lock().expect("faults lock") = Some(written);
+    }
+
+    /// From now on appends are written but never reported flushed, until [`Self::power_cut`].
+    pub fn stall_appends(&self) {
+        self.stall.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Disarms the faults that have not fired.
+    pub fn disarm(&self) {
+        *self.fail_next_append.lock().expect("faults lock") = None;
+        self.stall.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Makes the disk lie about fsync: the next power cut also loses the last `entries`
+    /// acknowledged entries. Raft cannot survive that; the simulation's self-test uses it to
+    /// show that its checkers notice.
+    pub fn lie_about_fsync(&self, entries: u64) {
+        self.lie.store(entries, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The machine loses power: the withheld flush never comes (openraft's wait for it fails)
+    /// and the next open keeps only the first `keep` entries of the stalled append (and loses
+    /// acknowledged ones too if the disk lies). Returns the indexes lost, if any.
+    pub fn power_cut(&self, keep: u64) -> Option<(u64, u64)> {
+        self.disarm();
+        let lie = self.lie.swap(0, std::sync::atomic::Ordering::Relaxed);
+        let stalled = self.stalled.lock().expect("faults lock").take();
+        let (first, last) = match stalled {
+            // Dropping the flush fails openraft's wait for it.
+            Some((_flushed, first, last)) => (first, last),
+            None => {
+                let last = self.last_appended.load(std::sync::atomic::Ordering::Relaxed);
+                (last.saturating_add(1), last)
+            }
+        };
+        let from = if lie > 0 { first.saturating_sub(lie).max(1) } else { first.saturating_add(keep) };
+        if from > last {
+            return None;
+        }
+        *self.torn_from.lock().expect("faults lock") = Some(from);
+        Some((from, last))
+    }
+
+    fn take_append_failure(&self) -> Option<bool> {
+        self.fail_next_append.lock().expect("faults lock").take()
+    }
+}
+
+fn injected_fsync_error() -> redb::Error {
+    redb::Error::Io(std::io::Error::other("injected fsync failure (simulation)"))
 }
 
 fn storage_error(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: impl std::error::Error) -> StorageError {
@@ -89,7 +191,13 @@ impl LogStore {
         txn.open_table(LOG)?;
         txn.open_table(META)?;
         txn.commit()?;
-        Ok(LogStore { db: Arc::new(db), path: path.to_owned(), append_seconds: None, fail_stop: None })
+        Ok(LogStore {
+            db: Arc::new(db),
+            path: path.to_owned(),
+            append_seconds: None,
+            fail_stop: None,
+            faults: None,
+        })
     }
 
     /// Records the duration of every append (one redb commit with its fsync) in `histogram`.
@@ -105,6 +213,25 @@ impl LogStore {
     pub fn with_fail_stop(mut self, fail_stop: Arc<FailStop>) -> LogStore {
         self.fail_stop = Some(fail_stop);
         self
+    }
+
+    /// Injects `faults` (a simulation's); first drops the torn tail a power cut left, if any.
+    ///
+    /// # Errors
+    /// When the torn tail cannot be dropped.
+    pub fn with_faults(mut self, faults: Arc<StorageFaults>) -> Result<LogStore, redb::Error> {
+        let torn_from = faults.torn_from.lock().expect("faults lock").take();
+        if let Some(from) = torn_from {
+            let mut txn = self.db.begin_write()?;
+            txn.set_durability(Durability::Immediate)?;
+            txn.open_table(LOG)?.retain_in::<u64, _>(from.., |_, _| false)?;
+            // The commit index hint is written without an fsync of its own: it goes with the
+            // tail (it may point into it if the disk lied).
+            txn.open_table(META)?.remove(COMMITTED)?;
+            txn.commit()?;
+        }
+        self.faults = Some(faults);
+        Ok(self)
     }
 
     /// Runs one durable write (a redb commit with its fdatasync). A failure is reported to the
@@ -217,17 +344,27 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let started = std::time::Instant::now();
+        let injected = self.faults.as_ref().and_then(|faults| faults.take_append_failure());
+        let mut span = None::<(u64, u64)>;
         let result = self.write("log append", || -> Result<(), redb::Error> {
+            if injected == Some(false) {
+                return Err(injected_fsync_error());
+            }
             let mut txn = self.db.begin_write()?;
             txn.set_durability(Durability::Immediate)?;
             {
                 let mut table = txn.open_table(LOG)?;
                 for entry in entries {
-                    table.insert(entry.log_id.index, encode(&entry).as_slice())?;
+                    let index = entry.log_id.index;
+                    span = Some(span.map_or((index, index), |(first, _)| (first, index)));
+                    table.insert(index, encode(&entry).as_slice())?;
                 }
             }
             // Durability::Immediate: commit returns after fdatasync.
             txn.commit()?;
+            if injected == Some(true) {
+                return Err(injected_fsync_error());
+            }
             Ok(())
         });
         if let Some(histogram) = &self.append_seconds {
@@ -235,6 +372,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         match result {
             Ok(()) => {
+                if let (Some(faults), Some((first, last))) = (&self.faults, span) {
+                    faults.last_appended.store(last, std::sync::atomic::Ordering::Relaxed);
+                    if faults.stall.load(std::sync::atomic::Ordering::Relaxed) {
+                        // The fsync "hangs": the flush is withheld until a power cut drops it.
+                        *faults.stalled.lock().expect("faults lock") = Some((callback, first, last));
+                        return Ok(());
+                    }
+                }
                 callback.log_io_completed(Ok(()));
                 Ok(())
             }

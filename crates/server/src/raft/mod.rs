@@ -19,6 +19,7 @@ pub mod proposer;
 pub mod read_barrier;
 pub mod removal;
 pub mod replica;
+pub mod runtime;
 pub mod segment_log;
 pub mod snapshot_store;
 pub mod state_machine;
@@ -38,7 +39,7 @@ openraft::declare_raft_types!(
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = Cursor<Vec<u8>>,
-        AsyncRuntime = openraft::TokioRuntime,
+        AsyncRuntime = runtime::PermitRuntime,
 );
 
 /// A Raft node of Permit.

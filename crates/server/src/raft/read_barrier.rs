@@ -9,15 +9,14 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::watch;
+use tokio::sync::oneshot;
 
 use crate::raft::proposer::ProposeError;
 
-/// The round counter and its latest result.
+/// The round counter and the callers waiting.
 #[derive(Debug)]
 pub struct ReadBarrier {
     rounds: Mutex<Rounds>,
-    done: watch::Sender<Completed>,
 }
 
 #[derive(Debug, Default)]
@@ -28,20 +27,16 @@ struct Rounds {
     wanted: u64,
     /// Whether the task that runs rounds is alive.
     running: bool,
-}
-
-/// The last round that completed, and how.
-#[derive(Debug, Clone)]
-struct Completed {
-    round: u64,
-    result: Result<(), ProposeError>,
+    /// The callers waiting, in arrival order, each with the round it needs. They are answered
+    /// in that order (a `watch` channel would wake them in an order drawn from tokio's RNG, and
+    /// a simulation's seed would not replay).
+    waiting: Vec<(u64, oneshot::Sender<Result<(), ProposeError>>)>,
 }
 
 impl ReadBarrier {
     /// A barrier with no round run yet.
     pub fn new() -> Arc<ReadBarrier> {
-        let done = watch::channel(Completed { round: 0, result: Ok(()) }).0;
-        Arc::new(ReadBarrier { rounds: Mutex::new(Rounds::default()), done })
+        Arc::new(ReadBarrier { rounds: Mutex::new(Rounds::default()) })
     }
 
     /// Waits for a round that started after this call and returns its result; starts the task
@@ -54,23 +49,20 @@ impl ReadBarrier {
         F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), ProposeError>> + Send + 'static,
     {
-        let mut done = self.done.subscribe();
-        let (round, start) = {
+        let (tx, rx) = oneshot::channel();
+        let start = {
             let mut rounds = self.rounds.lock().expect("read barrier lock");
             let round = rounds.started + 1;
             rounds.wanted = rounds.wanted.max(round);
+            rounds.waiting.push((round, tx));
             let start = !rounds.running;
             rounds.running = true;
-            (round, start)
+            start
         };
         if start {
             tokio::spawn(self.clone().run(confirm));
         }
-        let result = match done.wait_for(|completed| completed.round >= round).await {
-            Ok(completed) => completed.result.clone(),
-            Err(_) => Err(ProposeError::ShuttingDown),
-        };
-        result
+        rx.await.unwrap_or(Err(ProposeError::ShuttingDown))
     }
 
     /// Runs rounds back to back while a caller waits for one not yet started.
@@ -90,7 +82,17 @@ impl ReadBarrier {
                 rounds.started
             };
             let result = confirm().await;
-            self.done.send_replace(Completed { round, result });
+            let answered: Vec<_> = {
+                let mut rounds = self.rounds.lock().expect("read barrier lock");
+                let (done, later) =
+                    std::mem::take(&mut rounds.waiting).into_iter().partition(|(r, _)| *r <= round);
+                rounds.waiting = later;
+                done
+            };
+            for (_, caller) in answered {
+                // A caller that gave up dropped its receiver; the others are answered anyway.
+                let _ = caller.send(result.clone());
+            }
         }
     }
 }
