@@ -28,7 +28,7 @@ use anyhow::{bail, Context};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use crate::stats::{coefficient_of_variation, Samples};
+use crate::stats::Samples;
 use crate::workloads::{Contended, Uncontended};
 
 /// KEYS: holders, queue, fence. ARGV: client id, capacity. Returns the token, or 0 when queued.
@@ -336,18 +336,5 @@ pub async fn contended(
             })
         })
         .collect();
-    let mut wait = Samples::default();
-    let mut per_client = Vec::new();
-    for task in tasks {
-        let (cycles, samples) = task.await??;
-        per_client.push(cycles as f64);
-        wait.extend(&samples);
-    }
-    let total: f64 = per_client.iter().sum();
-    Ok(Contended {
-        cycles_per_second: total / started.elapsed().as_secs_f64(),
-        wait,
-        fairness_cv: coefficient_of_variation(&per_client),
-        max_holders_seen: max_holders.load(Ordering::SeqCst),
-    })
+    Contended::gather(tasks, started, &max_holders).await
 }

@@ -43,6 +43,31 @@ pub struct Contended {
     pub max_holders_seen: i64,
 }
 
+impl Contended {
+    /// The figures of one contended run from its clients' tasks, each ending with its cycles and
+    /// acquire waits; `max_holders` is the most holders the clients saw at once.
+    pub async fn gather(
+        tasks: Vec<tokio::task::JoinHandle<anyhow::Result<(u64, Samples)>>>,
+        started: Instant,
+        max_holders: &AtomicI64,
+    ) -> anyhow::Result<Contended> {
+        let mut wait = Samples::default();
+        let mut per_client = Vec::new();
+        for task in tasks {
+            let (cycles, samples) = task.await??;
+            per_client.push(cycles as f64);
+            wait.extend(&samples);
+        }
+        let total: f64 = per_client.iter().sum();
+        Ok(Contended {
+            cycles_per_second: total / started.elapsed().as_secs_f64(),
+            wait,
+            fairness_cv: coefficient_of_variation(&per_client),
+            max_holders_seen: max_holders.load(Ordering::SeqCst),
+        })
+    }
+}
+
 pub async fn contended(
     urls: &[String],
     name: &str,
@@ -82,20 +107,7 @@ pub async fn contended(
             })
         })
         .collect();
-    let mut wait = Samples::default();
-    let mut per_client = Vec::new();
-    for task in tasks {
-        let (cycles, samples) = task.await??;
-        per_client.push(cycles as f64);
-        wait.extend(&samples);
-    }
-    let total: f64 = per_client.iter().sum();
-    Ok(Contended {
-        cycles_per_second: total / started.elapsed().as_secs_f64(),
-        wait,
-        fairness_cv: coefficient_of_variation(&per_client),
-        max_holders_seen: max_holders.load(Ordering::SeqCst),
-    })
+    Contended::gather(tasks, started, &max_holders).await
 }
 
 /// W3: capacity 1, A holds, B waits, A releases: time from A's release reply to B's grant.

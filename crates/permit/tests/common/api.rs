@@ -30,6 +30,22 @@ impl Answer {
 }
 
 impl Api {
+    /// Creates an ACL token with `rules` (as `RESOURCE:PREFIX=ACCESS`), as this client (an admin
+    /// of `acl`), and returns its secret and id.
+    pub async fn create_token(&self, name: &str, rules: &[&str]) -> (String, String) {
+        let rules: Vec<Value> = rules
+            .iter()
+            .map(|rule| {
+                let (scope, access) = rule.rsplit_once('=').unwrap();
+                let (resource, prefix) = scope.split_once(':').unwrap();
+                json!({ "resource": resource, "prefix": prefix, "access": access })
+            })
+            .collect();
+        let created = self.post("/v1/acl/tokens", json!({ "name": name, "rules": rules })).await;
+        assert_eq!(created.status, 201, "{created:?}");
+        (created.body["secret"].as_str().unwrap().to_owned(), created.body["id"].as_str().unwrap().to_owned())
+    }
+
     pub fn new(server: &super::Server) -> Api {
         Api::at(&server.url)
     }

@@ -86,17 +86,7 @@ fn row(name: &str, permits: u64, token: u64) -> (String, String, String) {
 
 /// Creates a token with `rules` (`RESOURCE:PREFIX=ACCESS`) and returns its secret.
 async fn token(root: &Api, name: &str, rules: &[&str]) -> String {
-    let rules: Vec<Value> = rules
-        .iter()
-        .map(|rule| {
-            let (scope, access) = rule.rsplit_once('=').unwrap();
-            let (resource, prefix) = scope.split_once(':').unwrap();
-            json!({ "resource": resource, "prefix": prefix, "access": access })
-        })
-        .collect();
-    let answer = root.post("/v1/acl/tokens", json!({ "name": name, "rules": rules })).await;
-    assert_eq!(answer.status, 201, "{answer:?}");
-    answer.body["secret"].as_str().unwrap().to_owned()
+    root.create_token(name, rules).await.0
 }
 
 /// A named session of the root token.

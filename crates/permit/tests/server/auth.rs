@@ -30,17 +30,7 @@ async fn secured(extra: &[&str]) -> (Server, tempfile::TempDir) {
 
 /// Creates a token with `rules` (as `RESOURCE:PREFIX=ACCESS`) and returns its secret and id.
 async fn token(root: &Api, name: &str, rules: &[&str]) -> (String, String) {
-    let rules: Vec<Value> = rules
-        .iter()
-        .map(|rule| {
-            let (scope, access) = rule.rsplit_once('=').unwrap();
-            let (resource, prefix) = scope.split_once(':').unwrap();
-            json!({ "resource": resource, "prefix": prefix, "access": access })
-        })
-        .collect();
-    let created = root.post("/v1/acl/tokens", json!({ "name": name, "rules": rules })).await;
-    assert_eq!(created.status, 201, "{created:?}");
-    (created.body["secret"].as_str().unwrap().to_owned(), created.body["id"].as_str().unwrap().to_owned())
+    root.create_token(name, rules).await
 }
 
 /// The callers of the matrix and the access each has per resource (`None`: no rule).
