@@ -191,30 +191,17 @@ impl Metrics {
             "One log append: redb commit and fsync",
             append_seconds.clone(),
         );
-        let sessions_expired = Counter::default();
-        registry.register(
-            "sessions_expired",
-            "Sessions expired (as applied on this node)",
-            sessions_expired.clone(),
-        );
-        let sessions_created = Counter::default();
-        registry.register(
-            "sessions_created",
-            "Sessions created (as applied on this node)",
-            sessions_created.clone(),
-        );
-        let sessions_closed = Counter::default();
-        registry.register(
+        let sessions_expired =
+            counter(&mut registry, "sessions_expired", "Sessions expired (as applied on this node)");
+        let sessions_created =
+            counter(&mut registry, "sessions_created", "Sessions created (as applied on this node)");
+        let sessions_closed = counter(
+            &mut registry,
             "sessions_closed",
             "Sessions closed by their client or with their token (as applied on this node)",
-            sessions_closed.clone(),
         );
-        let keepalives = Counter::default();
-        registry.register(
-            "session_keepalives",
-            "Keepalives answered by this node (the leader)",
-            keepalives.clone(),
-        );
+        let keepalives =
+            counter(&mut registry, "session_keepalives", "Keepalives answered by this node (the leader)");
         let long_poll_seconds =
             Family::<Labels, Histogram>::new_with_constructor(|| Histogram::new(LONG_POLL_BUCKETS));
         registry.register(
@@ -228,19 +215,16 @@ impl Metrics {
         let build_info = Family::<Labels, Gauge>::default();
         registry.register("build_info", "Always 1, labelled with the server's version", build_info.clone());
         build_info.get_or_create(&vec![("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned())]).set(1);
-        let holds_expired = Counter::default();
-        registry.register("holds_expired", "Holds released by max_hold_ms", holds_expired.clone());
-        let read_rounds = Counter::default();
-        registry.register(
+        let holds_expired = counter(&mut registry, "holds_expired", "Holds released by max_hold_ms");
+        let read_rounds = counter(
+            &mut registry,
             "read_index_rounds",
             "ReadIndex rounds (one quorum confirmation each) run for linearizable reads and keepalives",
-            read_rounds.clone(),
         );
-        let read_barrier_waits = Counter::default();
-        registry.register(
+        let read_barrier_waits = counter(
+            &mut registry,
             "read_barrier_waits",
             "Linearizable reads and keepalives served by a ReadIndex round (several share one)",
-            read_barrier_waits.clone(),
         );
         let connections_open = Gauge::default();
         registry.register("connections_open", "Open client and peer connections", connections_open.clone());
@@ -486,6 +470,13 @@ impl Default for Metrics {
     fn default() -> Metrics {
         Metrics::new()
     }
+}
+
+/// A counter registered as `name` (Prometheus adds `_total`).
+fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter {
+    let counter = Counter::default();
+    registry.register(name, help, counter.clone());
+    counter
 }
 
 fn register_objects(registry: &mut Registry, s: &ObjectFamilies, e: &ObjectFamilies) {
