@@ -1,10 +1,12 @@
 //! The snapshot format: versioned, deterministic bytes of a [`State`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use imbl::{OrdMap, OrdSet};
+use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, SerializeSeq};
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::semaphore::Semaphore;
 use crate::session::{KeySet, Session};
@@ -27,21 +29,6 @@ pub enum SnapshotError {
     /// The decoded state breaks an invariant.
     #[error("snapshot state is inconsistent: {0}")]
     Inconsistent(#[from] InvariantViolation),
-}
-
-/// Decoded as sorted vectors, which postcard encodes exactly like maps (a length, then the
-/// pairs): the maps are then built bottom-up in linear time instead of by a million inserts.
-/// Version 2 added session owners and access tokens.
-#[derive(Deserialize)]
-struct SnapshotV2 {
-    sessions: Vec<(SessionId, Session)>,
-    objects: Vec<(Key, Semaphore)>,
-    last_token: u64,
-    now_ms: u64,
-    applied_index: u64,
-    tokens: Vec<(TokenId, Token)>,
-    root_created: bool,
-    ephemeral: Vec<Key>,
 }
 
 /// The encoded fields of a [`State`], frozen: a persistent copy that shares its trees with the
@@ -156,9 +143,10 @@ struct SessionV1 {
     waits: KeySet,
 }
 
-impl From<SnapshotV1> for SnapshotV2 {
-    fn from(v1: SnapshotV1) -> SnapshotV2 {
-        let sessions = v1
+impl SnapshotV1 {
+    /// The sessions, with no owner, and the rest of version 2's fields, with no tokens.
+    fn upgrade(self) -> (Vec<(SessionId, Session)>, SnapshotV2Rest) {
+        let sessions = self
             .sessions
             .into_iter()
             .map(|(id, s)| {
@@ -166,16 +154,16 @@ impl From<SnapshotV1> for SnapshotV2 {
                 (id, Session { name, ttl_ms, created_index, owner: None, holds, waits })
             })
             .collect();
-        SnapshotV2 {
-            sessions,
-            objects: v1.objects,
-            last_token: v1.last_token,
-            now_ms: v1.now_ms,
-            applied_index: v1.applied_index,
+        let rest = SnapshotV2Rest {
+            objects: self.objects,
+            last_token: self.last_token,
+            now_ms: self.now_ms,
+            applied_index: self.applied_index,
             tokens: Vec::new(),
             root_created: false,
             ephemeral: Vec::new(),
-        }
+        };
+        (sessions, rest)
     }
 }
 
@@ -263,13 +251,16 @@ impl State {
 
     fn decode_unchecked(bytes: &[u8]) -> Result<State, SnapshotError> {
         let (&version, body) = bytes.split_first().ok_or(SnapshotError::UnsupportedVersion(0))?;
-        let v2: SnapshotV2 = match version {
-            1 => postcard::from_bytes::<SnapshotV1>(body)?.into(),
-            SNAPSHOT_FORMAT_VERSION => postcard::from_bytes(body)?,
+        let ((sessions, sessions_per_owner), v2) = match version {
+            1 => {
+                let (sessions, rest) = postcard::from_bytes::<SnapshotV1>(body)?.upgrade();
+                (build_sessions([sessions])?, rest)
+            }
+            SNAPSHOT_FORMAT_VERSION => decode_v2_streamed(body)?,
             other => return Err(SnapshotError::UnsupportedVersion(other)),
         };
         let mut state = State {
-            sessions: sorted_map(v2.sessions, "session")?,
+            sessions,
             objects: sorted_map(
                 v2.objects.into_iter().map(|(key, object)| (key, Arc::new(object))).collect(),
                 "object",
@@ -280,7 +271,7 @@ impl State {
             applied_index: v2.applied_index,
             tokens: sorted_map(v2.tokens, "token")?,
             token_ids_by_secret: Default::default(),
-            sessions_per_owner: Default::default(),
+            sessions_per_owner,
             root_created: v2.root_created,
             ephemeral: Default::default(),
         };
@@ -292,11 +283,6 @@ impl State {
         state.ephemeral = v2.ephemeral.into_iter().collect();
         for (id, token) in &state.tokens {
             state.token_ids_by_secret.insert(token.secret_sha256, *id);
-        }
-        for session in state.sessions.values() {
-            if let Some(owner) = session.owner {
-                *state.sessions_per_owner.entry(owner).or_default() += 1;
-            }
         }
         // Freshly decoded, every object is unshared: `make_mut` does not copy.
         let keys: Vec<Key> = state.objects.keys().cloned().collect();
@@ -333,6 +319,115 @@ fn sorted_map<K: Ord + Clone + std::fmt::Display, V: Clone>(
     Ok(pairs.into_iter().collect())
 }
 
+/// The sessions map and the count of sessions per owner, built from pairs arriving in chunks
+/// that must be in strictly increasing id order.
+type SessionsBuilt = (OrdMap<SessionId, Session>, BTreeMap<TokenId, u64>);
+
+/// How many decoded sessions travel to the map builder at a time.
+const SESSION_CHUNK: usize = 4096;
+
+/// Builds the sessions map from chunks of pairs; an id out of order is a corrupt snapshot.
+fn build_sessions(
+    chunks: impl IntoIterator<Item = Vec<(SessionId, Session)>>,
+) -> Result<SessionsBuilt, InvariantViolation> {
+    let mut map = OrdMap::new();
+    let mut per_owner = BTreeMap::new();
+    let mut last: Option<SessionId> = None;
+    let mut out_of_order = None;
+    for chunk in chunks {
+        for (id, session) in chunk {
+            if out_of_order.is_some() {
+                continue; // drain the sender; the error is already decided
+            }
+            if last.is_some_and(|last| last >= id) {
+                out_of_order = Some(id);
+                continue;
+            }
+            last = Some(id);
+            if let Some(owner) = session.owner {
+                *per_owner.entry(owner).or_default() += 1;
+            }
+            map.insert(id, session);
+        }
+    }
+    match out_of_order {
+        Some(id) => Err(InvariantViolation(format!("session {id} out of order in the snapshot"))),
+        None => Ok((map, per_owner)),
+    }
+}
+
+/// Decodes version 2 with the sessions streamed to a second thread in chunks, which builds their
+/// persistent map while this one goes on decoding: `imbl` has no bulk build from sorted pairs,
+/// so the map costs one insert per session, and this overlaps those inserts with the decoding
+/// of the sessions after them.
+fn decode_v2_streamed(body: &[u8]) -> Result<(SessionsBuilt, SnapshotV2Rest), SnapshotError> {
+    let (sender, receiver) = std::sync::mpsc::sync_channel::<Vec<(SessionId, Session)>>(8);
+    let (built, rest) = std::thread::scope(|scope| {
+        let builder = scope.spawn(move || build_sessions(receiver));
+        let mut deserializer = postcard::Deserializer::from_bytes(body);
+        let decoded = SessionsInto(sender)
+            .deserialize(&mut deserializer)
+            .and_then(|()| SnapshotV2Rest::deserialize(&mut deserializer));
+        // The sender was moved into the visitor and dropped with it: the builder's loop ends.
+        let built = match builder.join() {
+            Ok(built) => built,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        (built, decoded)
+    });
+    let rest = rest?;
+    Ok((built?, rest))
+}
+
+/// Version 2 after its first field, the sessions (a map, encoded as its length and then the
+/// pairs; postcard writes a struct's fields one after the other, with nothing between them).
+/// Version 2 added session owners and access tokens.
+#[derive(Deserialize)]
+struct SnapshotV2Rest {
+    objects: Vec<(Key, Semaphore)>,
+    last_token: u64,
+    now_ms: u64,
+    applied_index: u64,
+    tokens: Vec<(TokenId, Token)>,
+    root_created: bool,
+    ephemeral: Vec<Key>,
+}
+
+/// Decodes the sessions sequence (encoded as a map: its length, then the pairs) and sends the
+/// pairs to the map builder in chunks.
+struct SessionsInto(std::sync::mpsc::SyncSender<Vec<(SessionId, Session)>>);
+
+impl<'de> DeserializeSeed<'de> for SessionsInto {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for SessionsInto {
+    type Value = ();
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("a sequence of (session id, session) pairs")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut chunk = Vec::with_capacity(SESSION_CHUNK);
+        while let Some(pair) = seq.next_element::<(SessionId, Session)>()? {
+            chunk.push(pair);
+            if chunk.len() == SESSION_CHUNK {
+                // A send fails only if the builder panicked; its panic is re-raised after.
+                let _ = self.0.send(std::mem::replace(&mut chunk, Vec::with_capacity(SESSION_CHUNK)));
+            }
+        }
+        if !chunk.is_empty() {
+            let _ = self.0.send(chunk);
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -354,6 +449,19 @@ mod tests {
     fn state_with_sessions(count: u8) -> State {
         let commands = (1..=count)
             .map(|i| Command::CreateSession { id: SessionId::from_bytes([i; 16]), ttl_ms: 1000, name: None })
+            .collect();
+        let mut state = State::default();
+        state.apply(1, 1, &Batch { now_ms: 5, commands }, &mut Vec::new());
+        state
+    }
+
+    fn state_with_many_sessions(count: usize) -> State {
+        let commands = (1..=count as u128)
+            .map(|i| Command::CreateSession {
+                id: SessionId::from_bytes(i.to_be_bytes()),
+                ttl_ms: 1000,
+                name: None,
+            })
             .collect();
         let mut state = State::default();
         state.apply(1, 1, &Batch { now_ms: 5, commands }, &mut Vec::new());
@@ -462,6 +570,25 @@ mod tests {
                 other => panic!("expected an inconsistent snapshot, got {other:?}"),
             }
             assert!(State::decode_snapshot_with(&bytes, |_| ()).is_err());
+        }
+    }
+
+    #[test]
+    fn sessions_spanning_several_chunks_round_trip_and_a_swap_across_a_chunk_edge_is_caught() {
+        let n = 2 * SESSION_CHUNK + 7;
+        let state = state_with_many_sessions(n);
+        assert_eq!(State::decode_snapshot(&state.encode_snapshot()).unwrap(), state);
+        let swapped = raw_bytes(&state, |sessions| sessions.swap(SESSION_CHUNK - 1, SESSION_CHUNK));
+        match State::decode_snapshot(&swapped) {
+            Err(SnapshotError::Inconsistent(violation)) => assert!(violation.0.contains("out of order")),
+            other => panic!("expected an inconsistent snapshot, got {other:?}"),
+        }
+        let bytes = state.encode_snapshot();
+        for cut in [bytes.len() / 2, bytes.len() - 1] {
+            assert!(
+                matches!(State::decode_snapshot(&bytes[..cut]), Err(SnapshotError::Decode(_))),
+                "cut at {cut}"
+            );
         }
     }
 
