@@ -229,6 +229,58 @@ async fn a_data_dir_keeps_its_log_store_and_the_segment_log_survives_kill_9() {
     }
 }
 
+/// The upgrade path: a data dir made by redb (`--log-store redb`, the default before the
+/// segment log) restarts with no `--log-store` on redb, with its sessions, holds and fencing
+/// tokens; a new data dir with no flag gets the segment log.
+#[tokio::test]
+async fn without_log_store_a_redb_data_dir_stays_on_redb_and_a_new_one_gets_the_segment_log() {
+    let dir = tempfile::tempdir().unwrap();
+    // What `permit serve` does with no flag (and no PERMIT_LOG_STORE, which a CI run may set).
+    let no_flag = [("PERMIT_LOG_STORE", "detect")];
+    let old = dir.path().join("old");
+    let mut server = Server::start_in(&old, "127.0.0.1:0", &["--log-store", "redb"]);
+    let api = Api::new(&server);
+    let holder = api.session(120_000).await;
+    let waiter = api.session(120_000).await;
+    let held = api.acquire("upgraded", json!({ "session": holder, "capacity": 1 })).await;
+    let token = held.body["token"].as_u64().unwrap();
+    let other = api.acquire("upgraded-2", json!({ "session": waiter, "capacity": 2 })).await;
+    assert_eq!(other.status, 200, "{other:?}");
+    server.kill9();
+    drop(server);
+    assert!(old.join("raft-log.redb").exists());
+
+    let server = Server::start_with_env(&old, "127.0.0.1:0", &[], &no_flag);
+    assert!(!old.join("raft-log").exists(), "the redb data dir was opened with the segment log");
+    let api = Api::new(&server);
+    for session in [&holder, &waiter] {
+        let answer = api.post(&format!("/v1/sessions/{session}/keepalive"), json!(null)).await;
+        assert_eq!(answer.status, 200, "session {session} lost in the upgrade: {answer:?}");
+    }
+    let view = api.get("/v1/semaphores/upgraded").await;
+    assert_eq!(view.body["holders"][0]["session"], holder.as_str(), "{}", view.body);
+    assert_eq!(view.body["holders"][0]["token"].as_u64(), Some(token), "{}", view.body);
+    let view = api.get("/v1/semaphores/upgraded-2").await;
+    assert_eq!(view.body["capacity"], 2, "{}", view.body);
+    assert_eq!(view.body["holders"][0]["session"], waiter.as_str(), "{}", view.body);
+    // The token counter goes on from where redb left it.
+    assert_eq!(api.release("upgraded", &holder).await.status, 200);
+    let next = api.acquire("upgraded", json!({ "session": waiter })).await;
+    assert_eq!(next.status, 200, "{next:?}");
+    assert!(next.body["token"].as_u64().unwrap() > token, "{next:?}");
+    drop(server);
+    // Forcing the other store on it is still refused, naming the right one.
+    let stderr = refused_start(&old, "segment");
+    assert!(stderr.contains("--log-store redb"), "{stderr}");
+
+    let new = dir.path().join("new");
+    let server = Server::start_with_env(&new, "127.0.0.1:0", &[], &no_flag);
+    assert!(new.join("raft-log").is_dir() && !new.join("raft-log.redb").exists());
+    let api = Api::new(&server);
+    let session = api.session(120_000).await;
+    assert_eq!(api.acquire("fresh", json!({ "session": session, "capacity": 1 })).await.status, 200);
+}
+
 /// The gauge `name` of the server's `/metrics`.
 async fn gauge(api: &Api, name: &str) -> u64 {
     let text = api.http.get(format!("{}/metrics", api.url)).send().await.unwrap().text().await.unwrap();
