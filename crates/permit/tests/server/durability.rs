@@ -281,6 +281,64 @@ async fn without_log_store_a_redb_data_dir_stays_on_redb_and_a_new_one_gets_the_
     assert_eq!(api.acquire("fresh", json!({ "session": session, "capacity": 1 })).await.status, 200);
 }
 
+/// Log entries written before the restart in [`a_restart_replays_thousands_of_entries_in_linear_time`].
+const REPLAYED_ENTRIES: u64 = 4_000;
+/// Longest that restart may take until the node is ready: 0.45 s in a debug build on a loaded
+/// machine (load average 5.6); 15.4 s with the check after every batch that made it O(n²).
+const REPLAY_BOUND: Duration = Duration::from_secs(10);
+
+/// A restart re-applies the log after the last snapshot before it serves. With thousands of
+/// entries and no snapshot yet, a debug build must still be ready within [`REPLAY_BOUND`]: a
+/// check after every applied batch that walked the whole state made the replay O(n²) (2 810
+/// entries of the full-disk test took 20-27 s).
+#[tokio::test]
+async fn a_restart_replays_thousands_of_entries_in_linear_time() {
+    let mut server = Server::start();
+    let api = Api::new(&server);
+    let created = Arc::new(Mutex::new(Vec::new()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    // Each session holds a semaphore of its own, as in the full-disk test that found it.
+    let workers: Vec<_> = (0..4)
+        .map(|worker| {
+            let (api, created) = (api.clone(), created.clone());
+            tokio::spawn(async move {
+                for round in 0.. {
+                    let done = gauge(&api, "permit_raft_applied_index").await >= REPLAYED_ENTRIES;
+                    if done || std::time::Instant::now() > deadline {
+                        return;
+                    }
+                    for i in 0..25 {
+                        let session = api.session(86_400_000).await;
+                        let name = format!("replay-{worker}-{round}-{i}");
+                        let held = api.acquire(&name, json!({ "session": session, "capacity": 1 })).await;
+                        assert_eq!(held.status, 200, "{held:?}");
+                        created.lock().unwrap().push(session);
+                    }
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let applied = gauge(&api, "permit_raft_applied_index").await;
+    assert!(applied >= REPLAYED_ENTRIES, "only {applied} entries written in time");
+
+    let started = std::time::Instant::now();
+    server.restart();
+    let api = Api::new(&server);
+    let ready =
+        crate::common::eventually(REPLAY_BOUND, async || api.get("/v1/health").await.status == 200).await;
+    let took = started.elapsed();
+    println!("a restart replaying {applied} entries took {took:?}");
+    assert!(ready && took < REPLAY_BOUND, "a restart replaying {applied} entries took {took:?}");
+    let created = std::mem::take(&mut *created.lock().unwrap());
+    assert_eq!(gauge(&api, "permit_sessions").await, created.len() as u64, "every session is back");
+    let last = created.last().unwrap();
+    let answer = api.post(&format!("/v1/sessions/{last}/keepalive"), json!(null)).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+}
+
 /// The gauge `name` of the server's `/metrics`.
 async fn gauge(api: &Api, name: &str) -> u64 {
     let text = api.http.get(format!("{}/metrics", api.url)).send().await.unwrap().text().await.unwrap();
