@@ -45,7 +45,8 @@ struct Args {
     /// driver (threads and asyncio) in alternation with the Rust driver's W1/W2 runs on the same
     /// server. `redis` runs W1 and W2 against redis-server with appendfsync always, alternating
     /// with Permit runs; `logstore` runs W1 and W2 on two more nodes, --log-store redb and
-    /// segment, alternating. `snap` runs W1 while a node of `--snap-n` sessions snapshots.
+    /// segment, alternating (the other parts run on the default store: the segment log for
+    /// their new data dirs). `snap` runs W1 while a node of `--snap-n` sessions snapshots.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sessions (and semaphores) in the small scale step; the large step is 10x.

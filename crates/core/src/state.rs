@@ -70,6 +70,21 @@ pub struct State {
     pub(crate) ephemeral: OrdSet<Key>,
 }
 
+/// Debug builds check every invariant ([`State::verify`]) after a batch; the check walks the
+/// whole state, so it runs after every batch only while the state has at most this many
+/// sessions, objects and tokens, and after every `size / VERIFY_EVERY_SIZE` (rounded up to a
+/// power of two) batches beyond: the checks then cost about `VERIFY_EVERY_SIZE` items per
+/// batch, whatever the state's size. Checking after every batch made applying `n` entries
+/// cost O(n²): a debug build replaying a 2 800-entry log on restart spent 20 s in it.
+pub(crate) const VERIFY_EVERY_SIZE: usize = 64;
+
+/// Whether a debug build checks the invariants after the batch at `index` of a state of `size`
+/// (see [`VERIFY_EVERY_SIZE`]). Release builds never do.
+pub(crate) fn verify_due(index: u64, size: usize) -> bool {
+    let period = (size / VERIFY_EVERY_SIZE).max(1).next_power_of_two() as u64;
+    index.is_multiple_of(period)
+}
+
 impl State {
     /// Applies the commands of the batch at log `index`, written in Raft term `term`, in order,
     /// and returns one outcome per command. Effects for the shell (wake-ups, timers) are
@@ -82,12 +97,17 @@ impl State {
         self.now_ms = max(self.now_ms, batch.now_ms);
         let outcomes =
             batch.commands.iter().map(|command| self.apply_command(index, term, command, effects)).collect();
-        if cfg!(debug_assertions) {
+        if cfg!(debug_assertions) && verify_due(index, self.verify_size()) {
             if let Err(violation) = self.verify() {
                 panic!("invariant violated after applying index {index}: {violation}");
             }
         }
         outcomes
+    }
+
+    /// What a [`State::verify`] walks, roughly: sessions, objects and tokens.
+    fn verify_size(&self) -> usize {
+        self.sessions.len() + self.objects.len() + self.tokens.len()
     }
 
     /// Records that the log entry at `index` carried no batch (a Raft blank or membership entry).
@@ -812,5 +832,55 @@ mod ephemeral_tests {
         run(&mut state, vec![Command::Release { key: key.clone(), session: SessionId::from_bytes([1; 16]) }]);
         assert!(state.object(&key).is_some() && !state.is_ephemeral(&key));
         assert_eq!(State::decode_snapshot(&state.encode_snapshot()).unwrap(), state);
+    }
+}
+
+#[cfg(test)]
+mod verify_cost_tests {
+    use super::*;
+
+    /// Replaying a log whose entries each add an item: the debug checks must cost O(n) in all,
+    /// not the O(n²) of a check after every entry (20 s for a 2 800-entry restart, debug build).
+    #[test]
+    fn debug_invariant_checks_cost_linear_time_in_the_entries_applied() {
+        let entries: u64 = 200_000;
+        let mut walked: u64 = 0;
+        let mut checks = 0;
+        for index in 1..=entries {
+            let size = index as usize;
+            if verify_due(index, size) {
+                walked += size as u64;
+                checks += 1;
+            }
+        }
+        let per_entry = walked / entries;
+        assert!(per_entry <= 4 * VERIFY_EVERY_SIZE as u64, "{per_entry} items walked per entry");
+        // Still checked, and after every entry while the state is small.
+        assert!(checks > entries / 2_000, "{checks} checks");
+        assert!((1..=VERIFY_EVERY_SIZE as u64).all(|index| verify_due(index, index as usize)));
+        assert!((0..10).all(|index| verify_due(index, 0)));
+    }
+
+    #[test]
+    fn a_violation_in_a_small_state_panics_at_the_entry_that_made_it() {
+        let mut state = State::default();
+        let session = SessionId::from_bytes([1; 16]);
+        let batch = Batch {
+            now_ms: 0,
+            commands: vec![Command::CreateSession { id: session, ttl_ms: 10_000, name: None }],
+        };
+        state.apply(1, 1, &batch, &mut Vec::new());
+        // Corrupt a derived index behind apply's back: the next batch's check must see it.
+        state.sessions_per_owner.insert(TokenId::from_bytes([9; 16]), 5);
+        let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            state.apply(2, 1, &Batch { now_ms: 0, commands: vec![] }, &mut Vec::new())
+        }));
+        if cfg!(debug_assertions) {
+            let message = applied.expect_err("a debug build checks small states after every batch");
+            let message = message.downcast_ref::<String>().cloned().unwrap_or_default();
+            assert!(message.contains("after applying index 2"), "{message}");
+        } else {
+            assert!(applied.is_ok(), "release builds do not check");
+        }
     }
 }

@@ -67,10 +67,11 @@ struct ServeArgs {
     /// Take a snapshot and compact the log every this many entries.
     #[arg(long, default_value_t = 10_000)]
     snapshot_logs: u64,
-    /// The Raft log's storage: `redb` (a redb database, `DATA_DIR/raft-log.redb`) or `segment`
-    /// (append-only segment files, `DATA_DIR/raft-log/`). Fixed when the data dir is created: a
-    /// data dir of the other kind is refused.
-    #[arg(long, env = "PERMIT_LOG_STORE", default_value = "redb")]
+    /// The Raft log's storage. `detect` (the default): the store the data dir was created with
+    /// (`DATA_DIR/raft-log.redb` is redb), and the segment log for a new data dir. `segment`:
+    /// append-only segment files, `DATA_DIR/raft-log/`. `redb`: a redb database,
+    /// `DATA_DIR/raft-log.redb`. A data dir keeps its store: forcing the other one is refused.
+    #[arg(long, env = "PERMIT_LOG_STORE", default_value = "detect")]
     log_store: permit_server::config::LogStoreKind,
     /// Do not form a cluster: wait to be added (`permit cluster add ID ADDR`) or initialised.
     #[arg(long, conflicts_with = "peers")]

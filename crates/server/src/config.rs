@@ -57,8 +57,8 @@ pub struct Config {
     /// Most semaphores and elections with metric series of their own (`--metrics-names-max`);
     /// the others are summed under the label value `_other`.
     pub metrics_names_max: usize,
-    /// The Raft log's storage (`--log-store`, `PERMIT_LOG_STORE`); a data dir keeps the one it
-    /// was created with.
+    /// The Raft log's storage (`--log-store`, `PERMIT_LOG_STORE`): by default the one the data
+    /// dir was created with, the segment log for a new one; a data dir keeps its store.
     pub log_store: LogStoreKind,
     /// Storage faults a simulation injects into the redb log (`permit serve` never sets it).
     #[doc(hidden)]
@@ -72,21 +72,76 @@ pub struct Config {
 /// Which log store a node uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LogStoreKind {
-    /// A redb database, `DATA_DIR/raft-log.redb` (the default).
+    /// The one that made the data dir (`raft-log.redb` is redb, anything else the segment
+    /// log); a new data dir gets the segment log (the default).
     #[default]
+    Detect,
+    /// A redb database, `DATA_DIR/raft-log.redb`.
     Redb,
     /// Append-only segment files, `DATA_DIR/raft-log/` (`raft/segment_log.rs`).
     Segment,
 }
+
+impl LogStoreKind {
+    /// The store to open in `data_dir`: this one if forced, else the one found there (the
+    /// segment log for a new data dir).
+    ///
+    /// # Errors
+    /// When the data dir holds a log of the other kind than the forced one, or of both kinds.
+    pub fn resolve(self, data_dir: &std::path::Path) -> anyhow::Result<LogStoreKind> {
+        let redb = data_dir.join(REDB_LOG).exists();
+        let segment = data_dir.join(SEGMENT_LOG).exists();
+        let found = match (redb, segment) {
+            (true, true) => anyhow::bail!(
+                "{} holds both a redb log ({REDB_LOG}) and a segment log ({SEGMENT_LOG}/); \
+                 only one can be its log: move the wrong one away",
+                data_dir.display()
+            ),
+            (true, false) => Some(LogStoreKind::Redb),
+            (false, true) => Some(LogStoreKind::Segment),
+            (false, false) => None,
+        };
+        match (self, found) {
+            (LogStoreKind::Detect, found) => Ok(found.unwrap_or(LogStoreKind::Segment)),
+            (forced, Some(found)) if forced != found => {
+                let (found, forced) = (found.name(), forced.name());
+                // Opening the other kind would start from an empty log and lose every
+                // acknowledged write.
+                anyhow::bail!(
+                    "{} holds a log written by --log-store {found}, not {forced}; start with \
+                     --log-store {found} (PERMIT_LOG_STORE={found}), or without --log-store, or use \
+                     another data dir",
+                    data_dir.display()
+                )
+            }
+            (forced, _) => Ok(forced),
+        }
+    }
+
+    /// The name `--log-store` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogStoreKind::Detect => "detect",
+            LogStoreKind::Redb => "redb",
+            LogStoreKind::Segment => "segment",
+        }
+    }
+}
+
+/// The redb log's file in a data dir.
+pub const REDB_LOG: &str = "raft-log.redb";
+/// The segment log's directory in a data dir.
+pub const SEGMENT_LOG: &str = "raft-log";
 
 impl std::str::FromStr for LogStoreKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
+            "detect" => Ok(LogStoreKind::Detect),
             "redb" => Ok(LogStoreKind::Redb),
             "segment" => Ok(LogStoreKind::Segment),
-            other => Err(format!("unknown log store {other:?}: expected redb or segment")),
+            other => Err(format!("unknown log store {other:?}: expected detect, redb or segment")),
         }
     }
 }
@@ -117,7 +172,7 @@ impl Default for Config {
             connections_max: crate::listener::CONNECTIONS_MAX_DEFAULT,
             tls: None,
             restore: None,
-            log_store: LogStoreKind::Redb,
+            log_store: LogStoreKind::Detect,
             storage_faults: None,
             id_seed: None,
         }
@@ -173,5 +228,35 @@ impl Config {
             );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_store_is_the_data_dirs_own_and_the_segment_log_for_a_new_one() {
+        use LogStoreKind::{Detect, Redb, Segment};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path();
+        // A new (or missing) data dir: detect gives the segment log; a forced store is kept.
+        assert_eq!(Detect.resolve(&path.join("missing")).unwrap(), Segment);
+        assert_eq!([Detect, Redb, Segment].map(|k| k.resolve(path).unwrap()), [Segment, Redb, Segment]);
+        // A redb data dir stays redb; forcing the segment log is refused, naming redb.
+        std::fs::write(path.join(REDB_LOG), b"").unwrap();
+        assert_eq!([Detect, Redb].map(|k| k.resolve(path).unwrap()), [Redb, Redb]);
+        let refused = Segment.resolve(path).unwrap_err().to_string();
+        assert!(refused.contains("--log-store redb, not segment"), "{refused}");
+        // Both kinds: refused whatever the flag.
+        std::fs::create_dir(path.join(SEGMENT_LOG)).unwrap();
+        for kind in [Detect, Redb, Segment] {
+            assert!(kind.resolve(path).unwrap_err().to_string().contains("both"), "{kind:?}");
+        }
+        std::fs::remove_file(path.join(REDB_LOG)).unwrap();
+        assert_eq!([Detect, Segment].map(|k| k.resolve(path).unwrap()), [Segment, Segment]);
+        assert!(Redb.resolve(path).unwrap_err().to_string().contains("--log-store segment, not redb"));
+        assert_eq!("detect".parse(), Ok(Detect));
+        assert!("sled".parse::<LogStoreKind>().unwrap_err().contains("detect, redb or segment"));
     }
 }

@@ -114,6 +114,8 @@ impl Cluster {
             cluster_secret: Some(
                 permit_server::peer::ClusterSecret::new(b"simulation-cluster-secret").expect("long enough"),
             ),
+            // The storage faults are injected into the redb log store.
+            log_store: permit_server::config::LogStoreKind::Redb,
             storage_faults: Some(self.faults[&id].clone()),
             id_seed: Some(self.settings.id_seed ^ (id << 48) ^ self.launches.fetch_add(1, Ordering::Relaxed)),
             ..Config::default()

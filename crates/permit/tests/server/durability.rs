@@ -229,6 +229,116 @@ async fn a_data_dir_keeps_its_log_store_and_the_segment_log_survives_kill_9() {
     }
 }
 
+/// The upgrade path: a data dir made by redb (`--log-store redb`, the default before the
+/// segment log) restarts with no `--log-store` on redb, with its sessions, holds and fencing
+/// tokens; a new data dir with no flag gets the segment log.
+#[tokio::test]
+async fn without_log_store_a_redb_data_dir_stays_on_redb_and_a_new_one_gets_the_segment_log() {
+    let dir = tempfile::tempdir().unwrap();
+    // What `permit serve` does with no flag (and no PERMIT_LOG_STORE, which a CI run may set).
+    let no_flag = [("PERMIT_LOG_STORE", "detect")];
+    let old = dir.path().join("old");
+    let mut server = Server::start_in(&old, "127.0.0.1:0", &["--log-store", "redb"]);
+    let api = Api::new(&server);
+    let holder = api.session(120_000).await;
+    let waiter = api.session(120_000).await;
+    let held = api.acquire("upgraded", json!({ "session": holder, "capacity": 1 })).await;
+    let token = held.body["token"].as_u64().unwrap();
+    let other = api.acquire("upgraded-2", json!({ "session": waiter, "capacity": 2 })).await;
+    assert_eq!(other.status, 200, "{other:?}");
+    server.kill9();
+    drop(server);
+    assert!(old.join("raft-log.redb").exists());
+
+    let server = Server::start_with_env(&old, "127.0.0.1:0", &[], &no_flag);
+    assert!(!old.join("raft-log").exists(), "the redb data dir was opened with the segment log");
+    let api = Api::new(&server);
+    for session in [&holder, &waiter] {
+        let answer = api.post(&format!("/v1/sessions/{session}/keepalive"), json!(null)).await;
+        assert_eq!(answer.status, 200, "session {session} lost in the upgrade: {answer:?}");
+    }
+    let view = api.get("/v1/semaphores/upgraded").await;
+    assert_eq!(view.body["holders"][0]["session"], holder.as_str(), "{}", view.body);
+    assert_eq!(view.body["holders"][0]["token"].as_u64(), Some(token), "{}", view.body);
+    let view = api.get("/v1/semaphores/upgraded-2").await;
+    assert_eq!(view.body["capacity"], 2, "{}", view.body);
+    assert_eq!(view.body["holders"][0]["session"], waiter.as_str(), "{}", view.body);
+    // The token counter goes on from where redb left it.
+    assert_eq!(api.release("upgraded", &holder).await.status, 200);
+    let next = api.acquire("upgraded", json!({ "session": waiter })).await;
+    assert_eq!(next.status, 200, "{next:?}");
+    assert!(next.body["token"].as_u64().unwrap() > token, "{next:?}");
+    drop(server);
+    // Forcing the other store on it is still refused, naming the right one.
+    let stderr = refused_start(&old, "segment");
+    assert!(stderr.contains("--log-store redb"), "{stderr}");
+
+    let new = dir.path().join("new");
+    let server = Server::start_with_env(&new, "127.0.0.1:0", &[], &no_flag);
+    assert!(new.join("raft-log").is_dir() && !new.join("raft-log.redb").exists());
+    let api = Api::new(&server);
+    let session = api.session(120_000).await;
+    assert_eq!(api.acquire("fresh", json!({ "session": session, "capacity": 1 })).await.status, 200);
+}
+
+/// Log entries written before the restart in [`a_restart_replays_thousands_of_entries_in_linear_time`].
+const REPLAYED_ENTRIES: u64 = 4_000;
+/// Longest that restart may take until the node is ready: 0.45 s in a debug build on a loaded
+/// machine (load average 5.6); 15.4 s with the check after every batch that made it O(n²).
+const REPLAY_BOUND: Duration = Duration::from_secs(10);
+
+/// A restart re-applies the log after the last snapshot before it serves. With thousands of
+/// entries and no snapshot yet, a debug build must still be ready within [`REPLAY_BOUND`]: a
+/// check after every applied batch that walked the whole state made the replay O(n²) (2 810
+/// entries of the full-disk test took 20-27 s).
+#[tokio::test]
+async fn a_restart_replays_thousands_of_entries_in_linear_time() {
+    let mut server = Server::start();
+    let api = Api::new(&server);
+    let created = Arc::new(Mutex::new(Vec::new()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    // Each session holds a semaphore of its own, as in the full-disk test that found it.
+    let workers: Vec<_> = (0..4)
+        .map(|worker| {
+            let (api, created) = (api.clone(), created.clone());
+            tokio::spawn(async move {
+                for round in 0.. {
+                    let done = gauge(&api, "permit_raft_applied_index").await >= REPLAYED_ENTRIES;
+                    if done || std::time::Instant::now() > deadline {
+                        return;
+                    }
+                    for i in 0..25 {
+                        let session = api.session(86_400_000).await;
+                        let name = format!("replay-{worker}-{round}-{i}");
+                        let held = api.acquire(&name, json!({ "session": session, "capacity": 1 })).await;
+                        assert_eq!(held.status, 200, "{held:?}");
+                        created.lock().unwrap().push(session);
+                    }
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let applied = gauge(&api, "permit_raft_applied_index").await;
+    assert!(applied >= REPLAYED_ENTRIES, "only {applied} entries written in time");
+
+    let started = std::time::Instant::now();
+    server.restart();
+    let api = Api::new(&server);
+    let ready =
+        crate::common::eventually(REPLAY_BOUND, async || api.get("/v1/health").await.status == 200).await;
+    let took = started.elapsed();
+    println!("a restart replaying {applied} entries took {took:?}");
+    assert!(ready && took < REPLAY_BOUND, "a restart replaying {applied} entries took {took:?}");
+    let created = std::mem::take(&mut *created.lock().unwrap());
+    assert_eq!(gauge(&api, "permit_sessions").await, created.len() as u64, "every session is back");
+    let last = created.last().unwrap();
+    let answer = api.post(&format!("/v1/sessions/{last}/keepalive"), json!(null)).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+}
+
 /// The gauge `name` of the server's `/metrics`.
 async fn gauge(api: &Api, name: &str) -> u64 {
     let text = api.http.get(format!("{}/metrics", api.url)).send().await.unwrap().text().await.unwrap();

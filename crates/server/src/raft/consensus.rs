@@ -83,26 +83,20 @@ impl Consensus {
         notifier: Arc<Notifier>,
         fail_stop: &Arc<FailStop>,
     ) -> anyhow::Result<(Consensus, Parts)> {
-        let redb_path = config.data_dir.join("raft-log.redb");
-        let segment_path = config.data_dir.join("raft-log");
-        let (log_path, other_path, other) = match config.log_store {
-            LogStoreKind::Redb => (&redb_path, &segment_path, "segment"),
-            LogStoreKind::Segment => (&segment_path, &redb_path, "redb"),
+        let redb_path = config.data_dir.join(crate::config::REDB_LOG);
+        let segment_path = config.data_dir.join(crate::config::SEGMENT_LOG);
+        // A data dir keeps the log store it was created with (see `LogStoreKind::resolve`).
+        let kind = config.log_store.resolve(&config.data_dir)?;
+        let log_path = match kind {
+            LogStoreKind::Redb => &redb_path,
+            LogStoreKind::Segment | LogStoreKind::Detect => &segment_path,
         };
-        // A data dir keeps the log store it was created with: opening the other kind would
-        // start from an empty log and lose every acknowledged write.
-        anyhow::ensure!(
-            !other_path.exists(),
-            "{} holds a log written by --log-store {other}; start with --log-store {other} \
-             (PERMIT_LOG_STORE={other}) or use another data dir",
-            config.data_dir.display()
-        );
         let opening = std::time::Instant::now();
         if let Some(file) = &config.restore {
             let snapshots = SnapshotStore::open(&config.data_dir.join("snapshots"))?;
             super::state_machine::restore(file, &snapshots, log_path, config.node_id, &addr.to_string())?;
         }
-        let log_store = match config.log_store {
+        let log_store = match kind {
             LogStoreKind::Redb => {
                 let log = LogStore::open(&redb_path)
                     .map_err(|e| open_error(&redb_path, &e))?
@@ -115,17 +109,18 @@ impl Consensus {
                     None => log,
                 })
             }
-            LogStoreKind::Segment if config.storage_faults.is_some() => {
-                anyhow::bail!("storage faults are injected into the redb log store only")
+            LogStoreKind::Segment | LogStoreKind::Detect if config.storage_faults.is_some() => {
+                anyhow::bail!("storage faults are injected into the redb log store only (--log-store redb)")
             }
-            LogStoreKind::Segment => Store::Segment(
+            LogStoreKind::Segment | LogStoreKind::Detect => Store::Segment(
                 SegmentLog::open(&segment_path)
                     .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", segment_path.display()))?
                     .with_append_histogram(metrics.append_seconds.clone())
                     .with_fail_stop(fail_stop.clone()),
             ),
         };
-        tracing::info!(elapsed_ms = opening.elapsed().as_millis() as u64, "log opened");
+        let store = kind.name();
+        tracing::info!(elapsed_ms = opening.elapsed().as_millis() as u64, store, "log opened");
         let snapshot_dir = config.data_dir.join("snapshots");
         let snapshots = SnapshotStore::open(&snapshot_dir)
             .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", snapshot_dir.display()))?
