@@ -170,7 +170,7 @@ impl Consensus {
         let proposer = Proposer::start(raft.clone(), clock.clone(), replica.clone(), metrics.clone());
         let consensus = Consensus {
             id: config.node_id,
-            peer_rpc: PeerRpc::new(raft.clone()),
+            peer_rpc: PeerRpc::new(raft.clone(), metrics.peer_rpcs_received.clone()),
             raft,
             replica,
             proposer,
