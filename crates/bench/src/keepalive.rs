@@ -31,7 +31,7 @@ pub struct KeepaliveRun {
     pub window: Duration,
     /// Keepalives answered 200 in the window.
     pub keepalives: u64,
-    /// Keepalives answered otherwise (over the whole run).
+    /// Keepalives answered otherwise (over the whole run); all but 404s were retried.
     pub failed: u64,
     /// Latency of the keepalives sent in the window.
     pub latency: Samples,
@@ -64,9 +64,12 @@ struct Control {
     measuring: AtomicBool,
     /// Tasks return once set.
     stop: AtomicBool,
-    /// Keepalives not answered 200.
+    /// Keepalives not answered 200 (retried unless 404).
     failed: AtomicU64,
 }
+
+/// Pause before a keepalive that failed (not with 404) is retried.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
 /// What one client task returns: keepalives in the window, their latencies and lateness.
 type TaskResult = (u64, Samples, Samples);
@@ -354,8 +357,14 @@ async fn client_task(
             times.push(sent.elapsed());
             late.push(sent.saturating_duration_since(at));
         }
-        // The next keepalive a period after this one was due: late keepalives catch up.
-        due.push(Reverse((at + period, index)));
+        match status {
+            // The next keepalive a period after this one was due: late keepalives catch up.
+            200 => due.push(Reverse((at + period, index))),
+            // Gone: counted by the coordinator (the leader's session count); not retried.
+            404 => {}
+            // No leader, a timeout: retried soon, as `permit-client` does while in jeopardy.
+            _ => due.push(Reverse((Instant::now() + RETRY_PAUSE, index))),
+        }
     }
     Ok((count, times, late))
 }

@@ -66,7 +66,8 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
     scrape_n: Vec<usize>,
     /// A second `permit` binary (e.g. main's) that the `scrape` part measures on the same data,
-    /// alternating with `--permit-bin`, for a before/after comparison in one run.
+    /// alternating with `--permit-bin`, and the `keepalive` part runs on a cluster of its own
+    /// before this one's: a before/after comparison in one run.
     #[arg(long)]
     before_bin: Option<PathBuf>,
     /// Sessions, each with one hold, in the `snap` part (W1 acquires while the node snapshots
@@ -367,8 +368,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         snap_rows(&mut report, &bin, work.path(), &args).await?;
     }
     if wants(&args, "keepalive") {
+        let mut bins = vec![("after", bin.clone())];
+        if let Some(before) = &args.before_bin {
+            bins.insert(0, ("before", before.clone()));
+        }
         for &n in &args.keepalive_n {
-            keepalive_rows(&mut report, &bin, work.path(), n, &args).await?;
+            keepalive_rows(&mut report, &bins, work.path(), n, &args).await?;
         }
     }
     report.print_markdown();
@@ -845,10 +850,11 @@ async fn snap_rows(
     Ok(())
 }
 
-/// The `keepalive` part's rows for one step of `n` sessions (see `keepalive.rs`).
+/// The `keepalive` part's rows for one step of `n` sessions (see `keepalive.rs`): each binary
+/// (`--before-bin`, then this one) on a fresh cluster, then the same load on the HTTP floor.
 async fn keepalive_rows(
     report: &mut Report,
-    bin: &std::path::Path,
+    bins: &[(&str, PathBuf)],
     dir: &std::path::Path,
     n: usize,
     args: &Args,
@@ -861,66 +867,83 @@ async fn keepalive_rows(
          window {window:?}; the load generator shares the machine's 2 cores with the 3 nodes)",
         ttl / 3
     );
-    let run = keepalive::run(bin, &dir.join(format!("keepalive{n}")), n, ttl, clients, window).await?;
-    let floor = keepalive::floor(&std::env::current_exe()?, n, ttl, clients, window).await?;
-    let secs = run.window.as_secs_f64();
-    let label = |what: &str| format!("keepalive {n}: {what}");
-    report.add(&label("populate"), format!("{:.1} s", run.populate.as_secs_f64()), None);
-    let rate = run.keepalives as f64 / secs;
     let scheduled = n as f64 / (ttl / 3).as_secs_f64();
+    for (tag, bin) in bins {
+        let dir = dir.join(format!("keepalive{n}-{tag}"));
+        let run = keepalive::run(bin, &dir, n, ttl, clients, window).await?;
+        let secs = run.window.as_secs_f64();
+        let label = |what: &str| {
+            if bins.len() > 1 {
+                format!("keepalive {n} ({tag}): {what}")
+            } else {
+                format!("keepalive {n}: {what}")
+            }
+        };
+        report.add(&label("populate"), format!("{:.1} s", run.populate.as_secs_f64()), None);
+        let rate = run.keepalives as f64 / secs;
+        report.add(
+            &label("keepalives answered"),
+            format!("{rate:.0} /s ({:.2}x schedule)", rate / scheduled),
+            Some((format!("schedule {scheduled:.0} /s"), rate >= 0.95 * scheduled)),
+        );
+        report.add(
+            &label("keepalive latency p50 / p99"),
+            format!("{:.2} / {:.2} ms", run.latency.p50(), run.latency.p99()),
+            None,
+        );
+        report.add(
+            &label("sent behind schedule p50 / p99"),
+            format!("{:.1} / {:.1} ms", run.lateness.p50(), run.lateness.p99()),
+            None,
+        );
+        let lost = (n as u64).saturating_sub(run.sessions_at_end);
+        report.add(
+            &label("sessions lost (expired / missing at end)"),
+            format!("{} / {lost}", run.expired),
+            Some(("0".into(), run.expired == 0 && lost == 0)),
+        );
+        report.add(
+            &label("keepalives failed and retried (no leader, timeouts)"),
+            format!("{}", run.failed),
+            None,
+        );
+        let per_round = run.barrier_waits as f64 / run.rounds.max(1) as f64;
+        report.add(
+            &label("quorum rounds"),
+            format!("{:.0} /s ({per_round:.1} keepalives+reads per round)", run.rounds as f64 / secs),
+            None,
+        );
+        let (appends, heartbeats) = run.leader_sent;
+        report.add(
+            &label("peer RPCs sent by the leader"),
+            format!(
+                "{:.0} /s ({:.0} heartbeats, {:.0} appends; {:.2} per round)",
+                (appends + heartbeats) as f64 / secs,
+                heartbeats as f64 / secs,
+                appends as f64 / secs,
+                (appends + heartbeats) as f64 / run.rounds.max(1) as f64
+            ),
+            None,
+        );
+        let received: Vec<String> =
+            run.followers_received.iter().map(|r| format!("{:.0}", *r as f64 / secs)).collect();
+        report.add(&label("peer RPCs received per follower"), format!("{} /s", received.join(" / ")), None);
+        report.add(
+            &label("leader CPU"),
+            format!(
+                "{:.0} % of a core ({:.1} µs per keepalive)",
+                run.leader_cpu,
+                run.leader_cpu / 100.0 / rate * 1e6
+            ),
+            Some(("< 25 %".into(), run.leader_cpu < 25.0)),
+        );
+        let followers: Vec<String> = run.followers_cpu.iter().map(|c| format!("{c:.0} %")).collect();
+        report.add(&label("followers' CPU"), followers.join(" / "), None);
+        report.add(&label("load generator CPU (same 2 cores)"), format!("{:.0} %", run.generator_cpu), None);
+    }
+    let floor = keepalive::floor(&std::env::current_exe()?, n, ttl, clients, window).await?;
     report.add(
-        &label("keepalives answered"),
-        format!("{rate:.0} /s ({:.2}x schedule)", rate / scheduled),
-        Some((format!("schedule {scheduled:.0} /s"), rate >= 0.95 * scheduled)),
-    );
-    report.add(
-        &label("keepalive latency p50 / p99"),
-        format!("{:.2} / {:.2} ms", run.latency.p50(), run.latency.p99()),
-        None,
-    );
-    report.add(
-        &label("sent behind schedule p50 / p99"),
-        format!("{:.1} / {:.1} ms", run.lateness.p50(), run.lateness.p99()),
-        None,
-    );
-    let lost = (n as u64).saturating_sub(run.sessions_at_end);
-    report.add(
-        &label("sessions lost (expired / missing at end / failed keepalives)"),
-        format!("{} / {lost} / {}", run.expired, run.failed),
-        Some(("0".into(), run.expired == 0 && lost == 0 && run.failed == 0)),
-    );
-    let per_round = run.barrier_waits as f64 / run.rounds.max(1) as f64;
-    report.add(
-        &label("quorum rounds"),
-        format!("{:.0} /s ({per_round:.1} keepalives+reads per round)", run.rounds as f64 / secs),
-        None,
-    );
-    let (appends, heartbeats) = run.leader_sent;
-    report.add(
-        &label("peer RPCs sent by the leader"),
-        format!(
-            "{:.0} /s ({:.0} heartbeats, {:.0} appends; {:.2} per round)",
-            (appends + heartbeats) as f64 / secs,
-            heartbeats as f64 / secs,
-            appends as f64 / secs,
-            (appends + heartbeats) as f64 / run.rounds.max(1) as f64
-        ),
-        None,
-    );
-    let received: Vec<String> =
-        run.followers_received.iter().map(|r| format!("{:.0}", *r as f64 / secs)).collect();
-    report.add(&label("peer RPCs received per follower"), format!("{} /s", received.join(" / ")), None);
-    report.add(
-        &label("leader CPU"),
-        format!(
-            "{:.0} % of a core ({:.1} µs per keepalive)",
-            run.leader_cpu,
-            run.leader_cpu / 100.0 / rate * 1e6
-        ),
-        Some(("< 25 %".into(), run.leader_cpu < 25.0)),
-    );
-    report.add(
-        &label("HTTP floor server (same load, answers at once): CPU"),
+        &format!("keepalive {n}: HTTP floor server (same load, answers at once): CPU"),
         format!(
             "{:.0} % of a core at {:.0} /s ({:.1} µs per keepalive; p50 {:.2} ms; load generator {:.0} %)",
             floor.server_cpu,
@@ -931,9 +954,6 @@ async fn keepalive_rows(
         ),
         None,
     );
-    let followers: Vec<String> = run.followers_cpu.iter().map(|c| format!("{c:.0} %")).collect();
-    report.add(&label("followers' CPU"), followers.join(" / "), None);
-    report.add(&label("load generator CPU (same 2 cores)"), format!("{:.0} %", run.generator_cpu), None);
     Ok(())
 }
 

@@ -221,6 +221,16 @@ impl Consensus {
         Status::of(&self.raft.metrics().borrow())
     }
 
+    /// Whether this node is the leader it knows of and a member: what [`Consensus::leader`]
+    /// would answer with this node's id, without building a [`Status`] (every request a leader
+    /// serves asks this first).
+    pub fn leads(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.current_leader == Some(self.id)
+            && metrics.membership_config.membership().get_node(&self.id).is_some()
+    }
+
     /// The current term (cheaper than a whole [`Status`]).
     pub fn term(&self) -> u64 {
         self.raft.metrics().borrow().current_term
