@@ -2,9 +2,8 @@
 //!
 //! `clients` tasks, each with one kept-alive connection to the leader, create their share of the
 //! `n` sessions (TTL `ttl`) and keep every one alive every `ttl / 3`, as `permit-client` does. A
-//! task keeps a min-heap of its sessions by due time; while creating it still serves every due
-//! keepalive first, so a session never waits longer than its period, however long the population
-//! takes. Session `i` of task `k` (of `c`) has the phase `(i + k / c) / share` of the period
+//! task keeps a min-heap of its sessions by due time; while creating it alternates creations
+//! with due keepalives, so that neither starves the other on a saturated machine. Session `i` of task `k` (of `c`) has the phase `(i + k / c) / share` of the period
 //! from a common start, so the `n` keepalives of a period are spread evenly over it (phases
 //! taken from creation times would bunch them into the population's few seconds). Once every session exists, one more period lets the schedule settle,
 //! then the measured window starts: the leader's and followers' counters (`/metrics`) and CPU
@@ -312,10 +311,14 @@ async fn client_task(
     let mut ids: Vec<String> = Vec::with_capacity(share);
     let (mut count, mut times, mut late) = (0u64, Samples::default(), Samples::default());
     let mut announced = false;
+    // While creating, creations and due keepalives alternate: on a saturated machine, due
+    // keepalives alone would starve the population (it then never ends).
+    let mut kept_alive_last = false;
     while !control.stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         let next_due = due.peek().map(|Reverse((at, _))| *at);
-        if ids.len() < share && next_due.is_none_or(|at| at > now) {
+        if ids.len() < share && (kept_alive_last || next_due.is_none_or(|at| at > now)) {
+            kept_alive_last = false;
             let answer = http
                 .post(format!("{url}/v1/sessions"))
                 .json(&serde_json::json!({ "ttl_ms": ttl_ms }))
@@ -345,6 +348,7 @@ async fn client_task(
             }
         }
         let sent = Instant::now();
+        kept_alive_last = true;
         let answer = http.post(format!("{url}/v1/sessions/{}/keepalive", ids[index])).send().await?;
         let status = answer.status().as_u16();
         let body = answer.bytes().await?;
