@@ -12,17 +12,36 @@ use anyhow::Context;
 
 use crate::stats::Samples;
 
-/// Serves `POST /floor` with a small JSON answer, like an acquire's; prints its address.
+/// Serves `POST /floor` with a small JSON answer, like an acquire's; prints its address. For
+/// the `keepalive` part's floor it also answers `POST /v1/sessions` (a fresh id) and `POST
+/// /v1/sessions/{id}/keepalive` as Permit does, without doing anything.
 pub fn serve_floor() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        let app = axum::Router::new().route(
-            "/floor",
-            axum::routing::post(|axum::Json(body): axum::Json<serde_json::Value>| async move {
-                let _ = body;
-                axum::Json(serde_json::json!({ "status": "acquired", "permits": 1, "token": 123456 }))
-            }),
-        );
+        let ids = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let app = axum::Router::new()
+            .route(
+                "/floor",
+                axum::routing::post(|axum::Json(body): axum::Json<serde_json::Value>| async move {
+                    let _ = body;
+                    axum::Json(serde_json::json!({ "status": "acquired", "permits": 1, "token": 123456 }))
+                }),
+            )
+            .route(
+                "/v1/sessions",
+                axum::routing::post(move |axum::Json(body): axum::Json<serde_json::Value>| async move {
+                    let id = ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let answer = serde_json::json!({ "id": format!("{id:032x}"), "ttl_ms": body["ttl_ms"] });
+                    (axum::http::StatusCode::CREATED, axum::Json(answer))
+                }),
+            )
+            .route(
+                "/v1/sessions/{id}/keepalive",
+                axum::routing::post(|axum::extract::Path(id): axum::extract::Path<String>| async move {
+                    let _ = id;
+                    axum::Json(serde_json::json!({ "ttl_ms": 10_000 }))
+                }),
+            );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         println!("permit listening on http://{} (floor)", listener.local_addr()?);
         axum::serve(listener, app).await?;

@@ -5,12 +5,14 @@
 //! target/release/permit-bench            # everything but the 1M-session run
 //! target/release/permit-bench --only big # 1M sessions with one hold each
 //! target/release/permit-bench --only snap # W1 while 1M sessions are snapshotted
+//! target/release/permit-bench --only keepalive # 3 nodes keep 10 k, then 100 k sessions alive
 //! ```
 //! Every figure is a median over `--runs` runs; ratios are to floors measured in the same run.
 
 mod api;
 mod auth;
 mod floors;
+mod keepalive;
 mod python;
 mod redis;
 mod server;
@@ -40,13 +42,15 @@ struct Args {
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
     /// Parts to run: floors,w1,tls,w2,w3,w4,python,redis,logstore,auth,cluster,scale,failover,
-    /// big,scrape,snap (default: all but big, scrape and snap). `tls` runs W1 over HTTPS on a
+    /// big,scrape,snap,keepalive (default: all but big, scrape, snap and keepalive). `tls` runs W1 over HTTPS on a
     /// second node, alternating with plain HTTP runs. `python` runs the Python client's W1/W2
     /// driver (threads and asyncio) in alternation with the Rust driver's W1/W2 runs on the same
     /// server. `redis` runs W1 and W2 against redis-server with appendfsync always, alternating
     /// with Permit runs; `logstore` runs W1 and W2 on two more nodes, --log-store redb and
     /// segment, alternating (the other parts run on the default store: the segment log for
     /// their new data dirs). `snap` runs W1 while a node of `--snap-n` sessions snapshots.
+    /// `keepalive` starts a 3-node cluster per `--keepalive-n` step and keeps that many sessions
+    /// alive on the client's schedule (every TTL / 3) for `--keepalive-ms`.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sessions (and semaphores) in the small scale step; the large step is 10x.
@@ -63,7 +67,8 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
     scrape_n: Vec<usize>,
     /// A second `permit` binary (e.g. main's) that the `scrape` part measures on the same data,
-    /// alternating with `--permit-bin`, for a before/after comparison in one run.
+    /// alternating with `--permit-bin`, and the `keepalive` part runs on a cluster of its own
+    /// before this one's: a before/after comparison in one run.
     #[arg(long)]
     before_bin: Option<PathBuf>,
     /// Sessions, each with one hold, in the `snap` part (W1 acquires while the node snapshots
@@ -76,6 +81,19 @@ struct Args {
     /// Length of the `snap` part's W1 run.
     #[arg(long, default_value_t = 15_000)]
     snap_ms: u64,
+    /// Sessions in the `keepalive` part's steps (a fresh 3-node cluster each).
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
+    keepalive_n: Vec<usize>,
+    /// The `keepalive` part's session TTL; each session is kept alive every TTL / 3.
+    #[arg(long, default_value_t = 10_000)]
+    keepalive_ttl_ms: u64,
+    /// Length of the `keepalive` part's measured window (3 TTLs or more show sessions surviving
+    /// several periods; the default keeps the part short).
+    #[arg(long, default_value_t = 30_000)]
+    keepalive_ms: u64,
+    /// Client tasks (each one connection to the leader) of the `keepalive` part.
+    #[arg(long, default_value_t = 256)]
+    keepalive_clients: usize,
     /// The `permit` binary (default: next to this one).
     #[arg(long)]
     permit_bin: Option<PathBuf>,
@@ -154,7 +172,7 @@ fn main() -> anyhow::Result<()> {
 
 fn wants(args: &Args, part: &str) -> bool {
     if args.only.is_empty() {
-        part != "big" && part != "scrape" && part != "snap"
+        !["big", "scrape", "snap", "keepalive"].contains(&part)
     } else {
         args.only.iter().any(|p| p == part)
     }
@@ -349,6 +367,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if wants(&args, "snap") {
         snap_rows(&mut report, &bin, work.path(), &args).await?;
+    }
+    if wants(&args, "keepalive") {
+        let mut bins = vec![("after", bin.clone())];
+        if let Some(before) = &args.before_bin {
+            bins.insert(0, ("before", before.clone()));
+        }
+        for &n in &args.keepalive_n {
+            keepalive_rows(&mut report, &bins, work.path(), n, &args).await?;
+        }
     }
     report.print_markdown();
     if args.keep_data {
@@ -820,6 +847,113 @@ async fn snap_rows(
         &format!("snap: W1 acquire p99 during a snapshot of {n} sessions"),
         format!("{p99:.3} ms"),
         Some(("<= 10 ms".into(), p99 <= 10.0)),
+    );
+    Ok(())
+}
+
+/// The `keepalive` part's rows for one step of `n` sessions (see `keepalive.rs`): each binary
+/// (`--before-bin`, then this one) on a fresh cluster, then the same load on the HTTP floor.
+async fn keepalive_rows(
+    report: &mut Report,
+    bins: &[(&str, PathBuf)],
+    dir: &std::path::Path,
+    n: usize,
+    args: &Args,
+) -> anyhow::Result<()> {
+    let ttl = Duration::from_millis(args.keepalive_ttl_ms);
+    let window = Duration::from_millis(args.keepalive_ms);
+    let clients = args.keepalive_clients;
+    println!(
+        "keepalive ({n} sessions, TTL {ttl:?}, each kept alive every {:?} by {clients} clients; 3 nodes; \
+         window {window:?}; the load generator shares the machine's 2 cores with the 3 nodes)",
+        ttl / 3
+    );
+    let scheduled = n as f64 / (ttl / 3).as_secs_f64();
+    for (tag, bin) in bins {
+        let dir = dir.join(format!("keepalive{n}-{tag}"));
+        let run = keepalive::run(bin, &dir, n, ttl, clients, window).await?;
+        let secs = run.window.as_secs_f64();
+        let label = |what: &str| {
+            if bins.len() > 1 {
+                format!("keepalive {n} ({tag}): {what}")
+            } else {
+                format!("keepalive {n}: {what}")
+            }
+        };
+        report.add(&label("populate"), format!("{:.1} s", run.populate.as_secs_f64()), None);
+        let rate = run.keepalives as f64 / secs;
+        report.add(
+            &label("keepalives answered"),
+            format!("{rate:.0} /s ({:.2}x schedule)", rate / scheduled),
+            Some((format!("schedule {scheduled:.0} /s"), rate >= 0.95 * scheduled)),
+        );
+        report.add(
+            &label("keepalive latency p50 / p99"),
+            format!("{:.2} / {:.2} ms", run.latency.p50(), run.latency.p99()),
+            None,
+        );
+        report.add(
+            &label("sent behind schedule p50 / p99"),
+            format!("{:.1} / {:.1} ms", run.lateness.p50(), run.lateness.p99()),
+            None,
+        );
+        let lost = (n as u64).saturating_sub(run.sessions_at_end);
+        report.add(
+            &label("sessions lost (expired / missing at end)"),
+            format!("{} / {lost}", run.expired),
+            Some(("0".into(), run.expired == 0 && lost == 0)),
+        );
+        report.add(
+            &label("keepalives failed and retried (no leader, timeouts)"),
+            format!("{}", run.failed),
+            None,
+        );
+        let per_round = run.barrier_waits as f64 / run.rounds.max(1) as f64;
+        report.add(
+            &label("quorum rounds"),
+            format!("{:.0} /s ({per_round:.1} keepalives+reads per round)", run.rounds as f64 / secs),
+            None,
+        );
+        let (appends, heartbeats) = run.leader_sent;
+        report.add(
+            &label("peer RPCs sent by the leader"),
+            format!(
+                "{:.0} /s ({:.0} heartbeats, {:.0} appends; {:.2} per round)",
+                (appends + heartbeats) as f64 / secs,
+                heartbeats as f64 / secs,
+                appends as f64 / secs,
+                (appends + heartbeats) as f64 / run.rounds.max(1) as f64
+            ),
+            None,
+        );
+        let received: Vec<String> =
+            run.followers_received.iter().map(|r| format!("{:.0}", *r as f64 / secs)).collect();
+        report.add(&label("peer RPCs received per follower"), format!("{} /s", received.join(" / ")), None);
+        report.add(
+            &label("leader CPU"),
+            format!(
+                "{:.0} % of a core ({:.1} µs per keepalive)",
+                run.leader_cpu,
+                run.leader_cpu / 100.0 / rate * 1e6
+            ),
+            Some(("< 25 %".into(), run.leader_cpu < 25.0)),
+        );
+        let followers: Vec<String> = run.followers_cpu.iter().map(|c| format!("{c:.0} %")).collect();
+        report.add(&label("followers' CPU"), followers.join(" / "), None);
+        report.add(&label("load generator CPU (same 2 cores)"), format!("{:.0} %", run.generator_cpu), None);
+    }
+    let floor = keepalive::floor(&std::env::current_exe()?, n, ttl, clients, window).await?;
+    report.add(
+        &format!("keepalive {n}: HTTP floor server (same load, answers at once): CPU"),
+        format!(
+            "{:.0} % of a core at {:.0} /s ({:.1} µs per keepalive; p50 {:.2} ms; load generator {:.0} %)",
+            floor.server_cpu,
+            floor.rate,
+            floor.server_cpu / 100.0 / floor.rate * 1e6,
+            floor.latency.p50(),
+            floor.generator_cpu
+        ),
+        None,
     );
     Ok(())
 }

@@ -55,15 +55,16 @@ impl Lessor {
         self.by_deadline = order.into_iter().collect();
     }
 
-    /// Refreshes a session's deadline to `now + ttl`. Returns false when the session is unknown or
-    /// its expiry is already under way: the keepalive must then fail.
-    pub fn keepalive(&mut self, id: SessionId, now: Instant) -> bool {
+    /// Refreshes a session's deadline to `now + ttl` and returns its TTL. Returns `None` when the
+    /// session is unknown (the lessor tracks exactly the applied state's sessions) or its expiry
+    /// is already under way: the keepalive must then fail.
+    pub fn keepalive(&mut self, id: SessionId, now: Instant) -> Option<u64> {
         if self.expiring.contains_key(&id) {
-            return false;
+            return None;
         }
-        let Some(&(_, ttl_ms)) = self.deadlines.get(&id) else { return false };
+        let &(_, ttl_ms) = self.deadlines.get(&id)?;
         self.set_deadline(id, now + Duration::from_millis(ttl_ms), ttl_ms);
-        true
+        Some(ttl_ms)
     }
 
     /// Becomes leader in `term`: every deadline becomes at least `now + ttl`.
@@ -176,10 +177,10 @@ mod tests {
         lessor.on_created(id(1), 200, t0);
         assert!(lessor.take_expired(t0 + Duration::from_millis(199), 10).is_empty());
         assert_eq!(lessor.take_expired(t0 + Duration::from_millis(200), 10), vec![id(1)]);
-        assert!(!lessor.keepalive(id(1), t0));
+        assert_eq!(lessor.keepalive(id(1), t0), None);
         assert_eq!(lessor.next_deadline(), None);
         lessor.unmark(&[id(1)]);
-        assert!(lessor.keepalive(id(1), t0 + Duration::from_millis(300)));
+        assert_eq!(lessor.keepalive(id(1), t0 + Duration::from_millis(300)), Some(200));
         assert_eq!(lessor.next_deadline(), Some(t0 + Duration::from_millis(500)));
     }
 
@@ -194,7 +195,7 @@ mod tests {
         assert_eq!(lessor.next_deadline(), Some(t0 + Duration::from_millis(1000)));
         let due = lessor.take_expired(t0 + Duration::from_millis(2500), 10);
         assert_eq!(due, vec![id(2), id(3)], "earliest deadline first");
-        assert!(lessor.keepalive(id(1), t0 + Duration::from_millis(2500)));
+        assert_eq!(lessor.keepalive(id(1), t0 + Duration::from_millis(2500)), Some(3000));
         assert_eq!(lessor.next_deadline(), Some(t0 + Duration::from_millis(5500)));
     }
 

@@ -123,6 +123,10 @@ pub struct Metrics {
     pub read_rounds: Counter,
     /// Linearizable reads and keepalives that waited for a ReadIndex round.
     pub read_barrier_waits: Counter,
+    /// Peer RPCs this node sent, by kind (counted by the peer network before each send).
+    pub peer_rpcs_sent: PeerRpcCounts,
+    /// Peer RPCs this node received and admitted, by kind.
+    pub peer_rpcs_received: PeerRpcCounts,
     connections_open: Gauge,
     connections_refused: Family<Labels, Counter>,
     /// Gauges set at scrape time.
@@ -226,6 +230,16 @@ impl Metrics {
             "read_barrier_waits",
             "Linearizable reads and keepalives served by a ReadIndex round (several share one)",
         );
+        let peer_rpcs_sent = PeerRpcCounts::register(
+            &mut registry,
+            "peer_rpcs_sent",
+            "Raft RPCs sent to peers by kind: append (with entries), heartbeat (append without entries: heartbeats and ReadIndex confirmations), vote, snapshot (one per chunk)",
+        );
+        let peer_rpcs_received = PeerRpcCounts::register(
+            &mut registry,
+            "peer_rpcs_received",
+            "Raft RPCs received from peers and admitted (decoded, sender checked), by kind as in peer_rpcs_sent",
+        );
         let connections_open = Gauge::default();
         registry.register("connections_open", "Open client and peer connections", connections_open.clone());
         let connections_refused = Family::<Labels, Counter>::default();
@@ -277,6 +291,8 @@ impl Metrics {
             election,
             read_rounds,
             read_barrier_waits,
+            peer_rpcs_sent,
+            peer_rpcs_received,
             connections_open,
             connections_refused,
             gauges,
@@ -469,6 +485,63 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Metrics {
         Metrics::new()
+    }
+}
+
+/// The kinds of peer RPC, as counted in `permit_peer_rpcs_{sent,received}_total{kind}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerRpcKind {
+    /// AppendEntries carrying log entries.
+    Append,
+    /// AppendEntries without entries: a heartbeat or a ReadIndex confirmation.
+    Heartbeat,
+    /// RequestVote.
+    Vote,
+    /// InstallSnapshot, one chunk.
+    Snapshot,
+}
+
+/// One counter per [`PeerRpcKind`], each a series of one labelled family; cloned into the peer
+/// network and the peer routes so that counting costs one atomic add, no label lookup.
+#[derive(Debug, Clone, Default)]
+pub struct PeerRpcCounts {
+    append: Counter,
+    heartbeat: Counter,
+    vote: Counter,
+    snapshot: Counter,
+}
+
+impl PeerRpcCounts {
+    fn register(registry: &mut Registry, name: &str, help: &str) -> PeerRpcCounts {
+        let family = Family::<Labels, Counter>::default();
+        registry.register(name, help, family.clone());
+        let series = |kind: &str| family.get_or_create(&vec![("kind".to_owned(), kind.to_owned())]).clone();
+        PeerRpcCounts {
+            append: series("append"),
+            heartbeat: series("heartbeat"),
+            vote: series("vote"),
+            snapshot: series("snapshot"),
+        }
+    }
+
+    /// Counts one RPC of `kind`.
+    pub fn count(&self, kind: PeerRpcKind) {
+        match kind {
+            PeerRpcKind::Append => self.append.inc(),
+            PeerRpcKind::Heartbeat => self.heartbeat.inc(),
+            PeerRpcKind::Vote => self.vote.inc(),
+            PeerRpcKind::Snapshot => self.snapshot.inc(),
+        };
+    }
+
+    /// The count of `kind` so far.
+    pub fn get(&self, kind: PeerRpcKind) -> u64 {
+        match kind {
+            PeerRpcKind::Append => self.append.get(),
+            PeerRpcKind::Heartbeat => self.heartbeat.get(),
+            PeerRpcKind::Vote => self.vote.get(),
+            PeerRpcKind::Snapshot => self.snapshot.get(),
+        }
     }
 }
 

@@ -79,13 +79,15 @@ impl Node {
     /// # Errors
     /// When the data dir cannot be opened (or another server has it open) or Raft cannot start.
     pub async fn start(config: Config, addr: SocketAddr) -> anyhow::Result<Arc<Node>> {
+        let metrics = Arc::new(Metrics::new());
         let network = Network::new(
             Some(addr.ip()),
             config.node_id,
             config.cluster_secret.as_ref(),
             config.tls.as_ref(),
+            metrics.peer_rpcs_sent.clone(),
         )?;
-        Node::assemble(config, addr, network, true).await
+        Node::assemble(config, addr, network, true, metrics).await
     }
 
     /// Like [`Node::start`], with another peer network (an in-memory one in simulations). Such
@@ -99,7 +101,7 @@ impl Node {
         addr: SocketAddr,
         network: N,
     ) -> anyhow::Result<Arc<Node>> {
-        Node::assemble(config, addr, network, false).await
+        Node::assemble(config, addr, network, false, Arc::new(Metrics::new())).await
     }
 
     async fn assemble<N: PeerNetwork>(
@@ -107,11 +109,11 @@ impl Node {
         addr: SocketAddr,
         network: N,
         probe_peers: bool,
+        metrics: Arc<Metrics>,
     ) -> anyhow::Result<Arc<Node>> {
         config.validate()?;
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|e| anyhow::anyhow!("cannot create the data dir {}: {e}", config.data_dir.display()))?;
-        let metrics = Arc::new(Metrics::new());
         let observer = Arc::new(Observer::new(metrics.clone(), config.metrics_names_max));
         let fail_stop = FailStop::new();
         let notifier = Notifier::new();

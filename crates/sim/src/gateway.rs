@@ -164,7 +164,8 @@ impl Gateway {
         let op = self.recorder.invoke(self.client, node.id, Operation::Keepalive { session });
         let refreshed = node
             .with_lease_authority(|replica| {
-                replica.state.session(session).is_some() && replica.lessor.keepalive(session, Instant::now())
+                // As the server's handler: the lessor tracks exactly the applied sessions.
+                replica.lessor.keepalive(session, Instant::now()).is_some()
             })
             .await;
         let kept = match refreshed {

@@ -59,9 +59,8 @@ fn leads(node: &Node, after_term: u64) -> bool {
 
 /// Keepalive as `POST /v1/sessions/{id}/keepalive` runs it; true when acknowledged.
 async fn keepalive(node: &Node) -> bool {
-    let refreshed = node.with_lease_authority(|replica| {
-        replica.state.session(SESSION).is_some() && replica.lessor.keepalive(SESSION, Instant::now())
-    });
+    let refreshed =
+        node.with_lease_authority(|replica| replica.lessor.keepalive(SESSION, Instant::now()).is_some());
     refreshed.await.unwrap_or(false)
 }
 

@@ -350,3 +350,44 @@ async fn a_member_that_missed_membership_changes_follows_a_leader_it_does_not_kn
     let kept = through_node3.post(&format!("/v1/sessions/{session}/keepalive"), json!({})).await;
     assert_eq!(kept.status, 200, "{kept:?}");
 }
+
+/// `permit_peer_rpcs_{sent,received}_total{kind}` of the node at `url`, as (sent, received).
+async fn peer_rpcs(url: &str, kind: &str) -> (u64, u64) {
+    let body = Api::at(url).get("/metrics").await.body.as_str().unwrap_or_default().to_owned();
+    let series = |name: &str| {
+        let prefix = format!("{name}{{kind=\"{kind}\"}} ");
+        body.lines().find_map(|line| line.strip_prefix(&prefix)?.trim().parse::<u64>().ok())
+    };
+    let sent = series("permit_peer_rpcs_sent_total").expect("sent series");
+    let received = series("permit_peer_rpcs_received_total").expect("received series");
+    (sent, received)
+}
+
+#[tokio::test]
+async fn peer_rpcs_are_counted_by_kind_where_they_are_sent_and_where_they_arrive() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader(Duration::from_secs(5)).await.expect("a leader");
+    let urls = cluster.urls();
+    let followers: Vec<&String> =
+        urls.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, u)| u).collect();
+    let (appends_before, _) = peer_rpcs(&urls[leader], "append").await;
+    let (heartbeats_before, _) = peer_rpcs(&urls[leader], "heartbeat").await;
+    let api = Api::at(&urls[leader]);
+    let session = api.session(60_000).await;
+    for _ in 0..3 {
+        assert_eq!(api.post(&format!("/v1/sessions/{session}/keepalive"), json!(null)).await.status, 200);
+    }
+    // The session's entry went to both followers; each keepalive's ReadIndex round sent an
+    // AppendEntries without entries to both.
+    let (appends, _) = peer_rpcs(&urls[leader], "append").await;
+    let (heartbeats, _) = peer_rpcs(&urls[leader], "heartbeat").await;
+    assert!(appends >= appends_before + 2, "appends sent {appends_before} -> {appends}");
+    assert!(heartbeats >= heartbeats_before + 6, "heartbeats sent {heartbeats_before} -> {heartbeats}");
+    for follower in followers {
+        let received = crate::common::eventually(Duration::from_secs(5), async || {
+            peer_rpcs(follower, "append").await.1 >= 1 && peer_rpcs(follower, "heartbeat").await.1 >= 1
+        })
+        .await;
+        assert!(received, "the follower at {follower} counted the leader's appends and heartbeats");
+    }
+}

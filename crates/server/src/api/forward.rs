@@ -52,7 +52,7 @@ pub async fn forward(State(node): State<Arc<Node>>, mut request: Request, next: 
     if request.headers().contains_key(FORWARDED_HEADER) && !forwarded_by_peer(&node, request.headers()) {
         request.headers_mut().remove(FORWARDED_HEADER);
     }
-    let mut response = if served_locally(&request) {
+    let mut response = if served_locally(&request) || node.consensus.leads() {
         next.run(request).await
     } else {
         match node.leader(LEADER_PATIENCE).await {

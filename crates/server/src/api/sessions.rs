@@ -89,11 +89,9 @@ pub async fn keepalive(
     let ttl_ms = node
         .with_lease_authority(|replica| {
             caller.owns(&replica.state, id)?;
-            let ttl_ms = replica.state.session(id).ok_or_else(ApiError::session_not_found)?.ttl_ms;
-            if !replica.lessor.keepalive(id, Instant::now()) {
-                return Err(ApiError::session_not_found());
-            }
-            Ok(ttl_ms)
+            // The lessor tracks exactly the applied sessions, with their TTLs: no lookup in the
+            // state is needed.
+            replica.lessor.keepalive(id, Instant::now()).ok_or_else(ApiError::session_not_found)
         })
         .await??;
     node.metrics.keepalive();

@@ -165,7 +165,7 @@ impl Consensus {
         let proposer = Proposer::start(raft.clone(), clock.clone(), replica.clone(), metrics.clone());
         let consensus = Consensus {
             id: config.node_id,
-            peer_rpc: PeerRpc::new(raft.clone()),
+            peer_rpc: PeerRpc::new(raft.clone(), metrics.peer_rpcs_received.clone()),
             raft,
             replica,
             proposer,
@@ -214,6 +214,16 @@ impl Consensus {
     /// This node's view of the cluster now.
     pub fn status(&self) -> Status {
         Status::of(&self.raft.metrics().borrow())
+    }
+
+    /// Whether this node is the leader it knows of and a member: what [`Consensus::leader`]
+    /// would answer with this node's id, without building a [`Status`] (every request a leader
+    /// serves asks this first).
+    pub fn leads(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.current_leader == Some(self.id)
+            && metrics.membership_config.membership().get_node(&self.id).is_some()
     }
 
     /// The current term (cheaper than a whole [`Status`]).

@@ -20,6 +20,7 @@ use serde::Serialize;
 
 use super::bounds::{PeerAnswer, RAFT_TERM_MAX};
 use super::{NodeId, TypeConfig};
+use crate::metrics::{PeerRpcCounts, PeerRpcKind};
 use crate::peer::ClusterSecret;
 
 /// Path prefix of the peer RPC routes.
@@ -34,13 +35,14 @@ pub struct Network {
     http: reqwest::Client,
     credential: Arc<[(&'static str, String)]>,
     scheme: &'static str,
+    sent: PeerRpcCounts,
 }
 
 impl Network {
     /// A network with its own connection pool, dialling from `local` when it is a specific
     /// address (so peers and fault-injecting proxies see which node connects), over HTTPS when
     /// `tls` is set. Requests carry node `id`'s credential under `secret` (none without a
-    /// secret: peers refuse them).
+    /// secret: peers refuse them). Every RPC sent is counted in `sent`.
     ///
     /// # Errors
     /// When a TLS file cannot be read.
@@ -49,6 +51,7 @@ impl Network {
         id: NodeId,
         secret: Option<&ClusterSecret>,
         tls: Option<&crate::tls::TlsConfig>,
+        sent: PeerRpcCounts,
     ) -> anyhow::Result<Network> {
         let http = crate::tls::peer_client(reqwest::Client::builder(), tls)?
             .connect_timeout(CONNECT_TIMEOUT)
@@ -57,7 +60,7 @@ impl Network {
             .no_proxy()
             .build()?;
         let credential = secret.map(|secret| secret.headers(id).to_vec()).unwrap_or_default();
-        Ok(Network { http, credential: credential.into(), scheme: crate::tls::peer_scheme(tls) })
+        Ok(Network { http, credential: credential.into(), scheme: crate::tls::peer_scheme(tls), sent })
     }
 }
 
@@ -68,6 +71,7 @@ pub struct PeerConnection {
     scheme: &'static str,
     target: NodeId,
     addr: String,
+    sent: PeerRpcCounts,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -80,6 +84,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             scheme: self.scheme,
             target,
             addr: node.addr.clone(),
+            sent: self.sent.clone(),
         }
     }
 }
@@ -87,6 +92,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 impl PeerConnection {
     async fn call<Req, Resp, E>(
         &self,
+        kind: PeerRpcKind,
         route: &str,
         request: &Req,
         option: &RPCOption,
@@ -96,6 +102,7 @@ impl PeerConnection {
         Resp: DeserializeOwned + PeerAnswer,
         E: std::error::Error + DeserializeOwned,
     {
+        self.sent.count(kind);
         let body = postcard::to_allocvec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let url = format!("{}://{}{RAFT_PATH_PREFIX}/{route}", self.scheme, self.addr);
         let mut outgoing =
@@ -128,7 +135,8 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call("append", &rpc, &option).await
+        let kind = if rpc.entries.is_empty() { PeerRpcKind::Heartbeat } else { PeerRpcKind::Append };
+        self.call(kind, "append", &rpc, &option).await
     }
 
     async fn install_snapshot(
@@ -139,7 +147,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call("snapshot", &rpc, &option).await
+        self.call(PeerRpcKind::Snapshot, "snapshot", &rpc, &option).await
     }
 
     async fn vote(
@@ -147,6 +155,6 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call("vote", &rpc, &option).await
+        self.call(PeerRpcKind::Vote, "vote", &rpc, &option).await
     }
 }

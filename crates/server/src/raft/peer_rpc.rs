@@ -22,6 +22,7 @@ use super::bounds::{
     PeerMessage, APPEND_BODY_BYTES_MAX, RAFT_TERM_MAX, SNAPSHOT_BODY_BYTES_MAX, VOTE_BODY_BYTES_MAX,
 };
 use super::{NodeId, Raft, TypeConfig};
+use crate::metrics::{PeerRpcCounts, PeerRpcKind};
 
 /// The three peer routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,12 +79,13 @@ struct SnapshotReceiver {
 pub struct PeerRpc {
     raft: Raft,
     receiver: tokio::sync::Mutex<SnapshotReceiver>,
+    received: PeerRpcCounts,
 }
 
 impl PeerRpc {
-    /// The receiving end for `raft`.
-    pub(crate) fn new(raft: Raft) -> PeerRpc {
-        PeerRpc { raft, receiver: Default::default() }
+    /// The receiving end for `raft`; every message admitted is counted in `received`.
+    pub(crate) fn new(raft: Raft, received: PeerRpcCounts) -> PeerRpc {
+        PeerRpc { raft, receiver: Default::default(), received }
     }
 
     /// Whether `peer` may send `route`: always for a leader's messages; for a vote, when it is a
@@ -107,14 +109,18 @@ impl PeerRpc {
         match route {
             PeerRoute::Append => {
                 let rpc = admit::<AppendEntriesRequest<TypeConfig>>(peer, body)?;
+                let kind = if rpc.entries.is_empty() { PeerRpcKind::Heartbeat } else { PeerRpcKind::Append };
+                self.received.count(kind);
                 encode(&self.raft.append_entries(rpc).await)
             }
             PeerRoute::Vote => {
                 let rpc = admit::<VoteRequest<NodeId>>(peer, body)?;
+                self.received.count(PeerRpcKind::Vote);
                 encode(&self.raft.vote(rpc).await)
             }
             PeerRoute::Snapshot => {
                 let rpc = admit::<InstallSnapshotRequest<TypeConfig>>(peer, body)?;
+                self.received.count(PeerRpcKind::Snapshot);
                 match self.receive_chunk(rpc).await? {
                     Ok(answer) => encode(&Ok::<_, RaftError<NodeId, InstallSnapshotError>>(answer)),
                     Err(error) => encode(&Err::<InstallSnapshotResponse<NodeId>, _>(error)),
