@@ -36,6 +36,9 @@ const COALESCE_YIELDS: usize = 2;
 /// (the largest command, an expiry of 1024 sessions, is about 17 KiB; an acquire with a 4 KiB
 /// election value about 4.3 KiB).
 pub const BATCH_BYTES_SOFT_MAX: usize = 256 * 1024;
+/// Most the proposer waits for the commands of the sessions a batch woke (see [`HandoffWait`]),
+/// however slow the writes have been.
+const HANDOFF_WAIT_MAX: Duration = Duration::from_millis(5);
 /// Longest wait for one batch to commit before its requests are answered `Timeout`.
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -142,7 +145,7 @@ async fn run(
         };
         let written = started.elapsed();
         metrics.observe_write(written.as_secs_f64());
-        handoff.written(written, &notifier);
+        handoff.written(result.is_ok().then_some(written), &notifier);
         match result {
             Ok(response) => {
                 debug_assert_eq!(response.data.len(), replies.len(), "one outcome per command");
@@ -166,17 +169,23 @@ struct HandoffWait {
     woken: Vec<SessionId>,
     /// When the last batch's outcome arrived.
     since: Option<Instant>,
-    /// Moving average of a batch's write (append, fsync, commit, apply), in seconds: the most
-    /// the next batch waits.
+    /// Moving average of a successful batch's write (append, fsync, commit, apply; each capped
+    /// at [`HANDOFF_WAIT_MAX`]), in seconds: the most the next batch waits.
     write_seconds: f64,
 }
 
 impl HandoffWait {
-    /// Records that a batch took `written` and collects the sessions its apply woke.
-    fn written(&mut self, written: Duration, notifier: &Notifier) {
-        let seconds = written.as_secs_f64();
-        self.write_seconds =
-            if self.write_seconds == 0.0 { seconds } else { 0.875 * self.write_seconds + 0.125 * seconds };
+    /// Records that a batch was written in `written` (`None`: it failed) and collects the
+    /// sessions its apply woke.
+    fn written(&mut self, written: Option<Duration>, notifier: &Notifier) {
+        if let Some(written) = written {
+            let seconds = written.min(HANDOFF_WAIT_MAX).as_secs_f64();
+            self.write_seconds = if self.write_seconds == 0.0 {
+                seconds
+            } else {
+                0.875 * self.write_seconds + 0.125 * seconds
+            };
+        }
         self.since = Some(Instant::now());
         self.woken.clear();
         notifier.take_woken(&mut self.woken);
@@ -185,7 +194,8 @@ impl HandoffWait {
     /// Receives into `proposals` until each woken session has a command there, the batch is
     /// full, or one write's time has passed since the last batch's outcome. Sleeps on the
     /// queue meanwhile (spinning on yields took the CPU that the woken clients' requests need,
-    /// and did not pay on 2 cores).
+    /// and did not pay on 2 cores). tokio's timer rounds the deadline up to its millisecond
+    /// tick, so a session that sends nothing costs the batch up to a write plus about 1 ms.
     async fn wait(
         &mut self,
         receiver: &mut mpsc::Receiver<Proposal>,
