@@ -109,6 +109,8 @@ pub struct Metrics {
     request_seconds: Family<Labels, Histogram>,
     batch_commands: Histogram,
     write_seconds: Histogram,
+    handoff_waited: Counter,
+    handoff_missed: Counter,
     /// Duration of each log append (redb commit with fsync).
     pub append_seconds: Histogram,
     sessions_expired: Counter,
@@ -240,6 +242,16 @@ impl Metrics {
             "peer_rpcs_received",
             "Raft RPCs received from peers and admitted (decoded, sender checked), by kind as in peer_rpcs_sent",
         );
+        let handoff_waited = counter(
+            &mut registry,
+            "proposal_handoff_waited",
+            "Sessions woken by a batch (a granted or ended wait) whose next command the proposer waited for",
+        );
+        let handoff_missed = counter(
+            &mut registry,
+            "proposal_handoff_missed",
+            "Woken sessions that proposed nothing within one write's time, so the batch was cut without them",
+        );
         let connections_open = Gauge::default();
         registry.register("connections_open", "Open client and peer connections", connections_open.clone());
         let connections_refused = Family::<Labels, Counter>::default();
@@ -280,6 +292,8 @@ impl Metrics {
             request_seconds,
             batch_commands,
             write_seconds,
+            handoff_waited,
+            handoff_missed,
             append_seconds,
             sessions_expired,
             sessions_created,
@@ -443,6 +457,13 @@ impl Metrics {
     /// Records the size of one proposed batch.
     pub fn observe_batch(&self, commands: usize) {
         self.batch_commands.observe(commands as f64);
+    }
+
+    /// Records one wait of the proposer for the next commands of `woken` sessions, of which
+    /// `missed` sent none in time.
+    pub fn observe_handoff_wait(&self, woken: usize, missed: usize) {
+        self.handoff_waited.inc_by(woken as u64);
+        self.handoff_missed.inc_by(missed as u64);
     }
 
     /// Records how long one batch took to commit and apply.

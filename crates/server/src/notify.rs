@@ -18,7 +18,14 @@ pub struct Notifier {
     waits: Interests<(Key, SessionId)>,
     /// Watches, by object.
     watches: Interests<Key>,
+    /// Sessions whose registered waits the latest applies ended, oldest first, at most
+    /// [`WOKEN_MAX`]: their requests are being answered, so their clients' next commands are on
+    /// the way (the proposer waits a moment for them, see `raft/proposer.rs`).
+    woken: Mutex<Vec<SessionId>>,
 }
+
+/// Most woken sessions kept for the proposer between two of its batches.
+pub const WOKEN_MAX: usize = 64;
 
 /// A registration for the end of one session's wait on one object. Dropping it unregisters.
 pub type WaitSubscription = Subscription<(Key, SessionId)>;
@@ -54,7 +61,11 @@ impl Registry for Key {
 impl Notifier {
     /// A registry with nothing registered.
     pub fn new() -> Arc<Notifier> {
-        Arc::new(Notifier { waits: Mutex::new(HashMap::new()), watches: Mutex::new(HashMap::new()) })
+        Arc::new(Notifier {
+            waits: Mutex::new(HashMap::new()),
+            watches: Mutex::new(HashMap::new()),
+            woken: Mutex::new(Vec::new()),
+        })
     }
 
     /// Registers interest in the end of `session`'s wait on `key`.
@@ -80,9 +91,16 @@ impl Notifier {
             let waits = self.waits.lock().expect("notifier lock");
             let watches = self.watches.lock().expect("notifier lock");
             if !waits.is_empty() || !watches.is_empty() {
+                let mut woken = self.woken.lock().expect("notifier lock");
                 for effect in effects {
                     let interest = match effect {
-                        Effect::WaitEnded { key, session } => waits.get(&(key.clone(), *session)),
+                        Effect::WaitEnded { key, session } => {
+                            let interest = waits.get(&(key.clone(), *session));
+                            if interest.is_some() && woken.len() < WOKEN_MAX {
+                                woken.push(*session);
+                            }
+                            interest
+                        }
                         Effect::ObjectChanged { key } => watches.get(key),
                         _ => None,
                     };
@@ -92,6 +110,12 @@ impl Notifier {
                 }
             }
         }
+    }
+
+    /// Moves the sessions whose waits ended since the last call into `into` (see
+    /// [`Notifier::dispatch`]).
+    pub fn take_woken(&self, into: &mut Vec<SessionId>) {
+        into.append(&mut self.woken.lock().expect("notifier lock"));
     }
 
     /// Wakes every registered wait (the whole state was replaced by a snapshot).
@@ -160,5 +184,29 @@ mod tests {
         assert_eq!(notifier.watches.lock().unwrap().get(&x).map(|(_, n)| *n), Some(1));
         drop(second);
         assert!(notifier.watches.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn only_the_registered_waits_that_ended_are_handed_to_the_proposer_once() {
+        let notifier = Notifier::new();
+        let x = Key::semaphore(Name::new("x").unwrap());
+        let (waiting, other) = (SessionId::from_bytes([1; 16]), SessionId::from_bytes([2; 16]));
+        let _wait = notifier.subscribe(x.clone(), waiting);
+        notifier.dispatch(&[
+            Effect::WaitEnded { key: x.clone(), session: other },
+            Effect::ObjectChanged { key: x.clone() },
+            Effect::WaitEnded { key: x.clone(), session: waiting },
+        ]);
+        let mut woken = Vec::new();
+        notifier.take_woken(&mut woken);
+        assert_eq!(woken, vec![waiting], "a wait nobody here registered is not this node's client");
+        notifier.take_woken(&mut woken);
+        assert_eq!(woken, vec![waiting], "taken once");
+        for _ in 0..2 * WOKEN_MAX {
+            notifier.dispatch(&[Effect::WaitEnded { key: x.clone(), session: waiting }]);
+        }
+        woken.clear();
+        notifier.take_woken(&mut woken);
+        assert_eq!(woken.len(), WOKEN_MAX, "bounded when nobody takes them (a follower)");
     }
 }

@@ -151,6 +151,43 @@ async fn a_200_ms_wait_lands_in_the_right_bucket_and_grants_and_hold_ends_are_co
     assert!(metric(&api, "process_resident_memory_bytes").await > 0.0);
 }
 
+/// Waits until `name` has `count` waiters (its waiters gauge).
+async fn queued(api: &Api, name: &str, count: f64) {
+    let series = format!("permit_semaphore_waiters{{semaphore=\"{name}\"}}");
+    assert!(eventually(Duration::from_secs(5), async || sample(api, &series).await == Some(count)).await);
+}
+
+#[tokio::test]
+async fn the_proposer_waits_for_a_granted_waiters_next_command_and_counts_one_that_sends_none() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    let (a, b) = (api.session(30_000).await, api.session(30_000).await);
+    assert_eq!(api.acquire("lock", json!({ "session": a, "capacity": 1 })).await.status, 200);
+    let long_poll = |session: String| {
+        let api = api.clone();
+        tokio::spawn(
+            async move { api.acquire("lock", json!({ "session": session, "wait_ms": 10_000 })).await },
+        )
+    };
+    let waiting = long_poll(b.clone());
+    queued(&api, "lock", 1.0).await;
+    // A's release grants B (woken); B then sends nothing, so the next batch (another session's
+    // creation) waits for it in vain, at most one write.
+    assert_eq!(api.release("lock", &a).await.status, 200);
+    assert_eq!(waiting.await.unwrap().status, 200);
+    api.session(30_000).await;
+    assert_eq!(metric(&api, "permit_proposal_handoff_waited_total").await, 1.0);
+    assert_eq!(metric(&api, "permit_proposal_handoff_missed_total").await, 1.0);
+    // B's release grants A (woken), whose release is the next command: waited for, not missed.
+    let waiting = long_poll(a.clone());
+    queued(&api, "lock", 1.0).await;
+    assert_eq!(api.release("lock", &b).await.status, 200);
+    assert_eq!(waiting.await.unwrap().status, 200);
+    assert_eq!(api.release("lock", &a).await.status, 200);
+    assert_eq!(metric(&api, "permit_proposal_handoff_waited_total").await, 2.0);
+    assert_eq!(metric(&api, "permit_proposal_handoff_missed_total").await, 1.0);
+}
+
 #[tokio::test]
 async fn an_expiry_counts_once_and_ends_the_hold_as_expired() {
     let server = Server::start();

@@ -131,8 +131,13 @@ impl Consensus {
         observer.reset(&replica_state.state);
         let replica = Arc::new(Replica::new(replica_state));
         let expiry_wake = Arc::new(Notify::new());
-        let state_machine =
-            StateMachine::new(replica.clone(), notifier, observer.clone(), snapshots, expiry_wake.clone());
+        let state_machine = StateMachine::new(
+            replica.clone(),
+            notifier.clone(),
+            observer.clone(),
+            snapshots,
+            expiry_wake.clone(),
+        );
         let raft_config = Arc::new(raft_config(config)?);
         let raft = match log_store {
             Store::Redb(log) => Raft::new(config.node_id, raft_config, network, log, state_machine).await?,
@@ -162,7 +167,8 @@ impl Consensus {
 
         let leading =
             super::leadership::start(raft.clone(), replica.clone(), clock.clone(), expiry_wake.clone());
-        let proposer = Proposer::start(raft.clone(), clock.clone(), replica.clone(), metrics.clone());
+        let proposer =
+            Proposer::start(raft.clone(), clock.clone(), replica.clone(), metrics.clone(), notifier);
         let consensus = Consensus {
             id: config.node_id,
             peer_rpc: PeerRpc::new(raft.clone(), metrics.peer_rpcs_received.clone()),
