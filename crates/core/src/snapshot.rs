@@ -383,6 +383,7 @@ fn decode_v2_streamed(body: &[u8]) -> Result<(SessionsBuilt, SnapshotV2Rest), Sn
 /// pairs; postcard writes a struct's fields one after the other, with nothing between them).
 /// Version 2 added session owners and access tokens.
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
 struct SnapshotV2Rest {
     objects: Vec<(Key, Semaphore)>,
     last_token: u64,
@@ -433,19 +434,6 @@ mod tests {
     use super::*;
     use crate::{Batch, Command};
 
-    /// The snapshot layout with the maps as plain vectors, to write bytes the encoder never would.
-    #[derive(Serialize)]
-    struct Raw {
-        sessions: Vec<(SessionId, Session)>,
-        objects: Vec<(Key, Semaphore)>,
-        last_token: u64,
-        now_ms: u64,
-        applied_index: u64,
-        tokens: Vec<(TokenId, Token)>,
-        root_created: bool,
-        ephemeral: Vec<Key>,
-    }
-
     fn state_with_sessions(count: u8) -> State {
         let commands = (1..=count)
             .map(|i| Command::CreateSession { id: SessionId::from_bytes([i; 16]), ttl_ms: 1000, name: None })
@@ -471,16 +459,19 @@ mod tests {
     fn raw_bytes(state: &State, order: impl Fn(&mut Vec<(SessionId, Session)>)) -> Vec<u8> {
         let mut sessions: Vec<_> = state.sessions.iter().map(|(id, s)| (*id, s.clone())).collect();
         order(&mut sessions);
-        let raw = Raw {
+        // A tuple is encoded as its fields one after the other, like the snapshot's struct.
+        let raw = (
             sessions,
-            objects: state.objects.iter().map(|(k, o)| (k.clone(), (**o).clone())).collect(),
-            last_token: state.last_token,
-            now_ms: state.now_ms,
-            applied_index: state.applied_index,
-            tokens: state.tokens.iter().map(|(id, t)| (*id, t.clone())).collect(),
-            root_created: state.root_created,
-            ephemeral: state.ephemeral.iter().cloned().collect(),
-        };
+            SnapshotV2Rest {
+                objects: state.objects.iter().map(|(k, o)| (k.clone(), (**o).clone())).collect(),
+                last_token: state.last_token,
+                now_ms: state.now_ms,
+                applied_index: state.applied_index,
+                tokens: state.tokens.iter().map(|(id, t)| (*id, t.clone())).collect(),
+                root_created: state.root_created,
+                ephemeral: state.ephemeral.iter().cloned().collect(),
+            },
+        );
         postcard::to_extend(&raw, vec![SNAPSHOT_FORMAT_VERSION]).unwrap()
     }
 
