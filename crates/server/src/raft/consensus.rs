@@ -21,7 +21,7 @@ use super::log_store::LogStore;
 use super::membership::MembershipError;
 use super::peer_rpc::PeerRpc;
 use super::proposer::{ProposeError, Proposer};
-use super::read_barrier::ReadBarrier;
+use super::read_barrier::{ReadBarrier, Urgency};
 use super::replica::{Replica, ReplicaState};
 use super::segment_log::SegmentLog;
 use super::snapshot_store::SnapshotStore;
@@ -244,13 +244,19 @@ impl Consensus {
     /// # Errors
     /// [`ProposeError::NotLeader`] when it does not lead or cannot reach a quorum.
     pub async fn ensure_linearizable(&self) -> Result<(), ProposeError> {
+        self.confirm(Urgency::Now).await
+    }
+
+    /// A ReadIndex round that started after this call: at once for a read, within
+    /// [`LAZY_ROUND_SPACING`](super::read_barrier::LAZY_ROUND_SPACING) of the previous round for a keepalive.
+    async fn confirm(&self, urgency: Urgency) -> Result<(), ProposeError> {
         if crate::bugs::is(crate::bugs::Bug::StaleReads) {
             return Ok(());
         }
         self.read_waits.inc();
         let (raft, leading, rounds) = (self.raft.clone(), self.leading.clone(), self.read_rounds.clone());
         self.reads
-            .wait(move || {
+            .wait(urgency, move || {
                 rounds.inc();
                 confirm_leadership(raft.clone(), leading.clone())
             })
@@ -270,7 +276,9 @@ impl Consensus {
         refresh: impl FnOnce(&mut ReplicaState) -> R,
     ) -> Result<R, ProposeError> {
         let term = self.term();
-        self.ensure_linearizable().await?;
+        // A keepalive's round may wait for the spacing of lazy rounds; it still starts after
+        // the keepalive arrived, so the lease guarantee is the same.
+        self.confirm(Urgency::Lazy).await?;
         let mut replica = self.replica.write();
         if replica.lessor.promoted_term() != Some(term) {
             return Err(ProposeError::NotLeader { leader: None });
