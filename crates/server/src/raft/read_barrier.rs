@@ -152,60 +152,12 @@ impl ReadBarrier {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
 
     use super::*;
 
-    /// A round that takes 10 ms and records when it started.
-    fn slow_round(
-        started: Arc<Mutex<Vec<tokio::time::Instant>>>,
-        count: Arc<AtomicU64>,
-    ) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = Result<(), ProposeError>> + Send>>
-           + Send
-           + Sync
-           + 'static {
-        move || {
-            let (started, count) = (started.clone(), count.clone());
-            Box::pin(async move {
-                started.lock().unwrap().push(tokio::time::Instant::now());
-                count.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                Ok(())
-            })
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn concurrent_callers_share_rounds_and_each_uses_one_that_started_after_it_arrived() {
-        let barrier = ReadBarrier::new();
-        let starts = Arc::new(Mutex::new(Vec::new()));
-        let count = Arc::new(AtomicU64::new(0));
-        let mut callers = Vec::new();
-        for i in 0..100u64 {
-            let (barrier, starts, count) = (barrier.clone(), starts.clone(), count.clone());
-            callers.push(tokio::spawn(async move {
-                // Arrivals spread over 50 ms: five rounds' worth.
-                tokio::time::sleep(Duration::from_micros(500 * i)).await;
-                let arrived = tokio::time::Instant::now();
-                barrier.wait(Urgency::Now, slow_round(starts.clone(), count)).await.unwrap();
-                let starts = starts.lock().unwrap();
-                // Some round started at or after the arrival and has completed (10 ms later).
-                assert!(
-                    starts.iter().any(|start| *start >= arrived),
-                    "no round started after the caller arrived"
-                );
-            }));
-        }
-        for caller in callers {
-            caller.await.unwrap();
-        }
-        let rounds = count.load(Ordering::SeqCst);
-        assert!((2..=10).contains(&rounds), "100 callers over 50 ms shared {rounds} rounds of 10 ms");
-    }
-
     /// A round that takes `length` and records when it started.
-    fn quick_round(
+    fn round(
         started: Arc<Mutex<Vec<tokio::time::Instant>>>,
         length: Duration,
     ) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = Result<(), ProposeError>> + Send>>
@@ -223,6 +175,33 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn concurrent_callers_share_rounds_and_each_uses_one_that_started_after_it_arrived() {
+        let barrier = ReadBarrier::new();
+        let starts = Arc::new(Mutex::new(Vec::new()));
+        let mut callers = Vec::new();
+        for i in 0..100u64 {
+            let (barrier, starts) = (barrier.clone(), starts.clone());
+            callers.push(tokio::spawn(async move {
+                // Arrivals spread over 50 ms: five rounds' worth.
+                tokio::time::sleep(Duration::from_micros(500 * i)).await;
+                let arrived = tokio::time::Instant::now();
+                barrier.wait(Urgency::Now, round(starts.clone(), Duration::from_millis(10))).await.unwrap();
+                let starts = starts.lock().unwrap();
+                // Some round started at or after the arrival and has completed (10 ms later).
+                assert!(
+                    starts.iter().any(|start| *start >= arrived),
+                    "no round started after the caller arrived"
+                );
+            }));
+        }
+        for caller in callers {
+            caller.await.unwrap();
+        }
+        let rounds = starts.lock().unwrap().len();
+        assert!((2..=10).contains(&rounds), "100 callers over 50 ms shared {rounds} rounds of 10 ms");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn rounds_wanted_only_by_keepalives_are_spaced_and_a_read_cuts_the_spacing_short() {
         let barrier = ReadBarrier::new();
         let starts = Arc::new(Mutex::new(Vec::new()));
@@ -234,10 +213,7 @@ mod tests {
             callers.push(tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_micros(100 * i)).await;
                 let arrived = tokio::time::Instant::now();
-                barrier
-                    .wait(Urgency::Lazy, quick_round(starts.clone(), Duration::from_micros(500)))
-                    .await
-                    .unwrap();
+                barrier.wait(Urgency::Lazy, round(starts.clone(), Duration::from_micros(500))).await.unwrap();
                 let starts = starts.lock().unwrap();
                 assert!(
                     starts.iter().any(|start| *start >= arrived),
@@ -267,15 +243,15 @@ mod tests {
         starts.lock().unwrap().clear();
         tokio::time::sleep(Duration::from_millis(10)).await;
         let instant = Duration::ZERO;
-        barrier.wait(Urgency::Lazy, quick_round(starts.clone(), instant)).await.unwrap();
+        barrier.wait(Urgency::Lazy, round(starts.clone(), instant)).await.unwrap();
         tokio::time::advance(Duration::from_millis(1)).await;
         let second = {
             let (barrier, starts) = (barrier.clone(), starts.clone());
-            tokio::spawn(async move { barrier.wait(Urgency::Lazy, quick_round(starts, instant)).await })
+            tokio::spawn(async move { barrier.wait(Urgency::Lazy, round(starts, instant)).await })
         };
         tokio::time::advance(Duration::from_micros(300)).await;
         let read_arrived = tokio::time::Instant::now();
-        barrier.wait(Urgency::Now, quick_round(starts.clone(), instant)).await.unwrap();
+        barrier.wait(Urgency::Now, round(starts.clone(), instant)).await.unwrap();
         second.await.unwrap().unwrap();
         let rounds = starts.lock().unwrap().clone();
         assert_eq!(rounds.len(), 2, "the read's round also served the second keepalive");
