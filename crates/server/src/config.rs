@@ -82,13 +82,32 @@ pub enum LogStoreKind {
     Segment,
 }
 
+/// The log store a node opens: [`LogStoreKind`] resolved against its data dir.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// A redb database, `DATA_DIR/raft-log.redb`.
+    Redb,
+    /// Append-only segment files, `DATA_DIR/raft-log/` (`raft/segment_log.rs`).
+    Segment,
+}
+
+impl LogFormat {
+    /// The name `--log-store` takes to force this store.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogFormat::Redb => "redb",
+            LogFormat::Segment => "segment",
+        }
+    }
+}
+
 impl LogStoreKind {
     /// The store to open in `data_dir`: this one if forced, else the one found there (the
     /// segment log for a new data dir).
     ///
     /// # Errors
     /// When the data dir holds a log of the other kind than the forced one, or of both kinds.
-    pub fn resolve(self, data_dir: &std::path::Path) -> anyhow::Result<LogStoreKind> {
+    pub fn resolve(self, data_dir: &std::path::Path) -> anyhow::Result<LogFormat> {
         let redb = data_dir.join(REDB_LOG).exists();
         let segment = data_dir.join(SEGMENT_LOG).exists();
         let found = match (redb, segment) {
@@ -97,13 +116,17 @@ impl LogStoreKind {
                  only one can be its log: move the wrong one away",
                 data_dir.display()
             ),
-            (true, false) => Some(LogStoreKind::Redb),
-            (false, true) => Some(LogStoreKind::Segment),
+            (true, false) => Some(LogFormat::Redb),
+            (false, true) => Some(LogFormat::Segment),
             (false, false) => None,
         };
-        match (self, found) {
-            (LogStoreKind::Detect, found) => Ok(found.unwrap_or(LogStoreKind::Segment)),
-            (forced, Some(found)) if forced != found => {
+        let forced = match self {
+            LogStoreKind::Detect => return Ok(found.unwrap_or(LogFormat::Segment)),
+            LogStoreKind::Redb => LogFormat::Redb,
+            LogStoreKind::Segment => LogFormat::Segment,
+        };
+        match found {
+            Some(found) if forced != found => {
                 let (found, forced) = (found.name(), forced.name());
                 // Opening the other kind would start from an empty log and lose every
                 // acknowledged write.
@@ -114,16 +137,7 @@ impl LogStoreKind {
                     data_dir.display()
                 )
             }
-            (forced, _) => Ok(forced),
-        }
-    }
-
-    /// The name `--log-store` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            LogStoreKind::Detect => "detect",
-            LogStoreKind::Redb => "redb",
-            LogStoreKind::Segment => "segment",
+            _ => Ok(forced),
         }
     }
 }
@@ -237,15 +251,16 @@ mod tests {
 
     #[test]
     fn the_log_store_is_the_data_dirs_own_and_the_segment_log_for_a_new_one() {
+        use LogFormat::{Redb as R, Segment as S};
         use LogStoreKind::{Detect, Redb, Segment};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path();
         // A new (or missing) data dir: detect gives the segment log; a forced store is kept.
-        assert_eq!(Detect.resolve(&path.join("missing")).unwrap(), Segment);
-        assert_eq!([Detect, Redb, Segment].map(|k| k.resolve(path).unwrap()), [Segment, Redb, Segment]);
+        assert_eq!(Detect.resolve(&path.join("missing")).unwrap(), S);
+        assert_eq!([Detect, Redb, Segment].map(|k| k.resolve(path).unwrap()), [S, R, S]);
         // A redb data dir stays redb; forcing the segment log is refused, naming redb.
         std::fs::write(path.join(REDB_LOG), b"").unwrap();
-        assert_eq!([Detect, Redb].map(|k| k.resolve(path).unwrap()), [Redb, Redb]);
+        assert_eq!([Detect, Redb].map(|k| k.resolve(path).unwrap()), [R, R]);
         let refused = Segment.resolve(path).unwrap_err().to_string();
         assert!(refused.contains("--log-store redb, not segment"), "{refused}");
         // Both kinds: refused whatever the flag.
@@ -254,7 +269,7 @@ mod tests {
             assert!(kind.resolve(path).unwrap_err().to_string().contains("both"), "{kind:?}");
         }
         std::fs::remove_file(path.join(REDB_LOG)).unwrap();
-        assert_eq!([Detect, Segment].map(|k| k.resolve(path).unwrap()), [Segment, Segment]);
+        assert_eq!([Detect, Segment].map(|k| k.resolve(path).unwrap()), [S, S]);
         assert!(Redb.resolve(path).unwrap_err().to_string().contains("--log-store segment, not redb"));
         assert_eq!("detect".parse(), Ok(Detect));
         assert!("sled".parse::<LogStoreKind>().unwrap_err().contains("detect, redb or segment"));

@@ -29,7 +29,7 @@ use super::state_machine::{load_replica, StateMachine};
 use super::status::Status;
 use super::{NodeId, Raft, TypeConfig};
 use crate::config::Config;
-use crate::config::LogStoreKind;
+use crate::config::LogFormat;
 use crate::failstop::FailStop;
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
@@ -88,8 +88,8 @@ impl Consensus {
         // A data dir keeps the log store it was created with (see `LogStoreKind::resolve`).
         let kind = config.log_store.resolve(&config.data_dir)?;
         let log_path = match kind {
-            LogStoreKind::Redb => &redb_path,
-            LogStoreKind::Segment | LogStoreKind::Detect => &segment_path,
+            LogFormat::Redb => &redb_path,
+            LogFormat::Segment => &segment_path,
         };
         let opening = std::time::Instant::now();
         if let Some(file) = &config.restore {
@@ -97,7 +97,7 @@ impl Consensus {
             super::state_machine::restore(file, &snapshots, log_path, config.node_id, &addr.to_string())?;
         }
         let log_store = match kind {
-            LogStoreKind::Redb => {
+            LogFormat::Redb => {
                 let log = LogStore::open(&redb_path)
                     .map_err(|e| open_error(&redb_path, &e))?
                     .with_append_histogram(metrics.append_seconds.clone())
@@ -109,10 +109,10 @@ impl Consensus {
                     None => log,
                 })
             }
-            LogStoreKind::Segment | LogStoreKind::Detect if config.storage_faults.is_some() => {
+            LogFormat::Segment if config.storage_faults.is_some() => {
                 anyhow::bail!("storage faults are injected into the redb log store only (--log-store redb)")
             }
-            LogStoreKind::Segment | LogStoreKind::Detect => Store::Segment(
+            LogFormat::Segment => Store::Segment(
                 SegmentLog::open(&segment_path)
                     .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", segment_path.display()))?
                     .with_append_histogram(metrics.append_seconds.clone())
