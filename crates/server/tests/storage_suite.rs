@@ -135,3 +135,38 @@ async fn segment_log_truncates_a_torn_tail_and_refuses_corruption_before_it() {
     let refused = SegmentLog::open(&path).err().expect("corruption before the tail is refused");
     assert!(refused.to_string().contains("corrupt"), "{refused}");
 }
+
+/// A power cut can lose a batch's first sector while a later one reached the disk: the torn
+/// record reads as zeros, with the batch's later records still valid after it. They were never
+/// acknowledged and must go with it; were they kept on disk, a new entry written over the zeros
+/// with the same length would put them back in sequence, and an entry of an old term would
+/// come back after one of a newer term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segment_log_drops_records_after_a_zeroed_one() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("raft-log");
+    let mut log = SegmentLog::open(&path).expect("open");
+    append(&mut log, (1..=2).map(|i| blank(1, i)).collect()).await;
+    let after_two = written_len(&only_segment(&path));
+    append(&mut log, (3..=5).map(|i| blank(1, i)).collect()).await;
+    let after_five = written_len(&only_segment(&path));
+    drop(log);
+
+    // Entry 3's record lost (zeros); entries 4 and 5 intact after it.
+    let segment = only_segment(&path);
+    let record = (after_five - after_two) / 3;
+    let mut data = std::fs::read(&segment).expect("read");
+    data[after_two..after_two + record].fill(0);
+    std::fs::write(&segment, &data).expect("write");
+    let mut log = SegmentLog::open(&path).expect("a torn tail is truncated, not refused");
+    assert_eq!(indexes(&mut log).await, vec![1, 2]);
+    assert_eq!(written_len(&segment), after_two, "the records after the zeroed one are zeroed too");
+
+    // A new leader's entry 3, as long as the old one: the old 4 and 5 must not follow it.
+    append(&mut log, vec![blank(2, 3)]).await;
+    drop(log);
+    let mut log = SegmentLog::open(&path).expect("reopen");
+    assert_eq!(indexes(&mut log).await, vec![1, 2, 3]);
+    let last = log.get_log_state().await.expect("state").last_log_id.expect("last");
+    assert_eq!((last.leader_id.term, last.index), (2, 3));
+}

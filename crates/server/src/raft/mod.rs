@@ -24,6 +24,7 @@ pub mod segment_log;
 pub mod snapshot_store;
 pub mod state_machine;
 pub mod status;
+pub mod storage_faults;
 
 use std::io::Cursor;
 

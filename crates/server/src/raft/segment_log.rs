@@ -16,9 +16,10 @@
 //!
 //! Opening reads every segment in order and checks each record's length, CRC, decoding and
 //! index (one more than the previous entry's). Space after the last record is zeros (new
-//! segments are preallocated, and truncation zeroes what it removes). In the last segment, the
-//! first bad record is a torn tail (a batch whose fdatasync never returned, so never
-//! acknowledged): it and everything after it are zeroed and synced before the log is used. A bad
+//! segments are preallocated, and truncation zeroes what it removes), so zeros followed by
+//! written bytes are a bad record too. In the last segment, the first bad record is a torn tail
+//! (a batch whose fdatasync never returned, so never acknowledged, of which the disk may have
+//! kept any sectors): it and everything after it are zeroed and synced before the log is used. A bad
 //! record in an earlier segment, or an index out of sequence, is corruption of acknowledged data:
 //! the store refuses to open rather than start with a shorter log.
 //!
@@ -182,7 +183,15 @@ fn parse(data: &[u8], at: usize) -> Parsed<'_> {
     let len = u32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes")) as usize;
     let crc = u32::from_le_bytes(data[at + 4..at + 8].try_into().expect("4 bytes"));
     if len == 0 && crc == 0 {
-        return Parsed::End;
+        // Zeros end the records only if nothing was written after them: a batch whose first
+        // sector never reached the disk, while a later one did, leaves valid records behind a
+        // zeroed one. They were never acknowledged; kept, an entry later written over the zeros
+        // with the same length would put them back in the log.
+        return if data[at..].iter().all(|b| *b == 0) {
+            Parsed::End
+        } else {
+            Parsed::Bad(format!("zeros at offset {at} with records written after them"))
+        };
     }
     if len == 0 || len > RECORD_MAX || at + HEADER + len > data.len() {
         return Parsed::Bad(format!("record length {len} at offset {at} runs past the data"));

@@ -1,0 +1,131 @@
+//! Storage faults a simulation injects into a log store (`Config::storage_faults`): both stores
+//! (`log_store.rs`, `segment_log.rs`) take the same [`StorageFaults`], so the simulation runs
+//! either under failed fsyncs and torn tails.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use openraft::storage::LogFlushed;
+
+use super::TypeConfig;
+
+/// Storage faults a simulation injects into a node's log store (redb or segment files), shared
+/// across the node's restarts on the same data dir (`Config::storage_faults`; `permit serve`
+/// never sets it).
+///
+/// - A failed fsync: the next append fails as a failed `fdatasync` would, with or without its
+///   entries having reached the file first. The store reports it to the fail-stop latch and
+///   openraft is told the append failed, so the entries are never acknowledged and the node
+///   stops.
+/// - A torn tail: appends are written but their flush is never reported (an fsync that hangs,
+///   so openraft acknowledges none of them); a power cut then drops that withheld flush and the
+///   next open loses a suffix of the stalled entries, as a disk that never made them durable
+///   would. Entries acknowledged before the stall are never lost.
+#[derive(Default)]
+pub struct StorageFaults {
+    /// The next append fails: `Some(true)` after its entries reached the file, `Some(false)`
+    /// before.
+    fail_next_append: std::sync::Mutex<Option<bool>>,
+    /// Appends are written, but their flush is withheld.
+    stall: std::sync::atomic::AtomicBool,
+    /// The withheld flush and the first and last index of its append.
+    stalled: std::sync::Mutex<Option<(LogFlushed<TypeConfig>, u64, u64)>>,
+    /// After a power cut: the index from which the next open drops the log.
+    torn_from: std::sync::Mutex<Option<u64>>,
+    /// The last index appended (and acknowledged, unless stalled).
+    last_appended: std::sync::atomic::AtomicU64,
+    /// A disk that lies about fsync: the next power cut also loses this many acknowledged
+    /// entries. Only the simulation's self-test sets it, to show that the checkers catch it.
+    lie: std::sync::atomic::AtomicU64,
+}
+
+impl Debug for StorageFaults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageFaults")
+            .field("fail_next_append", &*self.fail_next_append.lock().expect("faults lock"))
+            .field("stall", &self.stall.load(std::sync::atomic::Ordering::Relaxed))
+            .field("torn_from", &*self.torn_from.lock().expect("faults lock"))
+            .finish_non_exhaustive()
+    }
+}
+
+impl StorageFaults {
+    /// No fault armed.
+    pub fn new() -> Arc<StorageFaults> {
+        Arc::new(StorageFaults::default())
+    }
+
+    /// Makes the next append fail as a failed fsync; `written`: its entries reach the file first.
+    pub fn fail_next_append(&self, written: bool) {
+        *self.fail_next_append.lock().expect("faults lock") = Some(written);
+    }
+
+    /// From now on appends are written but never reported flushed, until [`Self::power_cut`].
+    pub fn stall_appends(&self) {
+        self.stall.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Disarms the faults that have not fired.
+    pub fn disarm(&self) {
+        *self.fail_next_append.lock().expect("faults lock") = None;
+        self.stall.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Makes the disk lie about fsync: the next power cut also loses the last `entries`
+    /// acknowledged entries. Raft cannot survive that; the simulation's self-test uses it to
+    /// show that its checkers notice.
+    pub fn lie_about_fsync(&self, entries: u64) {
+        self.lie.store(entries, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The machine loses power: the withheld flush never comes (openraft's wait for it fails)
+    /// and the next open keeps only the first `keep` entries of the stalled append (and loses
+    /// acknowledged ones too if the disk lies). Returns the indexes lost, if any.
+    pub fn power_cut(&self, keep: u64) -> Option<(u64, u64)> {
+        self.disarm();
+        let lie = self.lie.swap(0, std::sync::atomic::Ordering::Relaxed);
+        let stalled = self.stalled.lock().expect("faults lock").take();
+        let (first, last) = match stalled {
+            // Dropping the flush fails openraft's wait for it.
+            Some((_flushed, first, last)) => (first, last),
+            None => {
+                let last = self.last_appended.load(std::sync::atomic::Ordering::Relaxed);
+                (last.saturating_add(1), last)
+            }
+        };
+        let from = if lie > 0 { first.saturating_sub(lie).max(1) } else { first.saturating_add(keep) };
+        if from > last {
+            return None;
+        }
+        *self.torn_from.lock().expect("faults lock") = Some(from);
+        Some((from, last))
+    }
+
+    /// Whether the next append fails (`Some(written)`, see [`Self::fail_next_append`]); disarms it.
+    pub(super) fn take_append_failure(&self) -> Option<bool> {
+        self.fail_next_append.lock().expect("faults lock").take()
+    }
+
+    /// The index from which the log must be dropped as it opens (the torn tail of a power cut),
+    /// once.
+    pub(super) fn take_torn_from(&self) -> Option<u64> {
+        self.torn_from.lock().expect("faults lock").take()
+    }
+
+    /// An append of entries `first..=last` was written: gives its flush back to be reported
+    /// now, or withholds it (returns `None`) while appends stall.
+    pub(super) fn appended(
+        &self,
+        first: u64,
+        last: u64,
+        flushed: LogFlushed<TypeConfig>,
+    ) -> Option<LogFlushed<TypeConfig>> {
+        self.last_appended.store(last, std::sync::atomic::Ordering::Relaxed);
+        if self.stall.load(std::sync::atomic::Ordering::Relaxed) {
+            // The fsync "hangs": the flush is withheld until a power cut drops it.
+            *self.stalled.lock().expect("faults lock") = Some((flushed, first, last));
+            return None;
+        }
+        Some(flushed)
+    }
+}
