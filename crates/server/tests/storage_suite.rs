@@ -170,3 +170,34 @@ async fn segment_log_drops_records_after_a_zeroed_one() {
     let last = log.get_log_state().await.expect("state").last_log_id.expect("last");
     assert_eq!((last.leader_id.term, last.index), (2, 3));
 }
+
+/// A follower that installs a snapshot beyond its log's end purges up to the snapshot and goes
+/// on appending after it, in the same segment: the jump in indexes is the purge's, not
+/// corruption, and the log must reopen (the simulation found a node that could not restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segment_log_reopens_after_a_purge_beyond_its_end() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("raft-log");
+    let mut log = SegmentLog::open(&path).expect("open");
+    append(&mut log, (1..=3).map(|i| blank(1, i)).collect()).await;
+    log.purge(log_id(2, 1, 10)).await.expect("purge beyond the end");
+    append(&mut log, (11..=12).map(|i| blank(2, i)).collect()).await;
+    // A second snapshot beyond the end again: two jumps in one segment.
+    log.purge(log_id(3, 1, 20)).await.expect("purge beyond the end");
+    append(&mut log, vec![blank(3, 21)]).await;
+    drop(log);
+    let mut log = SegmentLog::open(&path).expect("a purge's jump is not corruption");
+    assert_eq!(indexes(&mut log).await, vec![21]);
+    let state = log.get_log_state().await.expect("state");
+    assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(20));
+    assert_eq!(state.last_log_id.map(|l| l.index), Some(21));
+    drop(log);
+
+    // A jump that no purge covers is still corruption (the store does not check the order of
+    // appends; openraft keeps it).
+    let mut log = SegmentLog::open(&path).expect("reopen");
+    append(&mut log, vec![blank(3, 30)]).await;
+    drop(log);
+    let refused = SegmentLog::open(&path).err().expect("a jump past the purge is refused");
+    assert!(refused.to_string().contains("corrupt"), "{refused}");
+}

@@ -1,8 +1,8 @@
 //! A simulated 3-node Permit cluster in one process, for deterministic-time tests of the state
 //! machine and the Raft glue.
 //!
-//! Each seed runs full `permit_server::Node`s (redb log, snapshots, proposer, lessor, expiry
-//! driver) on one current-thread tokio runtime with paused time, so simulated seconds cost only
+//! Each seed runs full `permit_server::Node`s (both log stores, the segment log on one or two
+//! nodes and redb on the others; snapshots, proposer, lessor, expiry driver) on one current-thread tokio runtime with paused time, so simulated seconds cost only
 //! the work done in them. The nodes talk through an in-memory [`router::Router`] that injects
 //! seeded faults ([`nemesis`]): isolated nodes, one-way and bridge partitions, message loss,
 //! slow links, crashes with restarts on the same data dir, failed fsyncs (the node must

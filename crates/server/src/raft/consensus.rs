@@ -4,6 +4,7 @@
 //! linearizable read, refresh a lease, the [`Status`], membership changes and the peer channel.
 
 use std::collections::BTreeMap;
+use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -109,15 +110,18 @@ impl Consensus {
                     None => log,
                 })
             }
-            LogFormat::Segment if config.storage_faults.is_some() => {
-                anyhow::bail!("storage faults are injected into the redb log store only (--log-store redb)")
-            }
-            LogFormat::Segment => Store::Segment(
-                SegmentLog::open(&segment_path)
-                    .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", segment_path.display()))?
+            LogFormat::Segment => {
+                let open_error =
+                    |e: io::Error| anyhow::anyhow!("cannot open {}: {e}", segment_path.display());
+                let log = SegmentLog::open(&segment_path)
+                    .map_err(open_error)?
                     .with_append_histogram(metrics.append_seconds.clone())
-                    .with_fail_stop(fail_stop.clone()),
-            ),
+                    .with_fail_stop(fail_stop.clone());
+                Store::Segment(match &config.storage_faults {
+                    Some(faults) => log.with_faults(faults.clone()).map_err(open_error)?,
+                    None => log,
+                })
+            }
         };
         let store = kind.name();
         tracing::info!(elapsed_ms = opening.elapsed().as_millis() as u64, store, "log opened");

@@ -15,7 +15,9 @@
 //! append, as with the B-tree store (it is a restart hint; losing it loses nothing).
 //!
 //! Opening reads every segment in order and checks each record's length, CRC, decoding and
-//! index (one more than the previous entry's). Space after the last record is zeros (new
+//! index (one more than the previous entry's, or at most one past the last purged index when the
+//! previous one is purged: a follower that installs a snapshot beyond its log's end purges up to
+//! it and appends after it). Space after the last record is zeros (new
 //! segments are preallocated, and truncation zeroes what it removes), so zeros followed by
 //! written bytes are a bad record too. In the last segment, the first bad record is a torn tail
 //! (a batch whose fdatasync never returned, so never acknowledged, of which the disk may have
@@ -46,6 +48,7 @@ use openraft::{AnyError, Entry, ErrorSubject, ErrorVerb, OptionalSend, StorageIO
 use serde::{Deserialize, Serialize};
 
 use super::log_store::{decode, encode, LOG_FORMAT_VERSION};
+use super::storage_faults::StorageFaults;
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::failstop::FailStop;
 
@@ -69,6 +72,8 @@ pub struct SegmentLog {
     append_seconds: Option<prometheus_client::metrics::histogram::Histogram>,
     /// Told about the first failed write; after it, every write is refused (never retried).
     fail_stop: Option<Arc<FailStop>>,
+    /// Faults a simulation injects (never set by `permit serve`).
+    faults: Option<Arc<StorageFaults>>,
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -264,7 +269,14 @@ impl Inner {
                                     Ok(index) => index,
                                     Err(e) => break Some(format!("undecodable entry at offset {at}: {e}")),
                                 };
-                                if previous.is_some_and(|p| index != p + 1) {
+                                // Each entry follows the previous one, except across a
+                                // purge: a follower that installs a snapshot beyond its log's
+                                // end purges up to it and appends after it in this segment.
+                                let follows = |p: u64| {
+                                    index == p + 1
+                                        || (index > p && purged.is_some_and(|q| p <= q && index <= q + 1))
+                                };
+                                if previous.is_some_and(|p| !follows(p)) {
                                     return Err(io::Error::other(format!(
                                         "{}: entry {index} follows entry {} (corrupt log)",
                                         path.display(),
@@ -440,6 +452,37 @@ impl Inner {
     }
 }
 
+/// Tears the log at entry `from` as a power cut can: some sectors of an unsynced write reach
+/// the disk and others do not. Which ones depends on `from`: the whole record zeroed with the
+/// records after it intact (its first sector lost), its second half zeroed with the records
+/// after it intact, or everything from its middle on zeroed (a clean prefix). Later segments
+/// are deleted (a segment is created only after the appends before it were durable). Returns
+/// the index of the first entry torn (the first at or after `from` that the log holds), if any.
+fn tear(inner: &Inner, from: u64) -> io::Result<Option<u64>> {
+    let Some((&index, (_, seq, offset))) = inner.entries.range(from..).next() else { return Ok(None) };
+    let (seq, at) = (*seq, *offset as usize);
+    for segment in inner.segments.iter().filter(|s| s.seq > seq) {
+        std::fs::remove_file(segment_path(&inner.dir, segment.seq))?;
+    }
+    let segment = inner.segments.iter().find(|s| s.seq == seq).expect("the entry's segment");
+    let mut data = vec![0; segment.len as usize];
+    segment.file.read_exact_at(&mut data, 0)?;
+    let len = u32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes")) as usize;
+    let (record_end, middle) = (at + HEADER + len, at + HEADER + len / 2);
+    let torn = match from % 3 {
+        0 => at..record_end,
+        1 => middle..record_end,
+        _ => middle..data.len(),
+    };
+    // A range that is zeros already (the record's second half) would leave the record whole.
+    let torn = if data[torn.clone()].iter().any(|b| *b != 0) { torn } else { at..record_end };
+    data[torn].fill(0);
+    segment.file.write_all_at(&data, 0)?;
+    fdatasync(&segment.file)?;
+    sync_dir(&inner.dir)?;
+    Ok(Some(index))
+}
+
 impl SegmentLog {
     /// Opens (or creates) the segment log in `dir`, truncating a torn tail.
     ///
@@ -452,7 +495,46 @@ impl SegmentLog {
             dir: dir.to_owned(),
             append_seconds: None,
             fail_stop: None,
+            faults: None,
         })
+    }
+
+    /// Injects `faults` (a simulation's). First, if a power cut left a torn tail, tears it on
+    /// disk as a power cut can (see [`tear`]) and opens the log again, so that the recovery in
+    /// [`SegmentLog::open`] is what drops it; the open must leave none of the torn entries.
+    ///
+    /// # Errors
+    /// When the files cannot be torn or reopened, or the reopened log still holds the first
+    /// torn entry.
+    pub fn with_faults(mut self, faults: Arc<StorageFaults>) -> io::Result<SegmentLog> {
+        if let Some(from) = faults.take_torn_from() {
+            let torn = tear(&self.lock(), from)?;
+            let (append_seconds, fail_stop) = (self.append_seconds.take(), self.fail_stop.take());
+            let dir = self.dir.clone();
+            // The only handle: dropping it closes the files and lets go of the directory's lock.
+            drop(self);
+            self = SegmentLog::open(&dir)?;
+            (self.append_seconds, self.fail_stop) = (append_seconds, fail_stop);
+            let mut inner = self.lock();
+            let last = inner.entries.keys().next_back().copied();
+            if let Some(torn) = torn.filter(|torn| last >= Some(*torn)) {
+                return Err(io::Error::other(format!(
+                    "entry {torn} survived its torn record (last {last:?})"
+                )));
+            }
+            // The commit index hint is written without an fsync of its own: it goes with the
+            // tail (it may point into it if the disk lied), as in the redb store.
+            if inner.committed.is_some_and(|committed| committed.index >= from) {
+                inner.committed = None;
+                let mut bytes = Vec::new();
+                record(KIND_COMMITTED, &encode(&None::<LogId>), &mut bytes);
+                inner.write(&bytes, false)?;
+                fdatasync(&inner.segments.last().expect("written to").file)?;
+            }
+            drop(inner);
+        }
+        self.faults = Some(faults);
+        Ok(self)
     }
 
     /// Records the duration of every append (the write and its fdatasync) in `histogram`.
@@ -476,6 +558,9 @@ impl SegmentLog {
     /// When the write or the fdatasync fails (the store then refuses every later write).
     pub fn append_entries(&self, entries: Vec<Entry<TypeConfig>>) -> io::Result<()> {
         let started = std::time::Instant::now();
+        if let Some(written) = self.faults.as_ref().and_then(|faults| faults.take_append_failure()) {
+            return self.inject_fsync_failure(entries, written);
+        }
         // The records are written under the lock, the fdatasync runs without it: readers
         // (replication to followers) are not held up by the local fsync. openraft issues the
         // next append only after this one returned, so batches stay in order.
@@ -487,6 +572,17 @@ impl SegmentLog {
             histogram.observe(started.elapsed().as_secs_f64());
         }
         result
+    }
+
+    /// A failed fsync (a simulation's): the entries reach the file first if `written`, and the
+    /// failure is latched and reported as a real one would be.
+    fn inject_fsync_failure(&self, entries: Vec<Entry<TypeConfig>>, written: bool) -> io::Result<()> {
+        self.write("log append", |inner| {
+            if written {
+                inner.append(entries)?;
+            }
+            Err(io::Error::other("injected fsync failure (simulation)"))
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -580,9 +676,18 @@ impl RaftLogStorage<TypeConfig> for SegmentLog {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        match self.append_entries(entries.into_iter().collect()) {
+        let entries: Vec<_> = entries.into_iter().collect();
+        let span =
+            entries.first().zip(entries.last()).map(|(first, last)| (first.log_id.index, last.log_id.index));
+        match self.append_entries(entries) {
             Ok(_) => {
-                callback.log_io_completed(Ok(()));
+                let callback = match (&self.faults, span) {
+                    (Some(faults), Some((first, last))) => faults.appended(first, last, callback),
+                    _ => Some(callback),
+                };
+                if let Some(callback) = callback {
+                    callback.log_io_completed(Ok(()));
+                }
                 Ok(())
             }
             Err(e) => {
