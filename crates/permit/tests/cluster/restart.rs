@@ -88,6 +88,26 @@ async fn a_follower_down_past_log_compaction_catches_up_by_snapshot() {
     let view = follower_api.get(&format!("/v1/sessions/{session}?stale=true")).await;
     let stale = follower_api.get(&format!("/v1/semaphores/{last}?stale=true")).await;
     assert_eq!(stale.body["holders"][0]["session"], session.as_str(), "{view:?}");
+
+    // It appends after the snapshot, behind the older entries in its log, and must restart from
+    // that log: the segment log once refused the jump in indexes as corruption.
+    for i in 0..5 {
+        let answer = client
+            .post(&format!("/v1/semaphores/after{i}/acquire"), json!({ "session": session, "capacity": 1 }))
+            .await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    let target = leader_api.get("/v1/health").await.body["applied_index"].as_u64().unwrap();
+    let appended = crate::common::eventually(Duration::from_secs(10), async || {
+        follower_api.get("/v1/health").await.body["applied_index"].as_u64() >= Some(target)
+    })
+    .await;
+    assert!(appended, "the follower applied the entries after the snapshot");
+    cluster.nodes[follower].kill9();
+    cluster.nodes[follower].restart();
+    let follower_api = Api::new(&cluster.nodes[follower]);
+    let view = follower_api.get("/v1/semaphores/after4?stale=true").await;
+    assert_eq!(view.body["holders"][0]["session"], session.as_str(), "{view:?}");
 }
 
 /// The README's way to run a cluster: every node started with `--peers`, in any order; the same
