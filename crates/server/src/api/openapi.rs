@@ -18,14 +18,14 @@ use super::{acl, cluster, elections, events, semaphores, sessions, system};
 Every error answers `{\"error\": {\"code\", \"message\"}}` with a stable snake_case code (see the ErrorCode schema). \
 Limits: names 1-128 bytes of [A-Za-z0-9._:-]; ttl_ms 200..=86400000 (default 10000); capacity 1..=1000000; \
 max_hold_ms 100..=604800000; election value at most 4096 bytes; wait_ms capped at 60000; bodies at most 64 KiB; \
-at most 100000 waiters per semaphore and 10000 holds plus waits per session. \
+at most 100000 waiters per semaphore and 10000 holds plus waits per session; at most 1024 session ids per batched keepalive. \
 With `permit serve --auth`, every route but /v1/health and /v1/openapi.json needs `Authorization: Bearer SECRET` \
 (401 `unauthenticated` without a valid token, 403 `permission_denied` without the permission; see docs/security.md), \
 and a session can be used only with the token that created it.",
         license(name = "Apache-2.0"),
     ),
     paths(
-        sessions::create, sessions::list, sessions::keepalive, sessions::get, sessions::close,
+        sessions::create, sessions::list, sessions::keepalive, sessions::keepalive_batch, sessions::get, sessions::close,
         semaphores::list, semaphores::put, semaphores::get, semaphores::delete,
         semaphores::acquire, semaphores::release, semaphores::validate, semaphores::revoke,
         elections::list, elections::campaign, elections::get, elections::resign, elections::revoke,
