@@ -412,3 +412,38 @@ async fn the_sessions_of_one_client_share_their_keepalive_requests() {
         metric_sum(&server.url, "permit_http_requests_total{", "/v1/sessions/{id}/keepalive\"").await;
     assert_eq!(single, 0.0, "every keepalive went through the batch route");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_fall_back_to_one_keepalive_each_on_a_server_without_the_batch_route() {
+    let dir = tempfile::tempdir().unwrap();
+    // The server answers the batch route 405, as servers older than it do.
+    let server = Server::start_with_env(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &[],
+        &[("PERMIT_INJECT_BUG", "no_keepalive_batch")],
+    );
+    let client = client(&server);
+    let ttl = Duration::from_millis(300);
+    let (a, b) = (client.session(ttl).await.unwrap(), client.session(ttl).await.unwrap());
+    let started = Instant::now();
+    while started.elapsed() < ttl * 4 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            (a.state(), b.state()),
+            (SessionState::Alive, SessionState::Alive),
+            "after {:?}",
+            started.elapsed()
+        );
+    }
+    client.get_session(a.id()).await.expect("a lives");
+    client.get_session(b.id()).await.expect("b lives");
+    let single =
+        metric_sum(&server.url, "permit_http_requests_total{", "/v1/sessions/{id}/keepalive\"").await;
+    let batched = metric_sum(&server.url, "permit_http_requests_total{", "/v1/sessions/keepalive\"").await;
+    assert!(single >= 8.0, "{single} single keepalives for 2 sessions over 4 TTLs");
+    assert!(
+        (1.0..=2.0).contains(&batched),
+        "{batched} batch requests: the client gave the route up after its 405"
+    );
+}

@@ -115,6 +115,10 @@ pub async fn keepalive_batch(
     caller: Caller,
     Json(request): Json<KeepaliveBatchRequest>,
 ) -> Result<axum::Json<KeepaliveBatchResponse>, ApiError> {
+    if crate::bugs::is(crate::bugs::Bug::NoKeepaliveBatch) {
+        // What a server older than this route answers (the path matches `/v1/sessions/{id}`).
+        return Err(ApiError::new(ErrorCode::MethodNotAllowed, "this route does not take this method"));
+    }
     let ids = parse_batch(&request.sessions)?;
     // One leadership confirmation for the whole batch, with the single keepalive's reasoning: a
     // deposed leader must not promise a deadline its successor will not honour, and the
