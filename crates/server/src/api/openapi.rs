@@ -34,7 +34,7 @@ and a session can be used only with the token that created it.",
         system::health, system::live, system::metrics, system::digest, events::events,
     ),
     components(schemas(permit_wire::ErrorCode, permit_wire::ErrorBody)),
-    modifiers(&BearerAuth, &CommonErrors, &NameParameters, &OperationIds, &Links),
+    modifiers(&BearerAuth, &CommonErrors, &NameParameters, &OperationIds, &Links, &SessionIds),
     security((), ("bearer" = [])),
     tags(
         (name = "sessions", description = "Client liveness: a session's holds and waits end when it expires or closes."),
@@ -175,6 +175,30 @@ fn constrain_name(schema: &mut Object) {
     schema.min_length = Some(1);
     schema.max_length = Some(NAME_BYTES_MAX);
     schema.pattern = Some(NAME_PATTERN.to_owned());
+}
+
+/// Regular expression of a session id (see `permit_core::SessionId`).
+pub const SESSION_ID_PATTERN: &str = "^[0-9a-f]{32}$";
+
+/// Constrains the ids of a batched keepalive to the session id syntax, each given once, as the
+/// handler checks them.
+struct SessionIds;
+
+impl Modify for SessionIds {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let Some(components) = openapi.components.as_mut() else { return };
+        let Some(RefOr::T(Schema::Object(request))) = components.schemas.get_mut("KeepaliveBatchRequest")
+        else {
+            return;
+        };
+        let Some(RefOr::T(Schema::Array(sessions))) = request.properties.get_mut("sessions") else { return };
+        sessions.unique_items = true;
+        if let utoipa::openapi::schema::ArrayItems::RefOrSchema(items) = &mut sessions.items {
+            if let RefOr::T(Schema::Object(item)) = items.as_mut() {
+                item.pattern = Some(SESSION_ID_PATTERN.to_owned());
+            }
+        }
+    }
 }
 
 /// Makes operation ids unique (utoipa takes the handler's name, and three handlers are `get`):
