@@ -2,7 +2,6 @@
 //! per-[`Client`] [`Batcher`] that carries the keepalives of all its sessions in shared requests.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +19,9 @@ const RETRY_PAUSE_MIN: Duration = Duration::from_millis(10);
 const RETRY_PAUSE_MAX: Duration = Duration::from_secs(1);
 /// Shortest client-side timeout of one keepalive.
 const KEEPALIVE_TIMEOUT_MIN: Duration = Duration::from_millis(100);
+/// How long keepalives go one per session after the server answered the batch route 404/405,
+/// before the route is tried again (the cluster may have been upgraded meanwhile).
+const BATCH_ROUTE_RETRY: Duration = Duration::from_secs(60);
 
 /// Why the keepalive task was told to stop.
 #[derive(Debug)]
@@ -155,12 +157,13 @@ type Outcome = Result<Renewal, Arc<Error>>;
 /// Group commit of one [`Client`]'s keepalives: a session asking for one is sent at once when no
 /// batch is in flight; asks that come while one is in flight wait and all go in the next request
 /// (`POST /v1/sessions/keepalive`, up to [`KEEPALIVE_BATCH_MAX`] ids each) when it returns. A
-/// server without the batch route (404/405) gets one request per session from then on.
+/// server without the batch route (404/405) gets one request per session for
+/// [`BATCH_ROUTE_RETRY`], then the route is tried again.
 #[derive(Debug, Default)]
 pub(crate) struct Batcher {
     queue: Mutex<Queue>,
-    /// The server answered the batch route 404/405: per-session keepalives.
-    unsupported: AtomicBool,
+    /// Until when keepalives go one per session (the server answered the batch route 404/405).
+    unbatched_until: Mutex<Option<Instant>>,
     /// Woken when a batch is about to be sent (see [`Batcher::departure_after`]).
     departing: Notify,
 }
@@ -190,7 +193,7 @@ impl Batcher {
     /// Keeps session `id` alive through the next batch (or alone, on an older server);
     /// `timeout` bounds the request (a batch takes the shortest timeout of its asks).
     async fn keepalive(&self, client: &Client, id: &str, timeout: Duration) -> Outcome {
-        if !self.unsupported.load(Ordering::Relaxed) {
+        if !self.unbatched() {
             let (reply, answer) = oneshot::channel();
             let start = {
                 let mut queue = self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -217,6 +220,12 @@ impl Batcher {
             Ok(answer) => Ok(Renewal { sent, ttl_ms: answer.ttl_ms }),
             Err(error) => Err(Arc::new(error)),
         }
+    }
+
+    /// Whether keepalives go one per session for now.
+    fn unbatched(&self) -> bool {
+        let until = *self.unbatched_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        until.is_some_and(|until| Instant::now() < until)
     }
 
     /// Resolves at the first batch sent after `from`.
@@ -248,6 +257,13 @@ impl Batcher {
     }
 
     async fn send_batch(&self, client: &Client, asks: Vec<Ask>) {
+        if self.unbatched() {
+            // Asked before an earlier batch found the route missing.
+            for ask in asks {
+                let _ = ask.reply.send(Reply::Unsupported);
+            }
+            return;
+        }
         // An id asked twice (a session that gave up on an earlier ask) is sent once.
         let mut ids: Vec<String> = Vec::with_capacity(asks.len());
         let mut slots: HashMap<String, usize> = HashMap::with_capacity(asks.len());
@@ -279,7 +295,8 @@ impl Batcher {
             }
             Err(error) if lacks_batch_route(&error) => {
                 tracing::debug!(%error, "the server has no batched keepalive; one request per session");
-                self.unsupported.store(true, Ordering::Relaxed);
+                *self.unbatched_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Some(Instant::now() + BATCH_ROUTE_RETRY);
                 for ask in asks {
                     let _ = ask.reply.send(Reply::Unsupported);
                 }
