@@ -356,3 +356,25 @@ def wait_slice(deadline: Optional[float], try_once: bool, ttl: float) -> float:
     if deadline is not None:
         chunk = min(chunk, deadline - time.monotonic())
     return max(chunk, 0.001)
+
+
+# Most session ids in one batched keepalive (``permit_wire::KEEPALIVE_BATCH_MAX``).
+KEEPALIVE_BATCH_MAX = 1024
+
+# The HTTP status of each error a batched keepalive can answer for one session.
+_ITEM_STATUS = {"session_not_found": 404, "permission_denied": 403}
+
+
+def keepalive_results(ids: Sequence[str], body: Any) -> "Dict[str, Union[float, PermitError]]":
+    """Maps each id of a batched keepalive to its TTL in seconds (renewed) or its error."""
+    results = body.get("sessions") if isinstance(body, dict) else None
+    if not isinstance(results, list) or [r.get("id") for r in results] != list(ids):
+        raise PermitError("protocol", 200, "the batched keepalive's results do not match the ids sent")
+    out: Dict[str, Union[float, PermitError]] = {}
+    for result in results:
+        if "ttl_ms" in result:
+            out[result["id"]] = result["ttl_ms"] / 1000.0
+        else:
+            code, message = result["error"]["code"], result["error"]["message"]
+            out[result["id"]] = error_for(code, _ITEM_STATUS.get(code, 200), message)
+    return out

@@ -20,7 +20,7 @@ import asyncio
 import threading
 import time
 from types import TracebackType
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple, Type
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
 
 import httpx
 
@@ -30,6 +30,7 @@ from ._common import (
 )
 from ._common import (
     IDEMPOTENT,
+    KEEPALIVE_BATCH_MAX,
     LONG_POLL_MARGIN,
     ONE_PASS,
     REQUEST_TIMEOUT,
@@ -44,6 +45,7 @@ from ._common import (
     check_pid,
     decode,
     httpx_options,
+    keepalive_results,
     keepalive_timeout,
     leader_of,
     ms,
@@ -222,6 +224,26 @@ class Client:
         """
         _, body = await self._request("GET", f"/v1/elections/{segment(election)}")
         return leader_of(body)
+
+    async def keepalive_many(self, ids: Sequence[str]) -> Dict[str, Union[float, PermitError]]:
+        """Keeps sessions kept alive by hand (not ``Session`` objects, which keep themselves
+        alive) alive with one request per 1024 ids (``POST /v1/sessions/keepalive``). Maps each
+        id to its TTL in seconds (renewed: it lives at least that long after the request was
+        sent) or to the error the single keepalive would raise (``permit.SessionLost``
+        ``session_not_found``, ``permit.AuthError`` ``permission_denied``). A malformed or
+        repeated id raises ``permit.InvalidRequest`` and renews nothing of its request.
+
+        Example::
+
+            results = await client.keepalive_many(ids)
+            gone = [id for id, result in results.items() if isinstance(result, permit.PermitError)]
+        """
+        results: Dict[str, Union[float, PermitError]] = {}
+        for start in range(0, len(ids), KEEPALIVE_BATCH_MAX):
+            chunk = list(ids[start : start + KEEPALIVE_BATCH_MAX])
+            _, body = await self._request("POST", "/v1/sessions/keepalive", json={"sessions": chunk})
+            results.update(keepalive_results(chunk, body))
+        return results
 
     async def validate(self, name: str, token: int) -> bool:
         """Whether a current holder of semaphore ``name`` carries fencing ``token``

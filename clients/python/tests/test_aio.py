@@ -326,3 +326,20 @@ def test_try_campaign_and_closed_session(server: Server, name: str) -> None:
             await a.close()
 
     run(main)
+
+
+def test_keepalive_many_renews_each_session_and_reports_the_unknown_alone(server: Server) -> None:
+    a = httpx.post(server.url + "/v1/sessions", json={"ttl_ms": 60000}).json()["id"]
+    unknown = "0" * 32
+
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            results = await client.keepalive_many([unknown, a])
+            assert list(results) == [unknown, a] and results[a] == 60.0
+            error = results[unknown]
+            assert isinstance(error, permit.SessionLost) and error.code == "session_not_found"
+            with pytest.raises(permit.InvalidRequest):
+                await client.keepalive_many([a, a])
+
+    run(main)
+    httpx.delete(f"{server.url}/v1/sessions/{a}")

@@ -368,3 +368,21 @@ def test_ephemeral_and_delete(server: Server, name: str) -> None:
         client.delete_semaphore(name)
         with pytest.raises(permit.NotFound):
             client.semaphore(name)
+
+
+def test_keepalive_many_renews_each_session_and_reports_the_unknown_alone(server: Server) -> None:
+    a = httpx.post(server.url + "/v1/sessions", json={"ttl_ms": 60000}).json()["id"]
+    b = httpx.post(server.url + "/v1/sessions", json={"ttl_ms": 5000}).json()["id"]
+    unknown = "0" * 32
+    with permit.Client(server.url) as client:
+        results = client.keepalive_many([a, unknown, b])
+        assert list(results) == [a, unknown, b]
+        assert (results[a], results[b]) == (60.0, 5.0)
+        error = results[unknown]
+        assert isinstance(error, permit.SessionLost) and error.code == "session_not_found"
+        with pytest.raises(permit.InvalidRequest) as raised:
+            client.keepalive_many([a, "not-a-session"])
+        assert raised.value.code == "invalid_argument"
+        assert client.keepalive_many([]) == {}
+        httpx.delete(f"{server.url}/v1/sessions/{a}")
+        httpx.delete(f"{server.url}/v1/sessions/{b}")

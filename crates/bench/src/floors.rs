@@ -14,7 +14,8 @@ use crate::stats::Samples;
 
 /// Serves `POST /floor` with a small JSON answer, like an acquire's; prints its address. For
 /// the `keepalive` part's floor it also answers `POST /v1/sessions` (a fresh id) and `POST
-/// /v1/sessions/{id}/keepalive` as Permit does, without doing anything.
+/// /v1/sessions/{id}/keepalive` and `POST /v1/sessions/keepalive` (renewing every id) as Permit
+/// does, without doing anything.
 pub fn serve_floor() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
@@ -33,6 +34,18 @@ pub fn serve_floor() -> anyhow::Result<()> {
                     let id = ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let answer = serde_json::json!({ "id": format!("{id:032x}"), "ttl_ms": body["ttl_ms"] });
                     (axum::http::StatusCode::CREATED, axum::Json(answer))
+                }),
+            )
+            .route(
+                "/v1/sessions/keepalive",
+                axum::routing::post(|axum::Json(body): axum::Json<serde_json::Value>| async move {
+                    let renewed: Vec<serde_json::Value> = body["sessions"]
+                        .as_array()
+                        .map(|ids| {
+                            ids.iter().map(|id| serde_json::json!({ "id": id, "ttl_ms": 10_000 })).collect()
+                        })
+                        .unwrap_or_default();
+                    axum::Json(serde_json::json!({ "sessions": renewed }))
                 }),
             )
             .route(

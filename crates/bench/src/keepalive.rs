@@ -10,6 +10,10 @@
 //! times (`/proc/PID/stat`) are read at both ends of the window, and the keepalives sent in it
 //! are timed. At the end every session must still exist (the leader's `permit_sessions` gauge
 //! and its expiry counter).
+//!
+//! With `batch` > 1 a task renews its sessions `batch` at a time: consecutive sessions form a
+//! group, the groups take the phases, and each group is one `POST /v1/sessions/keepalive`. The
+//! counts are of sessions renewed; the latency and lateness are of requests.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -28,11 +32,11 @@ pub struct KeepaliveRun {
     pub populate: Duration,
     /// The measured window's real length.
     pub window: Duration,
-    /// Keepalives answered 200 in the window.
+    /// Sessions renewed (keepalives answered 200, or renewed within a batch) in the window.
     pub keepalives: u64,
     /// Keepalives answered otherwise (over the whole run); all but 404s were retried.
     pub failed: u64,
-    /// Latency of the keepalives sent in the window.
+    /// Latency of the keepalive requests sent in the window.
     pub latency: Samples,
     /// How late keepalives were sent against their schedule, in the window.
     pub lateness: Samples,
@@ -82,16 +86,18 @@ struct Load {
 }
 
 impl Load {
-    /// Starts `clients` tasks creating `n` sessions at `url` and keeping them alive.
-    fn start(url: &str, n: usize, ttl: Duration, clients: usize) -> Load {
+    /// Starts `clients` tasks creating `n` sessions at `url` and keeping them alive, `batch`
+    /// sessions per request.
+    fn start(url: &str, n: usize, ttl: Duration, clients: usize, batch: usize) -> Load {
         let period = ttl / 3;
         let control = Arc::new(Control::default());
         let epoch = Instant::now();
         let tasks = (0..clients)
             .map(|k| {
                 let share = n / clients + usize::from(k < n % clients);
-                let schedule = Schedule { epoch, period, share, shift: k as f64 / clients as f64 };
-                tokio::spawn(client_task(url.to_owned(), ttl, schedule, control.clone()))
+                let groups = share.div_ceil(batch);
+                let schedule = Schedule { epoch, period, share: groups, shift: k as f64 / clients as f64 };
+                tokio::spawn(client_task(url.to_owned(), ttl, share, batch, schedule, control.clone()))
             })
             .collect();
         Load { tasks, control, clients, period }
@@ -187,12 +193,13 @@ pub async fn floor(
     n: usize,
     ttl: Duration,
     clients: usize,
+    batch: usize,
     window: Duration,
 ) -> anyhow::Result<FloorRun> {
     let mut command = std::process::Command::new(exe);
     command.arg("--floor-server");
     let server = ServerProcess::spawn(command, exe)?;
-    let mut load = Load::start(&server.url, n, ttl, clients);
+    let mut load = Load::start(&server.url, n, ttl, clients, batch);
     load.populated().await?;
     let cpu = CpuWindow::start(vec![server.pid().context("floor pid")?.to_string(), "self".into()])?;
     let measured = load.measure(window).await;
@@ -214,6 +221,7 @@ pub async fn run(
     n: usize,
     ttl: Duration,
     clients: usize,
+    batch: usize,
     window: Duration,
 ) -> anyhow::Result<KeepaliveRun> {
     let nodes = crate::server::cluster(bin, dir, 3).await?;
@@ -222,7 +230,7 @@ pub async fn run(
     let url = nodes[leader].url.clone();
     let followers: Vec<&ServerProcess> =
         nodes.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, node)| node).collect();
-    let mut load = Load::start(&url, n, ttl, clients);
+    let mut load = Load::start(&url, n, ttl, clients, batch);
     let populate = load.populated().await?;
 
     let mut pids = vec![nodes[leader].pid().context("leader pid")?.to_string()];
@@ -272,14 +280,14 @@ struct Schedule {
     /// The common start of every task's phases.
     epoch: Instant,
     period: Duration,
-    /// Sessions of this task.
+    /// Keepalive groups of this task (its sessions, without batching).
     share: usize,
     /// This task's shift within a session's slot, in [0, 1).
     shift: f64,
 }
 
 impl Schedule {
-    /// The first keepalive of session `index`, created at `created`: the next instant after it
+    /// The first keepalive of group `index`, complete at `created`: the next instant after it
     /// at its phase, within one period.
     fn first(&self, index: usize, created: Instant) -> Instant {
         let period = self.period.as_nanos();
@@ -291,14 +299,17 @@ impl Schedule {
     }
 }
 
-/// One client: creates its sessions, then keeps them alive every period until stopped.
+/// One client: creates its `share` sessions, then keeps them alive every period, `batch` per
+/// request, until stopped.
 async fn client_task(
     url: String,
     ttl: Duration,
+    share: usize,
+    batch: usize,
     schedule: Schedule,
     control: Arc<Control>,
 ) -> anyhow::Result<TaskResult> {
-    let (share, period) = (schedule.share, schedule.period);
+    let period = schedule.period;
     let http = reqwest::Client::builder()
         .no_proxy()
         .tcp_nodelay(true)
@@ -306,8 +317,8 @@ async fn client_task(
         .timeout(Duration::from_secs(30))
         .build()?;
     let ttl_ms = ttl.as_millis() as u64;
-    // (due, index into `ids`), earliest first.
-    let mut due: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::with_capacity(share);
+    // (due, group): group `g` is the sessions `ids[g * batch..]`, at most `batch` of them.
+    let mut due: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::with_capacity(schedule.share);
     let mut ids: Vec<String> = Vec::with_capacity(share);
     let (mut count, mut times, mut late) = (0u64, Samples::default(), Samples::default());
     let mut announced = false;
@@ -327,14 +338,18 @@ async fn client_task(
             anyhow::ensure!(answer.status().as_u16() == 201, "create session: {}", answer.status());
             let body: serde_json::Value = answer.json().await?;
             ids.push(body["id"].as_str().context("session id")?.to_owned());
-            due.push(Reverse((schedule.first(ids.len() - 1, Instant::now()), ids.len() - 1)));
+            // A group is kept alive once its last session exists.
+            if ids.len().is_multiple_of(batch) || ids.len() == share {
+                let group = (ids.len() - 1) / batch;
+                due.push(Reverse((schedule.first(group, Instant::now()), group)));
+            }
             continue;
         }
         if !announced && ids.len() == share {
             control.populated.fetch_add(1, Ordering::SeqCst);
             announced = true;
         }
-        let Some(Reverse((at, index))) = due.pop() else {
+        let Some(Reverse((at, group))) = due.pop() else {
             // No session in this task (n < clients): idle until stopped.
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
@@ -343,34 +358,56 @@ async fn client_task(
             // Short sleeps, so that a stop is seen within 100 ms.
             tokio::time::sleep((at - now).min(Duration::from_millis(100))).await;
             if Instant::now() < at {
-                due.push(Reverse((at, index)));
+                due.push(Reverse((at, group)));
                 continue;
             }
         }
         let sent = Instant::now();
         kept_alive_last = true;
-        let answer = http.post(format!("{url}/v1/sessions/{}/keepalive", ids[index])).send().await?;
+        let members = &ids[group * batch..((group + 1) * batch).min(ids.len())];
+        let request = if batch == 1 {
+            http.post(format!("{url}/v1/sessions/{}/keepalive", members[0]))
+        } else {
+            http.post(format!("{url}/v1/sessions/keepalive"))
+                .json(&serde_json::json!({ "sessions": members }))
+        };
+        let answer = request.send().await?;
         let status = answer.status().as_u16();
         let body = answer.bytes().await?;
-        let ok = status == 200;
-        if !ok && control.failed.fetch_add(1, Ordering::Relaxed) < 5 {
+        let renewed = match status {
+            200 if batch == 1 => 1,
+            200 => renewed_in(&body, members.len())?,
+            _ => 0,
+        };
+        if (status != 200 || renewed < members.len() as u64)
+            && control.failed.fetch_add(1, Ordering::Relaxed) < 5
+        {
             eprintln!("  keepalive answered {status}: {}", String::from_utf8_lossy(&body));
         }
-        if control.measuring.load(Ordering::Relaxed) && ok {
-            count += 1;
+        if control.measuring.load(Ordering::Relaxed) && status == 200 {
+            count += renewed;
             times.push(sent.elapsed());
             late.push(sent.saturating_duration_since(at));
         }
         match status {
             // The next keepalive a period after this one was due: late keepalives catch up.
-            200 => due.push(Reverse((at + period, index))),
+            // (Sessions a batch reports gone stay in their group, answered gone again.)
+            200 => due.push(Reverse((at + period, group))),
             // Gone: counted by the coordinator (the leader's session count); not retried.
             404 => {}
             // No leader, a timeout: retried soon, as `permit-client` does while in jeopardy.
-            _ => due.push(Reverse((Instant::now() + RETRY_PAUSE, index))),
+            _ => due.push(Reverse((Instant::now() + RETRY_PAUSE, group))),
         }
     }
     Ok((count, times, late))
+}
+
+/// Sessions a batched keepalive's answer reports renewed, checked to hold `sent` results.
+fn renewed_in(body: &[u8], sent: usize) -> anyhow::Result<u64> {
+    let answer: serde_json::Value = serde_json::from_slice(body).context("batched keepalive answer")?;
+    let results = answer["sessions"].as_array().context("batched keepalive answer without sessions")?;
+    anyhow::ensure!(results.len() == sent, "{} results for {sent} ids", results.len());
+    Ok(results.iter().filter(|result| result.get("ttl_ms").is_some()).count() as u64)
 }
 
 /// The counters of one node the part reads.

@@ -94,6 +94,11 @@ struct Args {
     /// Client tasks (each one connection to the leader) of the `keepalive` part.
     #[arg(long, default_value_t = 256)]
     keepalive_clients: usize,
+    /// Sessions per keepalive request in the `keepalive` part: 1 sends one
+    /// `POST /v1/sessions/{id}/keepalive` per session; N > 1 renews each task's sessions N at a
+    /// time with `POST /v1/sessions/keepalive` (at most 1024).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    keepalive_batch: u64,
     /// The `permit` binary (default: next to this one).
     #[arg(long)]
     permit_bin: Option<PathBuf>,
@@ -866,15 +871,16 @@ async fn keepalive_rows(
     let ttl = Duration::from_millis(args.keepalive_ttl_ms);
     let window = Duration::from_millis(args.keepalive_ms);
     let clients = args.keepalive_clients;
+    let batch = args.keepalive_batch as usize;
     println!(
-        "keepalive ({n} sessions, TTL {ttl:?}, each kept alive every {:?} by {clients} clients; 3 nodes; \
-         window {window:?}; the load generator shares the machine's 2 cores with the 3 nodes)",
+        "keepalive ({n} sessions, TTL {ttl:?}, each kept alive every {:?} by {clients} clients, {batch} \
+         per request; 3 nodes; window {window:?}; the load generator shares the machine's 2 cores with the 3 nodes)",
         ttl / 3
     );
     let scheduled = n as f64 / (ttl / 3).as_secs_f64();
     for (tag, bin) in bins {
         let dir = dir.join(format!("keepalive{n}-{tag}"));
-        let run = keepalive::run(bin, &dir, n, ttl, clients, window).await?;
+        let run = keepalive::run(bin, &dir, n, ttl, clients, batch, window).await?;
         let secs = run.window.as_secs_f64();
         let label = |what: &str| {
             if bins.len() > 1 {
@@ -890,8 +896,14 @@ async fn keepalive_rows(
             format!("{rate:.0} /s ({:.2}x schedule)", rate / scheduled),
             Some((format!("schedule {scheduled:.0} /s"), rate >= 0.95 * scheduled)),
         );
+        let requests = run.latency.len() as f64 / secs;
         report.add(
-            &label("keepalive latency p50 / p99"),
+            &label("keepalive requests"),
+            format!("{requests:.0} /s ({:.1} sessions each)", rate / requests.max(f64::MIN_POSITIVE)),
+            None,
+        );
+        report.add(
+            &label("keepalive request latency p50 / p99"),
             format!("{:.2} / {:.2} ms", run.latency.p50(), run.latency.p99()),
             None,
         );
@@ -935,9 +947,10 @@ async fn keepalive_rows(
         report.add(
             &label("leader CPU"),
             format!(
-                "{:.0} % of a core ({:.1} µs per keepalive)",
+                "{:.0} % of a core ({:.1} µs per session kept alive, {:.1} µs per request)",
                 run.leader_cpu,
-                run.leader_cpu / 100.0 / rate * 1e6
+                run.leader_cpu / 100.0 / rate * 1e6,
+                run.leader_cpu / 100.0 / requests * 1e6
             ),
             Some(("< 25 %".into(), run.leader_cpu < 25.0)),
         );
@@ -945,7 +958,7 @@ async fn keepalive_rows(
         report.add(&label("followers' CPU"), followers.join(" / "), None);
         report.add(&label("load generator CPU (same 2 cores)"), format!("{:.0} %", run.generator_cpu), None);
     }
-    let floor = keepalive::floor(&std::env::current_exe()?, n, ttl, clients, window).await?;
+    let floor = keepalive::floor(&std::env::current_exe()?, n, ttl, clients, batch, window).await?;
     report.add(
         &format!("keepalive {n}: HTTP floor server (same load, answers at once): CPU"),
         format!(

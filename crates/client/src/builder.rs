@@ -76,7 +76,7 @@ impl ClientBuilder {
     /// [`Error::InvalidEndpoint`] for a bad URL; [`Error::InvalidArgument`] for PEM text that
     /// holds no usable certificate or key.
     pub fn build(self) -> Result<Client> {
-        Ok(Client { transport: Arc::new(Transport::new(&self.urls, &self.tls)?) })
+        Ok(Client { transport: Arc::new(Transport::new(&self.urls, &self.tls)?), batcher: Arc::default() })
     }
 }
 

@@ -3,7 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use permit_wire::{CreateSessionRequest, Health, KeepaliveResponse, SessionCreated, SessionView};
+use permit_wire::{
+    CreateSessionRequest, Health, KeepaliveBatchRequest, KeepaliveBatchResponse, KeepaliveResponse,
+    KeepaliveResult, SessionCreated, SessionView, KEEPALIVE_BATCH_MAX,
+};
 use reqwest::Method;
 
 use crate::error::Result;
@@ -39,6 +42,9 @@ use crate::transport::{segment, Call, Retry, Transport};
 #[derive(Clone, Debug)]
 pub struct Client {
     pub(crate) transport: Arc<Transport>,
+    /// Coalesces the background keepalives of every session made through this client (and its
+    /// clones) into batched requests.
+    pub(crate) batcher: Arc<crate::keepalive::Batcher>,
 }
 
 impl Client {
@@ -108,7 +114,8 @@ impl Client {
     /// # Ok::<(), permit_client::Error>(())
     /// ```
     pub fn auth_token(self, secret: impl Into<String>) -> Client {
-        Client { transport: Arc::new(self.transport.with_auth_token(secret.into())) }
+        // A new batcher: sessions of different tokens never share a batch.
+        Client { transport: Arc::new(self.transport.with_auth_token(secret.into())), batcher: Arc::default() }
     }
 
     /// `GET /v1/sessions`: one page of live sessions in id order (with auth: the caller's own
@@ -265,6 +272,75 @@ impl Client {
     /// Safe: a keepalive changes nothing but the deadline.
     pub async fn keepalive(&self, id: &str) -> Result<KeepaliveResponse> {
         self.keepalive_within(id, crate::transport::REQUEST_TIMEOUT, Retry::Idempotent).await
+    }
+
+    /// `POST /v1/sessions/keepalive`: keeps many sessions alive with one request per 1024 ids
+    /// (`wire::KEEPALIVE_BATCH_MAX`), and returns one result per id, in order: renewed (the
+    /// session lives at least its TTL after the request was sent) or refused with the error the
+    /// single keepalive would give. Sessions made with [`Client::session`] need none of this: their
+    /// background keepalives are already batched.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use permit_client::wire::KeepaliveResult;
+    /// # async fn run(ids: &[String]) -> permit_client::Result<()> {
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// for result in client.keepalive_many(ids).await? {
+    ///     match result {
+    ///         KeepaliveResult::Renewed { id, ttl_ms } => println!("{id}: alive for another {ttl_ms} ms"),
+    ///         KeepaliveResult::Refused { id, error } => println!("{id}: {} ({})", error.message, error.code),
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `invalid_argument` for a malformed id or an id given twice (nothing of that request's
+    /// chunk is renewed), `method_not_allowed` from a server older than the batch route, and
+    /// transport errors. With more than 1024 ids, an error may come after earlier chunks were
+    /// renewed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: a keepalive changes nothing but deadlines.
+    pub async fn keepalive_many<S: AsRef<str>>(&self, ids: &[S]) -> Result<Vec<KeepaliveResult>> {
+        let mut results = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(KEEPALIVE_BATCH_MAX) {
+            let sessions = chunk.iter().map(|id| id.as_ref().to_owned()).collect();
+            let answer =
+                self.keepalive_batch(sessions, crate::transport::REQUEST_TIMEOUT, Retry::Idempotent).await?;
+            results.extend(answer.sessions);
+        }
+        Ok(results)
+    }
+
+    /// One `POST /v1/sessions/keepalive`, its answer checked to hold one result per id, in order.
+    pub(crate) async fn keepalive_batch(
+        &self,
+        sessions: Vec<String>,
+        timeout: Duration,
+        retry: Retry,
+    ) -> Result<KeepaliveBatchResponse> {
+        let request = KeepaliveBatchRequest { sessions };
+        let call = Call::new(Method::POST, "/v1/sessions/keepalive".into())
+            .body(&request)
+            .timeout(timeout)
+            .retry(retry);
+        let reply = self.transport.send(&call).await?;
+        let answer: KeepaliveBatchResponse = reply.json()?;
+        let matches = answer.sessions.len() == request.sessions.len()
+            && answer.sessions.iter().zip(&request.sessions).all(|(result, id)| result.id() == id);
+        if !matches {
+            return Err(crate::Error::Protocol {
+                endpoint: reply.endpoint,
+                status: reply.status,
+                message: "the batched keepalive's results do not match the ids sent".into(),
+            });
+        }
+        Ok(answer)
     }
 
     pub(crate) async fn keepalive_within(

@@ -4,7 +4,10 @@
 //! `https://` ([`Client::builder`] takes a private CA and a client certificate; TLS is rustls
 //! with the ring provider, see [`install_crypto_provider`]). A [`Session`] is the
 //! server-side identity that holds things; this client keeps it alive in the background
-//! (a keepalive every third of its TTL) and tracks its [`SessionState`]. From a session:
+//! (a keepalive every third of its TTL) and tracks its [`SessionState`]. The sessions of one
+//! `Client` (and its clones) share their keepalive requests: while one batched keepalive is in
+//! flight the others queue and go together in the next, so many sessions cost about one request
+//! per period. From a session:
 //!
 //! - [`Session::acquire`] (and [`try_acquire`](Session::try_acquire),
 //!   [`acquire_timeout`](Session::acquire_timeout), [`acquire_with`](Session::acquire_with))
@@ -18,7 +21,7 @@
 //! When a session expires (no keepalive for its TTL) the server frees its holds.
 //!
 //! The client's view is conservative: a session's local deadline counts from when the last
-//! acknowledged keepalive was *sent*, so [`Permit::lost`] fires no later than the server frees
+//! acknowledged keepalive was *sent* (for a batched one, when its batch was sent), so [`Permit::lost`] fires no later than the server frees
 //! the permits (clock rates being equal). That still does not give mutual exclusion against a
 //! paused process by itself: pass [`Permit::token`] to the resource you protect and have it
 //! reject tokens smaller than the largest it has seen (or ask [`Client::validate`]).

@@ -354,3 +354,96 @@ async fn invalid_endpoints_are_refused_before_sending() {
     assert!(Client::with_endpoints(Vec::<String>::new()).is_err());
     assert_eq!(Client::new("127.0.0.1:7376").unwrap().endpoints(), ["http://127.0.0.1:7376"]);
 }
+
+/// The sum of the series of `/metrics` whose line starts with `prefix` and contains `filter`.
+async fn metric_sum(url: &str, prefix: &str, filter: &str) -> f64 {
+    let text = reqwest::get(format!("{url}/metrics")).await.unwrap().text().await.unwrap();
+    text.lines()
+        .filter(|line| line.starts_with(prefix) && line.contains(filter))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sessions_of_one_client_share_their_keepalive_requests() {
+    let server = Server::start();
+    let client = client(&server);
+    let ttl = Duration::from_millis(300);
+    let mut sessions = Vec::new();
+    for _ in 0..6 {
+        sessions.push(bounded("session", client.session(ttl)).await.unwrap());
+    }
+    // A session nobody keeps alive, as the control.
+    let request = permit_client::wire::CreateSessionRequest { ttl_ms: Some(300), name: None };
+    let control = client.create_session(&request).await.unwrap();
+    let mut states: Vec<_> = sessions.iter().map(|session| session.watch_state()).collect();
+    let started = Instant::now();
+    while started.elapsed() < ttl * 5 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        for (state, session) in states.iter_mut().zip(&sessions) {
+            assert_eq!(
+                *state.borrow_and_update(),
+                SessionState::Alive,
+                "{} after {:?}",
+                session.id(),
+                started.elapsed()
+            );
+        }
+    }
+    let elapsed = started.elapsed();
+    for session in &sessions {
+        client.get_session(session.id()).await.expect("the server still knows the session");
+        assert!(session.deadline() > Instant::now());
+    }
+    let gone = client.get_session(&control.id).await.unwrap_err();
+    assert_eq!(gone.code(), Some(ErrorCode::SessionNotFound), "the unrenewed control session expired");
+    let requests = metric_sum(&server.url, "permit_http_requests_total{", "keepalive\"").await;
+    let renewed = metric_sum(&server.url, "permit_session_keepalives_total", "").await;
+    // Alone, each session would have sent one request per third of a TTL.
+    let periods = (elapsed.as_secs_f64() / (ttl.as_secs_f64() / 3.0)).floor();
+    let alone = periods * sessions.len() as f64;
+    assert!(renewed >= alone / 2.0, "{renewed} renewals in {periods} periods: keepalives were not sent");
+    assert!(
+        requests > 0.0 && requests * 2.0 < alone,
+        "{requests} keepalive requests for {alone} session periods"
+    );
+    assert!(renewed >= 2.0 * requests, "{renewed} renewals in {requests} requests: not coalesced");
+    let single =
+        metric_sum(&server.url, "permit_http_requests_total{", "/v1/sessions/{id}/keepalive\"").await;
+    assert_eq!(single, 0.0, "every keepalive went through the batch route");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_fall_back_to_one_keepalive_each_on_a_server_without_the_batch_route() {
+    let dir = tempfile::tempdir().unwrap();
+    // The server answers the batch route 405, as servers older than it do.
+    let server = Server::start_with_env(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &[],
+        &[("PERMIT_INJECT_BUG", "no_keepalive_batch")],
+    );
+    let client = client(&server);
+    let ttl = Duration::from_millis(300);
+    let (a, b) = (client.session(ttl).await.unwrap(), client.session(ttl).await.unwrap());
+    let started = Instant::now();
+    while started.elapsed() < ttl * 4 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            (a.state(), b.state()),
+            (SessionState::Alive, SessionState::Alive),
+            "after {:?}",
+            started.elapsed()
+        );
+    }
+    client.get_session(a.id()).await.expect("a lives");
+    client.get_session(b.id()).await.expect("b lives");
+    let single =
+        metric_sum(&server.url, "permit_http_requests_total{", "/v1/sessions/{id}/keepalive\"").await;
+    let batched = metric_sum(&server.url, "permit_http_requests_total{", "/v1/sessions/keepalive\"").await;
+    assert!(single >= 8.0, "{single} single keepalives for 2 sessions over 4 TTLs");
+    assert!(
+        (1.0..=2.0).contains(&batched),
+        "{batched} batch requests: the client gave the route up after its 405"
+    );
+}

@@ -72,7 +72,7 @@ pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> 
         ("POST", "/v1/sessions") => InBody(Resource::Session, Write),
         ("GET", "/v1/sessions") => Authenticated,
         ("GET" | "DELETE", "/v1/sessions/{id}") => Authenticated,
-        ("POST", "/v1/sessions/{id}/keepalive") => Authenticated,
+        ("POST", "/v1/sessions/{id}/keepalive" | "/v1/sessions/keepalive") => Authenticated,
         ("GET", "/v1/semaphores") => Authenticated,
         ("GET", "/v1/semaphores/{name}") => Named(Semaphore, Read),
         ("PUT" | "DELETE", "/v1/semaphores/{name}") => Named(Semaphore, Admin),

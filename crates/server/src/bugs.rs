@@ -21,6 +21,10 @@ pub enum Bug {
     /// Not a bug: every snapshot's encoding takes [`SLOW_SNAPSHOT_ENCODE`] longer, so that a test
     /// can show that writes keep flowing while a snapshot is encoded.
     SlowSnapshotEncode,
+    /// Not a bug: `POST /v1/sessions/keepalive` answers 405 `method_not_allowed`, as servers
+    /// older than the route do, so that a test can show the client falling back to one
+    /// keepalive per session.
+    NoKeepaliveBatch,
 }
 
 /// How much longer a snapshot's encoding takes under [`Bug::SlowSnapshotEncode`].
@@ -28,13 +32,14 @@ pub const SLOW_SNAPSHOT_ENCODE: std::time::Duration = std::time::Duration::from_
 
 impl Bug {
     /// Every bug, with its name in `PERMIT_INJECT_BUG`.
-    pub const ALL: [(&'static str, Bug); 6] = [
+    pub const ALL: [(&'static str, Bug); 7] = [
         ("ack_before_commit", Bug::AckBeforeCommit),
         ("ignore_ttl", Bug::IgnoreTtl),
         ("non_monotonic_token", Bug::NonMonotonicToken),
         ("early_expiry", Bug::EarlyExpiry),
         ("stale_reads", Bug::StaleReads),
         ("slow_snapshot_encode", Bug::SlowSnapshotEncode),
+        ("no_keepalive_batch", Bug::NoKeepaliveBatch),
     ];
 }
 

@@ -117,6 +117,7 @@ pub struct Metrics {
     sessions_created: Counter,
     sessions_closed: Counter,
     keepalives: Counter,
+    keepalive_batch_sessions: Histogram,
     holds_expired: Counter,
     long_poll_seconds: Family<Labels, Histogram>,
     semaphore: ObjectFamilies,
@@ -208,6 +209,12 @@ impl Metrics {
         );
         let keepalives =
             counter(&mut registry, "session_keepalives", "Keepalives answered by this node (the leader)");
+        let keepalive_batch_sessions = Histogram::new(exponential_buckets(1.0, 2.0, 11));
+        registry.register(
+            "session_keepalive_batch_sessions",
+            "Session ids per batched keepalive (POST /v1/sessions/keepalive) answered by this node",
+            keepalive_batch_sessions.clone(),
+        );
         let long_poll_seconds =
             Family::<Labels, Histogram>::new_with_constructor(|| Histogram::new(LONG_POLL_BUCKETS));
         registry.register(
@@ -299,6 +306,7 @@ impl Metrics {
             sessions_created,
             sessions_closed,
             keepalives,
+            keepalive_batch_sessions,
             holds_expired,
             long_poll_seconds,
             semaphore,
@@ -410,6 +418,12 @@ impl Metrics {
     /// Counts a keepalive answered.
     pub fn keepalive(&self) {
         self.keepalives.inc();
+    }
+
+    /// Counts a batched keepalive of `ids` sessions, `renewed` of which were renewed.
+    pub fn keepalive_batch(&self, ids: u64, renewed: u64) {
+        self.keepalive_batch_sessions.observe(ids as f64);
+        self.keepalives.inc_by(renewed);
     }
 
     /// Counts a grant that waited `waited` seconds in the queue (0 for an immediate one).

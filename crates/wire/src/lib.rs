@@ -39,6 +39,9 @@ pub const DEFAULT_PORT: u16 = 7376;
 pub const WAIT_MS_MAX: u64 = 60_000;
 /// Largest request body, in bytes.
 pub const BODY_BYTES_MAX: usize = 64 * 1024;
+/// Most session ids in one `POST /v1/sessions/keepalive`. A full batch of 32-digit ids is about
+/// 36 KiB of JSON, well under [`BODY_BYTES_MAX`].
+pub const KEEPALIVE_BATCH_MAX: usize = 1024;
 
 /// `POST /v1/sessions`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +74,57 @@ pub struct SessionCreated {
 pub struct KeepaliveResponse {
     /// The session's TTL in ms: it lives at least this long after the keepalive was sent.
     pub ttl_ms: u64,
+}
+
+/// `POST /v1/sessions/keepalive`: keep several sessions alive in one request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct KeepaliveBatchRequest {
+    /// The session ids: 1 to 1024 (`KEEPALIVE_BATCH_MAX`) of them, each 32 lowercase hex
+    /// digits, no id twice.
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 1024))]
+    pub sessions: Vec<String>,
+}
+
+/// `200` answer to `POST /v1/sessions/keepalive`: one result per requested id, in order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct KeepaliveBatchResponse {
+    /// The result of each id, in the order of the request.
+    pub sessions: Vec<KeepaliveResult>,
+}
+
+/// The result of one session in a batched keepalive: renewed (with its TTL) or refused (with the
+/// error the single-session route would have answered).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(untagged)]
+pub enum KeepaliveResult {
+    /// Renewed: the session lives at least `ttl_ms` after the batch was sent.
+    Renewed {
+        /// The session id.
+        id: String,
+        /// The session's TTL in ms.
+        ttl_ms: u64,
+    },
+    /// Not renewed: `session_not_found` (never created, closed, expired) or, with auth,
+    /// `permission_denied` (the session belongs to another token).
+    Refused {
+        /// The session id.
+        id: String,
+        /// Why, as the single-session route would answer it.
+        error: error::ErrorDetail,
+    },
+}
+
+impl KeepaliveResult {
+    /// The session id.
+    pub fn id(&self) -> &str {
+        match self {
+            KeepaliveResult::Renewed { id, .. } | KeepaliveResult::Refused { id, .. } => id,
+        }
+    }
 }
 
 /// Whether an object is a semaphore or an election.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::common::Cluster;
-use crate::Failover;
+use crate::{Api, Failover};
 
 const WORKERS: usize = 6;
 const SEMAPHORES: usize = 3;
@@ -176,5 +176,26 @@ async fn a_new_leader_extends_sessions_and_never_expires_them_early() {
         sent.elapsed() >= Duration::from_millis(2_000),
         "expired {:?} after the keepalive",
         sent.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_follower_forwards_a_batched_keepalive_to_the_leader() {
+    let cluster = Cluster::start(3, &[]).await;
+    let leader = cluster.leader(Duration::from_secs(5)).await.unwrap();
+    let api = Api::new(&cluster.nodes[(leader + 1) % 3]);
+    let (a, b) = (api.session(30_000).await, api.session(20_000).await);
+    let answer = api.post("/v1/sessions/keepalive", json!({ "sessions": [a, "0".repeat(32), b] })).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let results = &answer.body["sessions"];
+    assert_eq!((results[0]["id"].as_str(), results[0]["ttl_ms"].as_u64()), (Some(a.as_str()), Some(30_000)));
+    assert_eq!(results[1]["error"]["code"], "session_not_found", "{answer:?}");
+    assert_eq!((results[2]["id"].as_str(), results[2]["ttl_ms"].as_u64()), (Some(b.as_str()), Some(20_000)));
+    // The leader renewed them (keepalives are answered by the leader only).
+    let raw =
+        reqwest::get(format!("{}/metrics", cluster.nodes[leader].url)).await.unwrap().text().await.unwrap();
+    assert!(
+        raw.lines().any(|line| line == "permit_session_keepalives_total 2"),
+        "the leader counted 2 renewals"
     );
 }

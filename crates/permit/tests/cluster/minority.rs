@@ -29,6 +29,7 @@ async fn a_leader_without_its_quorum_acknowledges_no_grant_release_read_or_keepa
         ("validate", api.post("/v1/semaphores/p/validate", json!({ "token": token })).await),
         ("read", api.get("/v1/semaphores/p").await),
         ("keepalive", api.post(&format!("/v1/sessions/{a}/keepalive"), json!(null)).await),
+        ("batched keepalive", api.post("/v1/sessions/keepalive", json!({ "sessions": [a, b] })).await),
         ("session", api.post("/v1/sessions", json!({})).await),
     ];
     for (what, answer) in &attempts {

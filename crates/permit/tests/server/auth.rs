@@ -190,6 +190,17 @@ async fn a_session_belongs_to_the_token_that_created_it() {
     assert_eq!(leader.body["leader"]["session"], session.as_str());
     assert_eq!(alice.post(&format!("/v1/sessions/{session}/keepalive"), json!(null)).await.status, 200);
 
+    // Nor through a batch: mallory's own session is renewed, alice's is refused alone.
+    let mine = mallory.session(10_000).await;
+    let batch = mallory.post("/v1/sessions/keepalive", json!({ "sessions": [mine, session] })).await;
+    assert_eq!(batch.status, 200, "{batch:?}");
+    assert_eq!(batch.body["sessions"][0]["ttl_ms"], 10_000, "{batch:?}");
+    assert_eq!(batch.body["sessions"][1]["id"], session.as_str());
+    assert_eq!(batch.body["sessions"][1]["error"]["code"], "permission_denied", "{batch:?}");
+    assert!(batch.body["sessions"][1].get("ttl_ms").is_none());
+    let batch = alice.post("/v1/sessions/keepalive", json!({ "sessions": [session] })).await;
+    assert_eq!(batch.body["sessions"][0]["ttl_ms"], 10_000, "{batch:?}");
+
     // An admin may end the hold (revoke); a writer may not.
     let revoke = json!({ "session": session });
     assert_eq!(mallory.post("/v1/semaphores/db.lock/revoke", revoke.clone()).await.status, 403);

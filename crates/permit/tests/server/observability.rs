@@ -78,7 +78,7 @@ impl Sse {
 }
 
 /// The value of the sample `series` (name with labels, exactly as exposed) in `/metrics`.
-async fn sample(api: &Api, series: &str) -> Option<f64> {
+pub(crate) async fn sample(api: &Api, series: &str) -> Option<f64> {
     let text = api.http.get(format!("{}/metrics", api.url)).send().await.ok()?.text().await.ok()?;
     text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }

@@ -21,6 +21,7 @@ async fn the_served_spec_is_the_committed_one_and_lists_every_route() {
         "/v1/sessions",
         "/v1/sessions/{id}",
         "/v1/sessions/{id}/keepalive",
+        "/v1/sessions/keepalive",
         "/v1/semaphores",
         "/v1/semaphores/{name}",
         "/v1/semaphores/{name}/acquire",

@@ -39,6 +39,7 @@ const RETRY_AFTER_SECONDS: &str = "1";
 pub fn router(node: Arc<Node>) -> Router {
     let client = Router::new()
         .route("/v1/sessions", post(sessions::create).get(sessions::list))
+        .route("/v1/sessions/keepalive", post(sessions::keepalive_batch))
         .route("/v1/sessions/{id}", get(sessions::get).delete(sessions::close))
         .route("/v1/sessions/{id}/keepalive", post(sessions::keepalive))
         .route("/v1/semaphores", get(semaphores::list))

@@ -18,14 +18,14 @@ use super::{acl, cluster, elections, events, semaphores, sessions, system};
 Every error answers `{\"error\": {\"code\", \"message\"}}` with a stable snake_case code (see the ErrorCode schema). \
 Limits: names 1-128 bytes of [A-Za-z0-9._:-]; ttl_ms 200..=86400000 (default 10000); capacity 1..=1000000; \
 max_hold_ms 100..=604800000; election value at most 4096 bytes; wait_ms capped at 60000; bodies at most 64 KiB; \
-at most 100000 waiters per semaphore and 10000 holds plus waits per session. \
+at most 100000 waiters per semaphore and 10000 holds plus waits per session; at most 1024 session ids per batched keepalive. \
 With `permit serve --auth`, every route but /v1/health and /v1/openapi.json needs `Authorization: Bearer SECRET` \
 (401 `unauthenticated` without a valid token, 403 `permission_denied` without the permission; see docs/security.md), \
 and a session can be used only with the token that created it.",
         license(name = "Apache-2.0"),
     ),
     paths(
-        sessions::create, sessions::list, sessions::keepalive, sessions::get, sessions::close,
+        sessions::create, sessions::list, sessions::keepalive, sessions::keepalive_batch, sessions::get, sessions::close,
         semaphores::list, semaphores::put, semaphores::get, semaphores::delete,
         semaphores::acquire, semaphores::release, semaphores::validate, semaphores::revoke,
         elections::list, elections::campaign, elections::get, elections::resign, elections::revoke,
@@ -34,7 +34,7 @@ and a session can be used only with the token that created it.",
         system::health, system::live, system::metrics, system::digest, events::events,
     ),
     components(schemas(permit_wire::ErrorCode, permit_wire::ErrorBody)),
-    modifiers(&BearerAuth, &CommonErrors, &NameParameters, &OperationIds, &Links),
+    modifiers(&BearerAuth, &CommonErrors, &NameParameters, &OperationIds, &Links, &SessionIds),
     security((), ("bearer" = [])),
     tags(
         (name = "sessions", description = "Client liveness: a session's holds and waits end when it expires or closes."),
@@ -175,6 +175,30 @@ fn constrain_name(schema: &mut Object) {
     schema.min_length = Some(1);
     schema.max_length = Some(NAME_BYTES_MAX);
     schema.pattern = Some(NAME_PATTERN.to_owned());
+}
+
+/// Regular expression of a session id (see `permit_core::SessionId`).
+pub const SESSION_ID_PATTERN: &str = "^[0-9a-f]{32}$";
+
+/// Constrains the ids of a batched keepalive to the session id syntax, each given once, as the
+/// handler checks them.
+struct SessionIds;
+
+impl Modify for SessionIds {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let Some(components) = openapi.components.as_mut() else { return };
+        let Some(RefOr::T(Schema::Object(request))) = components.schemas.get_mut("KeepaliveBatchRequest")
+        else {
+            return;
+        };
+        let Some(RefOr::T(Schema::Array(sessions))) = request.properties.get_mut("sessions") else { return };
+        sessions.unique_items = true;
+        if let utoipa::openapi::schema::ArrayItems::RefOrSchema(items) = &mut sessions.items {
+            if let RefOr::T(Schema::Object(item)) = items.as_mut() {
+                item.pattern = Some(SESSION_ID_PATTERN.to_owned());
+            }
+        }
+    }
 }
 
 /// Makes operation ids unique (utoipa takes the handler's name, and three handlers are `get`):

@@ -8,8 +8,9 @@ use axum::response::IntoResponse;
 use permit_core::limits::SESSION_TTL_MS_DEFAULT;
 use permit_core::{validate_session_name, validate_ttl_ms, Command, Kind, Outcome, Refusal, SessionId};
 use permit_wire::{
-    CreateSessionRequest, ErrorBody, KeepaliveResponse, ObjectKind, SessionCreated, SessionHold, SessionList,
-    SessionSummary, SessionView, SessionWait,
+    CreateSessionRequest, ErrorBody, ErrorCode, ErrorDetail, KeepaliveBatchRequest, KeepaliveBatchResponse,
+    KeepaliveResponse, KeepaliveResult, ObjectKind, SessionCreated, SessionHold, SessionList, SessionSummary,
+    SessionView, SessionWait, KEEPALIVE_BATCH_MAX,
 };
 use tokio::time::Instant;
 
@@ -96,6 +97,86 @@ pub async fn keepalive(
         .await??;
     node.metrics.keepalive();
     Ok(axum::Json(KeepaliveResponse { ttl_ms }))
+}
+
+/// Keep several sessions alive in one request: each renewed session lives at least its `ttl_ms`
+/// after this request was sent, exactly as with one keepalive per session.
+///
+/// The answer has one result per id, in order: renewed with its `ttl_ms`, or refused with the
+/// error the single-session route would give (`session_not_found`; `permission_denied` for a
+/// session of another token). An empty list, more than 1024 ids, a malformed id or a repeated id
+/// refuse the whole request (`invalid_argument`) and renew nothing.
+#[utoipa::path(post, path = "/v1/sessions/keepalive", tag = "sessions", request_body = KeepaliveBatchRequest,
+    responses((status = 200, body = KeepaliveBatchResponse),
+              (status = 400, body = ErrorBody,
+               description = "`invalid_argument`: no ids, more than 1024, a malformed or a repeated id; nothing renewed")))]
+pub async fn keepalive_batch(
+    State(node): State<Arc<Node>>,
+    caller: Caller,
+    Json(request): Json<KeepaliveBatchRequest>,
+) -> Result<axum::Json<KeepaliveBatchResponse>, ApiError> {
+    if crate::bugs::is(crate::bugs::Bug::NoKeepaliveBatch) {
+        // What a server older than this route answers (the path matches `/v1/sessions/{id}`).
+        return Err(ApiError::new(ErrorCode::MethodNotAllowed, "this route does not take this method"));
+    }
+    let ids = parse_batch(&request.sessions)?;
+    // One leadership confirmation for the whole batch, with the single keepalive's reasoning: a
+    // deposed leader must not promise a deadline its successor will not honour, and the
+    // successor extended every deadline when it took over, before this point. Every deadline
+    // is set from a clock read after the request arrived, so after it was sent.
+    let (results, renewed) = node
+        .with_lease_authority(|replica| {
+            let now = Instant::now();
+            let mut renewed = 0u64;
+            let results: Vec<KeepaliveResult> = ids
+                .iter()
+                .zip(&request.sessions)
+                .map(|(&id, text)| {
+                    let answer = caller.owns(&replica.state, id).and_then(|()| {
+                        replica.lessor.keepalive(id, now).ok_or_else(ApiError::session_not_found)
+                    });
+                    match answer {
+                        Ok(ttl_ms) => {
+                            renewed += 1;
+                            KeepaliveResult::Renewed { id: text.clone(), ttl_ms }
+                        }
+                        Err(error) => KeepaliveResult::Refused {
+                            id: text.clone(),
+                            error: ErrorDetail { code: error.code, message: error.message },
+                        },
+                    }
+                })
+                .collect();
+            (results, renewed)
+        })
+        .await?;
+    node.metrics.keepalive_batch(ids.len() as u64, renewed);
+    Ok(axum::Json(KeepaliveBatchResponse { sessions: results }))
+}
+
+/// The ids of a batched keepalive, or the `invalid_argument` that refuses the whole batch.
+fn parse_batch(texts: &[String]) -> Result<Vec<SessionId>, ApiError> {
+    let invalid = |message: String| ApiError::new(ErrorCode::InvalidArgument, message);
+    if texts.is_empty() || texts.len() > KEEPALIVE_BATCH_MAX {
+        return Err(invalid(format!(
+            "sessions must list 1..={KEEPALIVE_BATCH_MAX} session ids, not {}",
+            texts.len()
+        )));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(texts.len());
+    texts
+        .iter()
+        .enumerate()
+        .map(|(index, text)| {
+            let id: SessionId = text.parse().map_err(|_| {
+                invalid(format!("sessions[{index}] is not a session id (32 hex digits): {text:?}"))
+            })?;
+            if !seen.insert(id) {
+                return Err(invalid(format!("sessions[{index}] repeats session {id}")));
+            }
+            Ok(id)
+        })
+        .collect()
 }
 
 /// A session's holds and waits.
