@@ -287,6 +287,25 @@ impl Transport {
         Err(last.expect("at least one endpoint"))
     }
 
+    /// Prefers the endpoint that an answer from `endpoint` names as the leader
+    /// (`permit-leader`), if it is one of this client's: a follower would forward the requests
+    /// there anyway, one HTTP hop more. An address that is not one of the endpoints is ignored
+    /// (the client talks only to the endpoints it was given).
+    fn follow_leader_hint(&self, endpoint: &str, headers: &reqwest::header::HeaderMap) {
+        if self.endpoints.len() < 2 {
+            return;
+        }
+        let Some(leader) = headers.get(permit_wire::LEADER_HEADER).and_then(|v| v.to_str().ok()) else {
+            return;
+        };
+        if leader == endpoint {
+            return;
+        }
+        if let Some(index) = self.endpoints.iter().position(|e| e == leader) {
+            self.preferred.store(index, Ordering::Relaxed);
+        }
+    }
+
     async fn send_once(&self, endpoint: &str, call: &Call) -> Result<Reply, Failure> {
         let mut url = reqwest::Url::parse(&format!("{endpoint}{}", call.path)).map_err(|error| Failure {
             error: Error::InvalidArgument { message: format!("bad request path {:?}: {error}", call.path) },
@@ -304,6 +323,7 @@ impl Transport {
         }
         let transport = |error: reqwest::Error| Failure::transport(endpoint, call.timeout, error);
         let response = request.send().await.map_err(transport)?;
+        self.follow_leader_hint(endpoint, response.headers());
         let status = response.status();
         let bytes = response.bytes().await.map_err(transport)?.to_vec();
         if status.is_success() || call.accept == Some(status.as_u16()) {
