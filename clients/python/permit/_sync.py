@@ -28,6 +28,7 @@ from ._common import (
     decode,
     httpx_options,
     keepalive_timeout,
+    leader_hint,
     leader_of,
     ms,
     normalize_endpoints,
@@ -122,6 +123,7 @@ class Client:
                     raise transport_failure(endpoint, error) from None
                 if response.status_code >= 300:
                     raise answer_failure(endpoint, response)
+                self._preferred = leader_hint(self.endpoints, self._preferred, response)
                 return response.status_code, decode(endpoint, response)
             except Failure as failure:
                 pause = attempts.after(failure, index)

@@ -287,10 +287,12 @@ impl Transport {
         Err(last.expect("at least one endpoint"))
     }
 
-    /// Prefers the endpoint that an answer from `endpoint` names as the leader
+    /// Prefers the endpoint that a successful answer from `endpoint` names as the leader
     /// (`permit-leader`), if it is one of this client's: a follower would forward the requests
     /// there anyway, one HTTP hop more. An address that is not one of the endpoints is ignored
-    /// (the client talks only to the endpoints it was given).
+    /// (the client talks only to the endpoints it was given). A failed answer's hint is not
+    /// followed: a follower that cannot reach a leader that died still names it until an
+    /// election, and following it would send the retries back to the dead node.
     fn follow_leader_hint(&self, endpoint: &str, headers: &reqwest::header::HeaderMap) {
         if self.endpoints.len() < 2 {
             return;
@@ -323,8 +325,10 @@ impl Transport {
         }
         let transport = |error: reqwest::Error| Failure::transport(endpoint, call.timeout, error);
         let response = request.send().await.map_err(transport)?;
-        self.follow_leader_hint(endpoint, response.headers());
         let status = response.status();
+        if status.is_success() {
+            self.follow_leader_hint(endpoint, response.headers());
+        }
         let bytes = response.bytes().await.map_err(transport)?.to_vec();
         if status.is_success() || call.accept == Some(status.as_u16()) {
             return Ok(Reply { status: status.as_u16(), endpoint: endpoint.to_owned(), bytes });
