@@ -76,8 +76,10 @@ class Client:
     """A connection to a Permit server or cluster. Use it from one event loop; share one per loop.
 
     ``endpoints`` is one URL or a list (or a comma-separated string) of a cluster's nodes:
-    requests go to the node that answered last and move to the next one on connection errors
-    and ``no_leader`` / ``leader_unreachable``. ``auth_token`` is sent as
+    requests go to the node that answered last (or that a successful answer named as the
+    leader in ``permit-leader``, when it is one of them: a follower would forward them there)
+    and move to the next one on connection errors and ``no_leader`` / ``leader_unreachable``.
+    ``auth_token`` is sent as
     ``Authorization: Bearer``; ``ca_file`` trusts a private CA for ``https://`` endpoints;
     ``cert_file``/``key_file`` present a client certificate; ``verify`` is passed to httpx
     (``False``, a CA bundle path or an ``ssl.SSLContext``); ``timeout`` bounds each request
