@@ -297,13 +297,14 @@ impl Transport {
         if self.endpoints.len() < 2 {
             return;
         }
-        let Some(leader) = headers.get(permit_wire::LEADER_HEADER).and_then(|v| v.to_str().ok()) else {
+        let hint = headers.get(permit_wire::LEADER_HEADER).and_then(|v| v.to_str().ok());
+        let Some(leader) = hint.and_then(|url| normalize(url).ok()) else {
             return;
         };
         if leader == endpoint {
             return;
         }
-        if let Some(index) = self.endpoints.iter().position(|e| e == leader) {
+        if let Some(index) = self.endpoints.iter().position(|e| *e == leader) {
             self.preferred.store(index, Ordering::Relaxed);
         }
     }
@@ -438,4 +439,36 @@ pub(crate) fn segment(text: &str) -> String {
 pub(crate) fn long_poll_timeout(wait_ms: Option<u64>) -> Duration {
     let wait_ms = wait_ms.unwrap_or(0).min(permit_wire::WAIT_MS_MAX);
     REQUEST_TIMEOUT.max(Duration::from_millis(wait_ms) + LONG_POLL_MARGIN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hint(url: &str) -> reqwest::header::HeaderMap {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(permit_wire::LEADER_HEADER, url.parse().unwrap());
+        headers
+    }
+
+    #[test]
+    fn a_leader_hint_moves_requests_only_to_one_of_the_endpoints() {
+        let urls = ["http://a.example:7376".to_owned(), "http://b.example:7376".to_owned()];
+        let transport = Transport::new(&urls, &TlsOptions::default()).unwrap();
+        let preferred = || transport.preferred.load(Ordering::Relaxed);
+        // Compared as normalized endpoints: scheme and host case, a trailing slash.
+        transport.follow_leader_hint(&urls[0], &hint("HTTP://B.example:7376/"));
+        assert_eq!(preferred(), 1);
+        // A node that is not one of the endpoints, or a hint that is no URL, changes nothing.
+        transport.follow_leader_hint(&urls[1], &hint("http://c.example:7376"));
+        transport.follow_leader_hint(&urls[1], &hint("not a url"));
+        transport.follow_leader_hint(&urls[1], &reqwest::header::HeaderMap::new());
+        assert_eq!(preferred(), 1);
+        transport.follow_leader_hint(&urls[1], &hint("http://a.example:7376"));
+        assert_eq!(preferred(), 0);
+        // One endpoint: nothing to choose.
+        let single = Transport::new(&urls[..1], &TlsOptions::default()).unwrap();
+        single.follow_leader_hint(&urls[0], &hint("http://b.example:7376"));
+        assert_eq!(single.preferred.load(Ordering::Relaxed), 0);
+    }
 }
