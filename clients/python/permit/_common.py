@@ -77,6 +77,27 @@ def normalize_endpoints(endpoints: EndpointsArg) -> List[str]:
     return out
 
 
+def leader_hint(endpoints: List[str], current: int, response: Any) -> int:
+    """The index of the endpoint to prefer after the successful ``response``: the one its
+    ``permit-leader`` header names (the leader's URL; a follower would forward requests there,
+    one HTTP hop more) when it is one of ``endpoints``, else ``current``. Unknown addresses are
+    ignored: the client talks only to the endpoints it was given. Only successful answers are
+    followed: a follower that cannot reach a leader that died names it until an election."""
+    if len(endpoints) < 2:
+        return current
+    hint = response.headers.get("permit-leader")
+    if not hint:
+        return current
+    try:
+        (leader,) = normalize_endpoints(hint)
+    except ValueError:
+        return current
+    try:
+        return endpoints.index(leader)
+    except ValueError:
+        return current
+
+
 def segment(name: str) -> str:
     """``name`` as one URL path segment, so a bad name reaches the server (which refuses it)."""
     return quote(name, safe="-._~:")

@@ -30,6 +30,7 @@ from ._common import (
     httpx_options,
     keepalive_results,
     keepalive_timeout,
+    leader_hint,
     leader_of,
     ms,
     normalize_endpoints,
@@ -51,8 +52,10 @@ class Client:
     """A connection to a Permit server or cluster. Thread-safe; share one per process.
 
     ``endpoints`` is one URL or a list (or a comma-separated string) of a cluster's nodes:
-    requests go to the node that answered last and move to the next one on connection errors
-    and ``no_leader`` / ``leader_unreachable``. ``auth_token`` is sent as
+    requests go to the node that answered last (or that a successful answer named as the
+    leader in ``permit-leader``, when it is one of them: a follower would forward them there)
+    and move to the next one on connection errors and ``no_leader`` / ``leader_unreachable``.
+    ``auth_token`` is sent as
     ``Authorization: Bearer``; ``ca_file`` trusts a private CA for ``https://`` endpoints;
     ``cert_file``/``key_file`` present a client certificate; ``verify`` is passed to httpx
     (``False``, a CA bundle path or an ``ssl.SSLContext``); ``timeout`` bounds each request
@@ -124,6 +127,7 @@ class Client:
                     raise transport_failure(endpoint, error) from None
                 if response.status_code >= 300:
                     raise answer_failure(endpoint, response)
+                self._preferred = leader_hint(self.endpoints, self._preferred, response)
                 return response.status_code, decode(endpoint, response)
             except Failure as failure:
                 pause = attempts.after(failure, index)

@@ -7,9 +7,10 @@ import threading
 import time
 from typing import List
 
+import httpx
 import permit
 import permit.aio
-from conftest import Cluster, eventually
+from conftest import Cluster, eventually, metric_sum, metrics
 
 
 def test_leader_kill_keeps_the_permit_and_token(cluster: Cluster, name: str) -> None:
@@ -64,3 +65,33 @@ def test_leader_kill_keeps_the_permit_and_token_asyncio(cluster: Cluster, name: 
                 await p.release()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_the_client_sends_its_requests_to_the_leader_the_servers_name(cluster: Cluster, name: str) -> None:
+    leader = cluster.leader(5.0)
+    assert leader is not None
+    urls = cluster.urls()
+    follower = (leader + 1) % len(urls)
+    # Every node names the leader in ``permit-leader``, on its own answers and forwarded ones.
+    for url in urls:
+        answer = httpx.get(url + "/v1/health", timeout=5.0, trust_env=False)
+        assert answer.headers.get("permit-leader") == urls[leader]
+    # A follower first: the first request goes there and is forwarded; its answer names the
+    # leader, and the rest go to the leader directly.
+    ordered = [urls[follower]] + [u for u in urls if u != urls[follower]]
+    before = metric_sum(metrics(urls[follower]), "permit_forwarded_requests_total")
+    with permit.Client(ordered) as client:
+        with client.session(ttl=30.0) as session:
+            for _ in range(3):
+                session.acquire(name, capacity=1, timeout=10.0).release()
+    assert metric_sum(metrics(urls[follower]), "permit_forwarded_requests_total") - before == 1
+
+    async def main() -> None:
+        async with permit.aio.Client(ordered) as client:
+            async with await client.session(ttl=30.0) as session:
+                for _ in range(3):
+                    await (await session.acquire(name, capacity=1, timeout=10.0)).release()
+
+    before = metric_sum(metrics(urls[follower]), "permit_forwarded_requests_total")
+    asyncio.run(main())
+    assert metric_sum(metrics(urls[follower]), "permit_forwarded_requests_total") - before == 1

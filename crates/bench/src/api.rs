@@ -5,6 +5,11 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
+/// `permit_wire::LEADER_HEADER` (the bench drives the binary and does not link the wire crate).
+fn permit_wire_leader_header() -> &'static str {
+    "permit-leader"
+}
+
 /// A client with its own connection pool (one connection when used sequentially).
 #[derive(Clone)]
 pub struct Api {
@@ -60,6 +65,14 @@ impl Api {
     /// GETs `path` and returns only the status.
     pub async fn get_status(&self, path: &str) -> anyhow::Result<u16> {
         Ok(self.http.get(format!("{}{path}", self.url)).send().await?.status().as_u16())
+    }
+
+    /// The leader's URL as this node names it (`permit-leader` on any answer; asked of
+    /// `/v1/health`, which every node answers itself), if it knows one.
+    pub async fn leader_hint(&self) -> anyhow::Result<Option<String>> {
+        let answer = self.http.get(format!("{}/v1/health", self.url)).send().await?;
+        let hint = answer.headers().get(permit_wire_leader_header()).and_then(|v| v.to_str().ok());
+        Ok(hint.map(str::to_owned))
     }
 
     /// Opens a session.

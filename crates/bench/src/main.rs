@@ -103,7 +103,8 @@ struct Args {
     #[arg(long)]
     permit_bin: Option<PathBuf>,
     /// The `logstore` part also runs these other `permit` binaries (comma-separated) with `--log-store segment`
-    /// (e.g. a build before a change), alternating with the others: before/after in one run.
+    /// (e.g. a build before a change), alternating with the others: before/after in one run. The
+    /// `cluster` part starts a 3-node cluster of each and alternates its runs over all clusters.
     #[arg(long, value_delimiter = ',')]
     compare_bin: Vec<PathBuf>,
     /// Run W1-W4 against this running server instead of a fresh one (e.g. to profile it).
@@ -331,18 +332,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     if wants(&args, "cluster") || wants(&args, "failover") {
         let mut nodes = server::cluster(&bin, &work.path().join("cluster"), 3).await?;
-        let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
         if wants(&args, "cluster") {
-            let (mut rate, mut acq50) = (vec![], vec![]);
-            for run in 0..args.runs {
-                let w1 = workloads::uncontended(&urls[0], &format!("cw1-{run}"), duration).await?;
-                rate.push(w1.cycles_per_second);
-                acq50.push(w1.acquire.p50());
+            let mut others = Vec::new();
+            for (i, other) in args.compare_bin.iter().enumerate() {
+                let dir = work.path().join(format!("cluster-compare{i}"));
+                others.push((other.display().to_string(), server::cluster(other, &dir, 3).await?));
             }
-            println!("3-node cluster");
-            report.add("W1 (3 nodes, via node 1) cycles", format!("{:.0} /s", median(&rate)), None);
-            report.add("W1 (3 nodes, via node 1) acquire p50", format!("{:.3} ms", median(&acq50)), None);
-            contended_rows(&mut report, "W2 (3 nodes)", &urls, &args, duration, handoff_bound, 0.4).await?;
+            let mut clusters: Vec<(String, &[ServerProcess])> = vec![(String::new(), &nodes)];
+            clusters.extend(others.iter().map(|(label, nodes)| (format!(", {label}"), nodes.as_slice())));
+            cluster_rows(&mut report, &clusters, &args, duration, handoff_bound).await?;
         }
         if wants(&args, "failover") {
             let trials = args.runs.max(5);
@@ -576,6 +574,109 @@ async fn redis_rows(
         format!("{p2:.0} /s ({:.2}x Redis)", p2 / r2),
         Some((">= 1.5x Redis".into(), p2 >= 1.5 * r2)),
     );
+    Ok(())
+}
+
+/// W1 via node 1, W2 with the clients spread over the nodes, and W2 with leader-aware clients,
+/// on each cluster (this build's first, then each `--compare-bin`'s), runs alternating so that
+/// every cluster sees the same minutes; ratios to the first cluster.
+async fn cluster_rows(
+    report: &mut Report,
+    clusters: &[(String, &[ServerProcess])],
+    args: &Args,
+    duration: Duration,
+    handoff_bound: f64,
+) -> anyhow::Result<()> {
+    #[derive(Default, Clone)]
+    struct Figures {
+        w1_rate: Vec<f64>,
+        w1_p50: Vec<f64>,
+        spread: Vec<f64>,
+        wait50: Vec<f64>,
+        wait99: Vec<f64>,
+        cv: Vec<f64>,
+        most: i64,
+        leader: Vec<f64>,
+    }
+    let mut figures = vec![Figures::default(); clusters.len()];
+    for run in 0..args.runs {
+        for ((_, nodes), f) in clusters.iter().zip(&mut figures) {
+            let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+            let w1 = workloads::uncontended(&urls[0], &format!("cw1-{run}"), duration).await?;
+            f.w1_rate.push(w1.cycles_per_second);
+            f.w1_p50.push(w1.acquire.p50());
+            // Spread and leader-aware runs take turns going first: the second W2 run of a pair
+            // came out up to 1.2x faster than the first even when both were spread (a build
+            // without the header), so a fixed order would bias their ratio.
+            for leader_aware in [run % 2 == 1, run % 2 == 0] {
+                let label = if leader_aware { "W23leader" } else { "W23nodes" };
+                let name = format!("{label}-{run}");
+                let w2 = workloads::contended_as(&urls, &name, 32, duration, leader_aware).await?;
+                if leader_aware {
+                    f.leader.push(w2.cycles_per_second);
+                } else {
+                    f.spread.push(w2.cycles_per_second);
+                    f.wait50.push(w2.wait.p50());
+                    f.wait99.push(w2.wait.p99());
+                }
+                f.cv.push(w2.fairness_cv);
+                f.most = f.most.max(w2.max_holders_seen);
+            }
+        }
+    }
+    println!("3-node cluster");
+    let factor = 0.4;
+    let target = factor * handoff_bound;
+    let base = median(&figures[0].spread);
+    for ((label, _), f) in clusters.iter().zip(&figures) {
+        let versus = |value: f64, base: f64| {
+            if label.is_empty() {
+                String::new()
+            } else {
+                format!(", {:.2}x this build", value / base)
+            }
+        };
+        let (w1_p50, base_w1) = (median(&f.w1_p50), median(&figures[0].w1_p50));
+        report.add(
+            &format!("W1 (3 nodes, via node 1{label}) cycles"),
+            format!("{:.0} /s", median(&f.w1_rate)),
+            None,
+        );
+        report.add(
+            &format!("W1 (3 nodes, via node 1{label}) acquire p50"),
+            format!("{w1_p50:.3} ms{}", versus(w1_p50, base_w1)),
+            None,
+        );
+        let cycles = median(&f.spread);
+        report.add(
+            &format!("W2 (3 nodes{label}) cycles, 32 clients spread, capacity 4"),
+            format!("{cycles:.0} /s ({:.2}x the bound{})", cycles / handoff_bound, versus(cycles, base)),
+            Some((format!(">= {factor} x 4 / (fsync p50 + HTTP p50) = {target:.0} /s"), cycles >= target)),
+        );
+        report.add(&format!("W2 (3 nodes{label}) wait p50"), format!("{:.3} ms", median(&f.wait50)), None);
+        report.add(&format!("W2 (3 nodes{label}) wait p99"), format!("{:.3} ms", median(&f.wait99)), None);
+        let leader = median(&f.leader);
+        report.add(
+            &format!("W2 (3 nodes{label}) cycles, leader-aware clients (permit-leader)"),
+            format!(
+                "{leader:.0} /s ({:.2}x the bound, {:.2}x spread)",
+                leader / handoff_bound,
+                leader / cycles
+            ),
+            None,
+        );
+        let cv = median(&f.cv);
+        report.add(
+            &format!("W2 (3 nodes{label}) fairness (CV of cycles per client)"),
+            format!("{cv:.3}"),
+            Some(("<= 0.05".into(), cv <= 0.05)),
+        );
+        report.add(
+            &format!("W2 (3 nodes{label}) most holders seen at once"),
+            format!("{}", f.most),
+            Some(("<= 4".into(), f.most <= 4)),
+        );
+    }
     Ok(())
 }
 

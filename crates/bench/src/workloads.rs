@@ -74,13 +74,31 @@ pub async fn contended(
     clients: usize,
     duration: Duration,
 ) -> anyhow::Result<Contended> {
+    contended_as(urls, name, clients, duration, false).await
+}
+
+/// W2 with clients spread over `urls`; with `follow_leader`, each client first asks its node
+/// which node leads (`permit-leader`) and sends everything there when that is one of `urls`, as
+/// `permit-client` does with several endpoints.
+pub async fn contended_as(
+    urls: &[String],
+    name: &str,
+    clients: usize,
+    duration: Duration,
+    follow_leader: bool,
+) -> anyhow::Result<Contended> {
     let admin = Api::new(&urls[0]);
     admin.semaphore(name, 4).await?;
     let holders = Arc::new(AtomicI64::new(0));
     let max_holders = Arc::new(AtomicI64::new(0));
     let mut apis = Vec::new();
     for i in 0..clients {
-        let api = Api::new(&urls[i % urls.len()]);
+        let mut api = Api::new(&urls[i % urls.len()]);
+        if follow_leader {
+            if let Some(leader) = api.leader_hint().await?.filter(|hint| urls.contains(hint)) {
+                api = Api::new(&leader);
+            }
+        }
         let session = api.session(120_000).await?;
         apis.push((api, session));
     }

@@ -21,7 +21,9 @@ use crate::transport::{segment, Call, Retry, Transport};
 ///
 /// Every request has a client-side timeout (10 s, or the long-poll's wait plus 5 s). With several
 /// endpoints, a request that cannot connect, or is answered `no_leader`, moves on to the next one;
-/// calls that are safe to repeat are retried a bounded number of times with backoff.
+/// calls that are safe to repeat are retried a bounded number of times with backoff; and once an
+/// answer names the leader (`permit-leader`) and it is one of the endpoints, requests go there,
+/// saving the hop a follower would forward them over.
 ///
 /// # Examples
 ///
@@ -69,7 +71,8 @@ impl Client {
     }
 
     /// A client of a cluster reachable at any of `urls`: requests go to the endpoint that answered
-    /// last and fail over to the next on connection errors and `no_leader`.
+    /// last (or that an answer named as the leader, if it is one of `urls`) and fail over to the
+    /// next on connection errors and `no_leader`.
     ///
     /// # Examples
     ///

@@ -31,7 +31,8 @@
 //! One [`Error`] type; server refusals carry a stable [`ErrorCode`]. A timeout leaves the
 //! outcome unknown ([`Error::is_outcome_unknown`]); acquire and campaign are idempotent per
 //! session and name, so repeating them is safe. With several endpoints
-//! ([`Client::with_endpoints`]) requests fail over on connection errors and `no_leader`.
+//! ([`Client::with_endpoints`]) requests fail over on connection errors and `no_leader`, and go
+//! to the endpoint that the servers name as the leader (`permit-leader`), when it is one of them.
 //!
 //! # Examples
 //!

@@ -287,6 +287,28 @@ impl Transport {
         Err(last.expect("at least one endpoint"))
     }
 
+    /// Prefers the endpoint that a successful answer from `endpoint` names as the leader
+    /// (`permit-leader`), if it is one of this client's: a follower would forward the requests
+    /// there anyway, one HTTP hop more. An address that is not one of the endpoints is ignored
+    /// (the client talks only to the endpoints it was given). A failed answer's hint is not
+    /// followed: a follower that cannot reach a leader that died still names it until an
+    /// election, and following it would send the retries back to the dead node.
+    fn follow_leader_hint(&self, endpoint: &str, headers: &reqwest::header::HeaderMap) {
+        if self.endpoints.len() < 2 {
+            return;
+        }
+        let hint = headers.get(permit_wire::LEADER_HEADER).and_then(|v| v.to_str().ok());
+        let Some(leader) = hint.and_then(|url| normalize(url).ok()) else {
+            return;
+        };
+        if leader == endpoint {
+            return;
+        }
+        if let Some(index) = self.endpoints.iter().position(|e| *e == leader) {
+            self.preferred.store(index, Ordering::Relaxed);
+        }
+    }
+
     async fn send_once(&self, endpoint: &str, call: &Call) -> Result<Reply, Failure> {
         let mut url = reqwest::Url::parse(&format!("{endpoint}{}", call.path)).map_err(|error| Failure {
             error: Error::InvalidArgument { message: format!("bad request path {:?}: {error}", call.path) },
@@ -305,6 +327,9 @@ impl Transport {
         let transport = |error: reqwest::Error| Failure::transport(endpoint, call.timeout, error);
         let response = request.send().await.map_err(transport)?;
         let status = response.status();
+        if status.is_success() {
+            self.follow_leader_hint(endpoint, response.headers());
+        }
         let bytes = response.bytes().await.map_err(transport)?.to_vec();
         if status.is_success() || call.accept == Some(status.as_u16()) {
             return Ok(Reply { status: status.as_u16(), endpoint: endpoint.to_owned(), bytes });
@@ -414,4 +439,36 @@ pub(crate) fn segment(text: &str) -> String {
 pub(crate) fn long_poll_timeout(wait_ms: Option<u64>) -> Duration {
     let wait_ms = wait_ms.unwrap_or(0).min(permit_wire::WAIT_MS_MAX);
     REQUEST_TIMEOUT.max(Duration::from_millis(wait_ms) + LONG_POLL_MARGIN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hint(url: &str) -> reqwest::header::HeaderMap {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(permit_wire::LEADER_HEADER, url.parse().unwrap());
+        headers
+    }
+
+    #[test]
+    fn a_leader_hint_moves_requests_only_to_one_of_the_endpoints() {
+        let urls = ["http://a.example:7376".to_owned(), "http://b.example:7376".to_owned()];
+        let transport = Transport::new(&urls, &TlsOptions::default()).unwrap();
+        let preferred = || transport.preferred.load(Ordering::Relaxed);
+        // Compared as normalized endpoints: scheme and host case, a trailing slash.
+        transport.follow_leader_hint(&urls[0], &hint("HTTP://B.example:7376/"));
+        assert_eq!(preferred(), 1);
+        // A node that is not one of the endpoints, or a hint that is no URL, changes nothing.
+        transport.follow_leader_hint(&urls[1], &hint("http://c.example:7376"));
+        transport.follow_leader_hint(&urls[1], &hint("not a url"));
+        transport.follow_leader_hint(&urls[1], &reqwest::header::HeaderMap::new());
+        assert_eq!(preferred(), 1);
+        transport.follow_leader_hint(&urls[1], &hint("http://a.example:7376"));
+        assert_eq!(preferred(), 0);
+        // One endpoint: nothing to choose.
+        let single = Transport::new(&urls[..1], &TlsOptions::default()).unwrap();
+        single.follow_leader_hint(&urls[0], &hint("http://b.example:7376"));
+        assert_eq!(single.preferred.load(Ordering::Relaxed), 0);
+    }
 }

@@ -109,6 +109,8 @@ pub struct Metrics {
     request_seconds: Family<Labels, Histogram>,
     batch_commands: Histogram,
     write_seconds: Histogram,
+    forwards: Family<Labels, Counter>,
+    forward_seconds: Histogram,
     handoff_waited: Counter,
     handoff_missed: Counter,
     /// Duration of each log append (redb commit with fsync).
@@ -191,6 +193,18 @@ impl Metrics {
             "raft_write_duration_seconds",
             "Time from handing a batch to Raft to its outcome (append, fsync, commit, apply)",
             write_seconds.clone(),
+        );
+        let forwards = Family::<Labels, Counter>::default();
+        registry.register(
+            "forwarded_requests",
+            "Requests this node forwarded to the leader, by kind: request, long_poll (a waiting acquire or campaign, a blocking read)",
+            forwards.clone(),
+        );
+        let forward_seconds = Histogram::new(exponential_buckets(0.000_025, 1.5, 30));
+        registry.register(
+            "forward_duration_seconds",
+            "A forwarded request that is not a long-poll: from sending it to the leader to its whole answer read",
+            forward_seconds.clone(),
         );
         let append_seconds = Histogram::new(exponential_buckets(0.000_025, 1.5, 30));
         registry.register(
@@ -299,6 +313,8 @@ impl Metrics {
             request_seconds,
             batch_commands,
             write_seconds,
+            forwards,
+            forward_seconds,
             handoff_waited,
             handoff_missed,
             append_seconds,
@@ -478,6 +494,16 @@ impl Metrics {
     pub fn observe_handoff_wait(&self, woken: usize, missed: usize) {
         self.handoff_waited.inc_by(woken as u64);
         self.handoff_missed.inc_by(missed as u64);
+    }
+
+    /// Records one request forwarded to the leader; `seconds` is how long the leader took to
+    /// answer it, recorded unless it was a long-poll (whose time is the wait's).
+    pub fn observe_forward(&self, long_poll: bool, seconds: f64) {
+        let kind = if long_poll { "long_poll" } else { "request" };
+        self.forwards.get_or_create(&vec![("kind".to_owned(), kind.to_owned())]).inc();
+        if !long_poll {
+            self.forward_seconds.observe(seconds);
+        }
     }
 
     /// Records how long one batch took to commit and apply.

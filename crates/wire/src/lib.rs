@@ -29,6 +29,11 @@ pub const PEER_ID_HEADER: &str = "permit-peer-id";
 pub const PEER_AUTH_HEADER: &str = "permit-peer-auth";
 /// Response header naming the node that answered (after forwarding, the leader).
 pub const NODE_HEADER: &str = "permit-node";
+/// Response header with the URL (`http://host:port`, `https://` on a TLS cluster) of the node
+/// that leads, as the answering node knows it; absent while it knows no leader. A client given
+/// several endpoints may send its requests to the one this names, which saves the hop a follower
+/// forwards them over.
+pub const LEADER_HEADER: &str = "permit-leader";
 /// Response header with the Raft term of the node that answered.
 pub const TERM_HEADER: &str = "permit-raft-term";
 /// Path of the OpenAPI spec.

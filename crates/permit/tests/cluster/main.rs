@@ -6,6 +6,7 @@ mod common;
 mod acl;
 mod client_failover;
 mod failover;
+mod leader_hint;
 mod membership;
 mod minority;
 mod peer;

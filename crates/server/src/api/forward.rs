@@ -7,6 +7,11 @@
 //! The forwarding node adds its peer credential (`permit-peer-id`, `permit-peer-auth`). A request
 //! whose `permit-forwarded-by` comes without a valid credential for that same node id is served
 //! as any client's: the header is removed first.
+//!
+//! Every answer names the leader's URL in `permit-leader` when the node knows one, so that a
+//! client given several endpoints can send its requests there and save the forwarding hop
+//! (`permit-client` does). Forwarding costs a W2 round on 3 nodes about a third of its rate
+//! (`docs/performance.md`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +21,9 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use permit_wire::{ErrorCode, BODY_BYTES_MAX, FORWARDED_HEADER, NODE_HEADER, TERM_HEADER, WAIT_MS_MAX};
+use permit_wire::{
+    ErrorCode, BODY_BYTES_MAX, FORWARDED_HEADER, LEADER_HEADER, NODE_HEADER, TERM_HEADER, WAIT_MS_MAX,
+};
 
 use super::error::ApiError;
 use crate::node::Node;
@@ -96,7 +103,8 @@ fn forwarded_by_peer(node: &Node, headers: &HeaderMap) -> bool {
     }
 }
 
-/// Adds which node answered, and its term, unless a forwarded answer carries the leader's.
+/// Adds which node answered, its term and the leader it knows, unless a forwarded answer
+/// carries the leader's.
 fn stamp(node: &Node, headers: &mut HeaderMap) {
     if headers.contains_key(NODE_HEADER) {
         return;
@@ -104,6 +112,11 @@ fn stamp(node: &Node, headers: &mut HeaderMap) {
     let term = node.consensus.term();
     headers.insert(HeaderName::from_static(NODE_HEADER), HeaderValue::from(node.id));
     headers.insert(HeaderName::from_static(TERM_HEADER), HeaderValue::from(term));
+    if let Some((_, addr)) = node.consensus.leader_now() {
+        if let Ok(url) = HeaderValue::try_from(format!("{}://{addr}", node.peer_scheme())) {
+            headers.insert(HeaderName::from_static(LEADER_HEADER), url);
+        }
+    }
 }
 
 async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Response {
@@ -113,7 +126,8 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
             .into_response();
     };
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    if forwards_long_poll(path, &body) {
+    let long_poll = forwards_long_poll(path, &body);
+    if long_poll {
         super::mark_long_poll();
     }
     let mut outgoing = node
@@ -133,6 +147,7 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
             outgoing = outgoing.header(name, value.clone());
         }
     }
+    let started = std::time::Instant::now();
     let answer = match outgoing.send().await {
         Ok(answer) => answer,
         Err(e) if e.is_connect() => {
@@ -155,9 +170,10 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
     let headers = answer.headers().clone();
     match answer.bytes().await {
         Ok(bytes) => {
+            node.metrics.observe_forward(long_poll, started.elapsed().as_secs_f64());
             let mut response = Response::new(Body::from(bytes));
             *response.status_mut() = status;
-            for name in ["content-type", permit_wire::INDEX_HEADER, NODE_HEADER, TERM_HEADER] {
+            for name in ["content-type", permit_wire::INDEX_HEADER, NODE_HEADER, TERM_HEADER, LEADER_HEADER] {
                 if let Some(value) = headers.get(name) {
                     response.headers_mut().insert(HeaderName::from_static(name), value.clone());
                 }

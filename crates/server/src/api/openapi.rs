@@ -21,7 +21,10 @@ max_hold_ms 100..=604800000; election value at most 4096 bytes; wait_ms capped a
 at most 100000 waiters per semaphore and 10000 holds plus waits per session; at most 1024 session ids per batched keepalive. \
 With `permit serve --auth`, every route but /v1/health and /v1/openapi.json needs `Authorization: Bearer SECRET` \
 (401 `unauthenticated` without a valid token, 403 `permission_denied` without the permission; see docs/security.md), \
-and a session can be used only with the token that created it.",
+and a session can be used only with the token that created it. \
+Every answer names the node that answered in `permit-node` (after forwarding: the leader) and its Raft term in \
+`permit-raft-term`, and, when that node knows one, the leader's URL in `permit-leader`: a client given several \
+nodes may send its requests there, saving the hop a follower forwards them over.",
         license(name = "Apache-2.0"),
     ),
     paths(

@@ -236,6 +236,16 @@ impl Consensus {
             && metrics.membership_config.membership().get_node(&self.id).is_some()
     }
 
+    /// The leader this node knows now and its address, without waiting (cheaper than a whole
+    /// [`Status`]).
+    pub fn leader_now(&self) -> Option<(NodeId, String)> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let leader = metrics.current_leader?;
+        let node = metrics.membership_config.membership().get_node(&leader)?;
+        Some((leader, node.addr.clone()))
+    }
+
     /// The current term (cheaper than a whole [`Status`]).
     pub fn term(&self) -> u64 {
         self.raft.metrics().borrow().current_term
