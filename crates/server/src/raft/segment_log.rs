@@ -15,13 +15,13 @@
 //! append, as with the B-tree store (it is a restart hint; losing it loses nothing).
 //!
 //! Opening reads every segment in order and checks each record's length, CRC, decoding and
-//! index (one more than the previous entry's, or at most one past the last purged index when the
-//! previous one is purged: a follower that installs a snapshot beyond its log's end purges up to
-//! it and appends after it). Space after the last record is zeros (new
-//! segments are preallocated, and truncation zeroes what it removes), so zeros followed by
-//! written bytes are a bad record too. In the last segment, the first bad record is a torn tail
-//! (a batch whose fdatasync never returned, so never acknowledged, of which the disk may have
-//! kept any sectors): it and everything after it are zeroed and synced before the log is used. A bad
+//! index: one more than the previous entry's, or at most one past the last purged index when
+//! the previous one is purged (a follower that installs a snapshot beyond its log's end purges
+//! up to it and appends after it). Space after the last record is zeros (new segments are
+//! preallocated, and truncation zeroes what it removes), so zeros followed by written bytes are
+//! a bad record too. In the last segment, the first bad record is a torn tail (a batch whose
+//! fdatasync never returned, so never acknowledged, of which the disk may have kept any
+//! sectors): it and everything after it are zeroed and synced before the log is used. A bad
 //! record in an earlier segment, or an index out of sequence, is corruption of acknowledged data:
 //! the store refuses to open rather than start with a shorter log.
 //!
