@@ -374,6 +374,20 @@ def test_background_keepalives_of_one_client_share_requests(name: str) -> None:
                     assert seen.renewals >= 2 * SESSIONS, seen
                     assert seen.batched > 0 and seen.single == 0, seen
                     assert 2 * seen.requests <= seen.renewals, seen
+                    # A session the server no longer knows is lost alone; its batch-mates live on.
+                    gone, rest = sessions[0], sessions[1:]
+                    async with httpx.AsyncClient(trust_env=False) as http:
+                        assert (await http.delete(f"{node.url}/v1/sessions/{gone.id}")).status_code == 204
+                    await asyncio.wait_for(holds[0].lost.wait(), 3 * TTL)
+                    assert gone.state == "lost"
+                    later = time.monotonic()
+
+                    async def renewed_rest() -> bool:
+                        return all(s.deadline > later + TTL for s in rest)
+
+                    assert await until(renewed_rest, timeout=10.0)
+                    assert [s.state for s in rest] == ["alive"] * (SESSIONS - 1)
+                    assert not any(h.lost.is_set() for h in holds[1:])
                     for s in sessions:
                         await s.close()
 
