@@ -7,9 +7,10 @@ import os
 import random
 import socket
 import ssl
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -399,3 +400,187 @@ def keepalive_results(ids: Sequence[str], body: Any) -> "Dict[str, Union[float, 
             code, message = result["error"]["code"], result["error"]["message"]
             out[result["id"]] = error_for(code, _ITEM_STATUS.get(code, 200), message)
     return out
+
+
+# How long keepalives go one per session after the server answered the batch route 404/405,
+# before the route is tried again (the cluster may have been upgraded meanwhile).
+BATCH_ROUTE_RETRY = 60.0
+# Longest a batch waits, when it departs, for the sessions it woke to join it (see ``depart``).
+RIDE_WAIT = 0.005
+
+
+class Renewal(NamedTuple):
+    """An acknowledged keepalive: when the request carrying it was sent (``time.monotonic()``),
+    and the TTL the server renewed it for (seconds)."""
+
+    sent: float
+    ttl: float
+
+
+#: A background keepalive's outcome: renewed, or the error (shared by a failed batch's asks).
+Outcome = Union[Renewal, PermitError]
+
+
+class KeepaliveAsk:
+    """One session's ask to be kept alive by the next batch. ``unsupported`` once settled means
+    the server has no batch route: the session sends its keepalive alone. The sync and asyncio
+    clients subclass it with the way the asking thread or task is woken (``_notify``)."""
+
+    def __init__(self, session_id: str, timeout: float) -> None:
+        self.session_id = session_id
+        self.timeout = timeout
+        self.outcome: Optional[Outcome] = None
+        self.unsupported = False
+        # The session stopped waiting (its deadline passed or it was stopped): not sent.
+        self.abandoned = False
+
+    def settle(self, outcome: Optional[Outcome]) -> None:
+        if outcome is None:
+            self.unsupported = True
+        self.outcome = outcome
+        self._notify()
+
+    def _notify(self) -> None:
+        raise NotImplementedError
+
+
+def lacks_batch_route(error: PermitError) -> bool:
+    """Whether ``error`` is an older server's answer to the batch route it does not have: 405
+    (the path matched ``/v1/sessions/{id}``) or a 404 other than ``session_not_found``."""
+    return error.status == 405 or (error.status == 404 and error.code != "session_not_found")
+
+
+class KeepaliveBatcher:
+    """Group commit of one client's background keepalives (the I/O is the sync or asyncio
+    client's): a session asking for one is sent at once when no batch is in flight; asks that
+    come while one is in flight wait and all go in the next request (``POST
+    /v1/sessions/keepalive``, up to ``KEEPALIVE_BATCH_MAX`` ids each) when it returns. Healthy
+    sessions past half their keepalive period register as riders and are woken when a batch
+    departs, so that the sessions of one client fall into step and share their requests. A
+    server without the batch route (404/405) gets one request per session for
+    ``BATCH_ROUTE_RETRY`` seconds, then the route is tried again. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._asks: List[KeepaliveAsk] = []
+        # A sender is running; it takes every ask queued before it stops.
+        self._sending = False
+        self._unbatched_until: Optional[float] = None
+        self._riders: Dict[int, Callable[[], None]] = {}
+        self._joined = 0
+
+    def _forked(self) -> None:
+        # A forked child has no sender thread: it starts afresh (called with the lock held).
+        if self._pid != os.getpid():
+            self._reset()
+
+    def unbatched(self) -> bool:
+        """Whether keepalives go one per session for now."""
+        with self._lock:
+            self._forked()
+            until = self._unbatched_until
+        return until is not None and time.monotonic() < until
+
+    def put(self, ask: KeepaliveAsk) -> bool:
+        """Queues ``ask``; true when the caller must start a sender (none is running)."""
+        with self._lock:
+            self._forked()
+            self._asks.append(ask)
+            self._joined += 1
+            self._lock.notify_all()
+            start = not self._sending
+            self._sending = True
+            return start
+
+    def ride(self, key: int, wake: Callable[[], None]) -> None:
+        """Calls ``wake`` (once) when the next batch departs, unless ``unride`` comes first."""
+        with self._lock:
+            self._forked()
+            self._riders[key] = wake
+
+    def unride(self, key: int) -> None:
+        with self._lock:
+            self._riders.pop(key, None)
+
+    def depart(self) -> int:
+        """Wakes the riders as a batch is about to be taken; returns how many asks to wait for
+        (with ``wait_joined``) so that they join this batch rather than the next one."""
+        with self._lock:
+            riders = list(self._riders.values())
+            self._riders.clear()
+            self._joined = 0
+        for wake in riders:
+            wake()
+        return len(riders)
+
+    def wait_joined(self, count: int, timeout: float = RIDE_WAIT) -> None:
+        """Blocks until ``count`` asks came since ``depart`` or ``timeout`` passed (threads)."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._joined >= count, timeout)
+
+    def joined(self) -> int:
+        with self._lock:
+            return self._joined
+
+    def take(self) -> Optional[List[KeepaliveAsk]]:
+        """The next batch's asks, or ``None`` (and the sender stops) when none is left."""
+        with self._lock:
+            self._asks = [ask for ask in self._asks if not ask.abandoned]
+            if not self._asks:
+                self._sending = False
+                return None
+            asks = self._asks[:KEEPALIVE_BATCH_MAX]
+            del self._asks[:KEEPALIVE_BATCH_MAX]
+            return asks
+
+    def stopped(self, inflight: Sequence[KeepaliveAsk]) -> None:
+        """The sender ended abnormally: the asks of its batch in flight and those still queued
+        get an error (their sessions go in jeopardy and retry), the next ask starts a new
+        sender."""
+        with self._lock:
+            asks, self._asks, self._sending = self._asks, [], False
+        error = InternalError("internal", 0, "the keepalive batcher stopped")
+        for ask in [*inflight, *asks]:
+            if ask.outcome is None and not ask.unsupported:
+                ask.settle(error)
+
+    @staticmethod
+    def request(asks: Sequence[KeepaliveAsk]) -> Tuple[List[str], float]:
+        """The ids of a batch (an id asked twice, by a session that gave up on an earlier ask,
+        is sent once) and its timeout (the shortest of its asks)."""
+        ids = list(dict.fromkeys(ask.session_id for ask in asks))
+        return ids, min(ask.timeout for ask in asks)
+
+    def settle(
+        self, asks: Sequence[KeepaliveAsk], ids: Sequence[str], sent: float, body: Any = None, error: Optional[PermitError] = None
+    ) -> None:
+        """Settles a batch's asks with its answer ``body`` or ``error``; ``sent`` was taken
+        before the request left, so every renewal it carries happened after that instant."""
+        if error is None:
+            try:
+                results = keepalive_results(ids, body)
+            except PermitError as bad:
+                error = bad
+        if error is not None:
+            if lacks_batch_route(error):
+                with self._lock:
+                    self._unbatched_until = time.monotonic() + BATCH_ROUTE_RETRY
+            for ask in asks:
+                ask.settle(None if lacks_batch_route(error) else error)
+            return
+        for ask in asks:
+            result = results[ask.session_id]
+            ask.settle(result if isinstance(result, PermitError) else Renewal(sent, result))
+
+    def unsupported_now(self, asks: Sequence[KeepaliveAsk]) -> bool:
+        """Settles ``asks`` as unsupported (asked before an earlier batch found the route
+        missing; they go alone without a second batch request) when that is so."""
+        if not self.unbatched():
+            return False
+        for ask in asks:
+            ask.settle(None)
+        return True

@@ -21,7 +21,11 @@ from ._common import (
     Attempts,
     EndpointsArg,
     Failure,
+    KeepaliveAsk,
+    KeepaliveBatcher,
     Leader,
+    Outcome,
+    Renewal,
     SemaphoreInfo,
     acquire_body,
     answer_failure,
@@ -89,6 +93,8 @@ class Client:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._http: Optional[httpx.Client] = None
+        # Carries the background keepalives of all this client's sessions in shared requests.
+        self._batcher = _Batcher(self)
 
     def _new_pool(self) -> httpx.Client:
         options = dict(self._options)
@@ -142,7 +148,9 @@ class Client:
     def session(self, ttl: float = 10.0, name: Optional[str] = None, on_lost: Optional[OnLost] = None) -> "Session":
         """Creates a session that lives ``ttl`` seconds after its last keepalive; a thread
         sends one every ``ttl/3``. ``on_lost`` is called (from the keepalive thread) with a
-        :class:`permit.SessionLost` the moment the session is known or presumed lost.
+        :class:`permit.SessionLost` the moment the session is known or presumed lost. The
+        keepalives of all sessions of this client go together in batched requests
+        (``POST /v1/sessions/keepalive``; one per session to a server without that route).
 
         Creation is not retried blindly: only a request that certainly did not reach a
         leader (connection refused, ``leader_unreachable``) is sent again, so a timeout can
@@ -290,6 +298,9 @@ class Session:
         # make the client's pool scan) other sessions' connections.
         self._http = client._new_pool()
         self._stop = threading.Event()
+        # Set to wake the keepalive thread: stopped, or a batch departs (``_departed``).
+        self._wake = threading.Event()
+        self._departed = False
         self._thread = threading.Thread(target=self._keepalive, name=f"permit-keepalive-{id[:8]}", daemon=True)
         self._thread.start()
 
@@ -490,7 +501,7 @@ class Session:
             self.lost.set()
             holds = list(self._holds)
             self._holds.clear()
-        self._stop.set()
+        self._halt()
         log.warning("permit session %s lost: %s", self.id, error.message)
         for hold in holds:
             hold._mark_lost(error)
@@ -499,6 +510,7 @@ class Session:
 
     def _keepalive(self) -> None:
         endpoints = len(self.client.endpoints)
+        batcher = self.client._batcher
         while not self.lost.is_set():
             with self._lock:
                 deadline = self._deadline
@@ -506,7 +518,19 @@ class Session:
             now = time.monotonic()
             due = now + retry_pause(self.ttl) if self._jeopardy else self._acknowledged_sent + self.ttl / 3
             wake = min([due, deadline] + expiries)
-            if self._stop.wait(max(0.0, wake - now)):
+            # Past half its period, a healthy session rides along with any batch this client
+            # sends: the sessions of one client fall into step and share their requests.
+            ride_from = self._acknowledged_sent + self.ttl / 6
+            if not self._jeopardy:
+                if now >= ride_from:
+                    batcher.ride(id(self), self._on_departure)
+                else:
+                    wake = min(wake, ride_from)
+            self._wake.wait(max(0.0, wake - now))
+            batcher.unride(id(self))
+            self._wake.clear()
+            departed, self._departed = self._departed, False
+            if self._stop.is_set():
                 return
             self._expire_holds()
             sent = time.monotonic()
@@ -514,30 +538,37 @@ class Session:
                 self._lose(SessionLost("session_lost", 0, "no keepalive was acknowledged before the local deadline"))
                 self._close_on_server()
                 return
-            if sent < due:
-                continue  # woken for a hold's expiry
+            if sent < due and not departed:
+                continue  # woken for a hold's expiry or to ride from now on
             try:
-                _, answer = self._request(
-                    "POST",
-                    f"/v1/sessions/{self.id}/keepalive",
-                    policy=ONE_PASS,
-                    timeout=keepalive_timeout(deadline - sent, endpoints),
-                )
-            except SessionLost as error:
-                self._lose(error)
-                return
-            except PermitError as error:
-                log.debug("keepalive of %s failed: %s", self.id, error)
-                self._jeopardy = True
-                continue
+                outcome = batcher.keepalive(self, keepalive_timeout(deadline - sent, endpoints), deadline - sent)
             except Exception as error:  # keep the thread alive whatever happens
                 log.warning("keepalive of %s failed: %r", self.id, error)
                 self._jeopardy = True
                 continue
+            if self._stop.is_set():
+                return  # closed while it waited: the answer no longer matters
+            if isinstance(outcome, SessionLost):
+                self._lose(outcome)
+                return
+            if isinstance(outcome, PermitError):
+                log.debug("keepalive of %s failed: %s", self.id, outcome)
+                self._jeopardy = True
+                continue
             with self._lock:
-                self._acknowledged_sent = sent
-                self._deadline = max(self._deadline, sent + min(self.ttl, answer["ttl_ms"] / 1000.0))
+                # ``outcome.sent`` is when the request that carried it was sent (at or after
+                # this loop asked): the server renewed after that.
+                self._acknowledged_sent = outcome.sent
+                self._deadline = max(self._deadline, outcome.sent + min(self.ttl, outcome.ttl))
             self._jeopardy = False
+
+    def _on_departure(self) -> None:
+        self._departed = True
+        self._wake.set()
+
+    def _halt(self) -> None:
+        self._stop.set()
+        self._wake.set()
 
     def _expire_holds(self) -> None:
         now = time.monotonic()
@@ -573,7 +604,7 @@ class Session:
             self._closed = True
             holds = list(self._holds)
             self._holds.clear()
-        self._stop.set()
+        self._halt()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=REQUEST_TIMEOUT)
         for hold in holds:
@@ -602,6 +633,80 @@ class Session:
             if kind is None:
                 raise
             log.debug("closing session %s: %s", self.id, error)
+
+
+class _Ask(KeepaliveAsk):
+    def __init__(self, session_id: str, timeout: float) -> None:
+        super().__init__(session_id, timeout)
+        self.done = threading.Event()
+
+    def _notify(self) -> None:
+        self.done.set()
+
+
+class _Batcher(KeepaliveBatcher):
+    """The sync client's keepalive batcher: a short-lived thread sends the batches while asks
+    keep coming (see :class:`permit._common.KeepaliveBatcher`)."""
+
+    def __init__(self, client: Client) -> None:
+        super().__init__()
+        self._client = client
+
+    def keepalive(self, session: "Session", timeout: float, wait: float) -> Outcome:
+        """Keeps ``session`` alive through the next batch (or alone, on an older server);
+        ``timeout`` bounds the request, ``wait`` the wait for the answer."""
+        if not self.unbatched():
+            ask = _Ask(session.id, timeout)
+            if self.put(ask):
+                threading.Thread(target=self._send_batches, name="permit-keepalive-batch", daemon=True).start()
+            start = time.monotonic()
+            # Polled in short steps so that a stopped session stops waiting.
+            while not ask.done.is_set() and not session._stop.is_set():
+                left = wait - (time.monotonic() - start)
+                if left <= 0:
+                    break
+                ask.done.wait(min(0.05, left))
+            if not ask.done.is_set():
+                ask.abandoned = True
+                return ClusterUnavailable("timeout", 0, "the batched keepalive was not answered in time")
+            if not ask.unsupported:
+                assert ask.outcome is not None
+                return ask.outcome
+        sent = time.monotonic()
+        try:
+            _, answer = session._request("POST", f"/v1/sessions/{session.id}/keepalive", policy=ONE_PASS, timeout=timeout)
+        except PermitError as error:
+            return error
+        return Renewal(sent, answer["ttl_ms"] / 1000.0)
+
+    def _send_batches(self) -> None:
+        asks: Optional[List[KeepaliveAsk]] = None
+        try:
+            while True:
+                # Sessions due soon join this batch rather than the next one.
+                riders = self.depart()
+                if riders:
+                    self.wait_joined(riders)
+                asks = self.take()
+                if asks is None:
+                    return
+                if self.unsupported_now(asks):
+                    continue
+                ids, timeout = self.request(asks)
+                # Taken before the request leaves: every renewal it carries happens after it.
+                sent = time.monotonic()
+                try:
+                    _, body = self._client._request(
+                        "POST", "/v1/sessions/keepalive", json={"sessions": ids}, policy=ONE_PASS, timeout=timeout
+                    )
+                except PermitError as error:
+                    self.settle(asks, ids, sent, error=error)
+                    continue
+                self.settle(asks, ids, sent, body=body)
+        except BaseException as error:
+            log.warning("the keepalive batcher failed: %r", error)
+            self.stopped(asks or [])
+            raise
 
 
 def _call(callback: OnLost, error: SessionLost) -> None:

@@ -38,7 +38,11 @@ from ._common import (
     Attempts,
     EndpointsArg,
     Failure,
+    KeepaliveAsk,
+    KeepaliveBatcher,
     Leader,
+    Outcome,
+    Renewal,
     SemaphoreInfo,
     acquire_body,
     answer_failure,
@@ -115,6 +119,8 @@ class Client:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._http: Optional[httpx.AsyncClient] = None
+        # Carries the background keepalives of all this client's sessions in shared requests.
+        self._batcher = _Batcher(self)
 
     def _new_pool(self) -> httpx.AsyncClient:
         options = dict(self._options)
@@ -168,7 +174,9 @@ class Client:
     async def session(self, ttl: float = 10.0, name: Optional[str] = None, on_lost: Optional[OnLost] = None) -> "Session":
         """Creates a session that lives ``ttl`` seconds after its last keepalive; a task
         sends one every ``ttl/3``. ``on_lost`` is called (from the keepalive task) with a
-        :class:`permit.SessionLost` the moment the session is known or presumed lost.
+        :class:`permit.SessionLost` the moment the session is known or presumed lost. The
+        keepalives of all sessions of this client go together in batched requests
+        (``POST /v1/sessions/keepalive``; one per session to a server without that route).
 
         Creation is not retried blindly: only a request that certainly did not reach a
         leader (connection refused, ``leader_unreachable``) is sent again, so a timeout can
@@ -317,6 +325,9 @@ class Session:
         # make the client's pool scan) other sessions' connections.
         self._http = client._new_pool()
         self._stop = asyncio.Event()
+        # Set to wake the keepalive task: stopped, or a batch departs (``_departed``).
+        self._wake = asyncio.Event()
+        self._departed = False
         self._task: Optional["asyncio.Task[None]"] = None
 
     def _start(self) -> None:
@@ -534,7 +545,7 @@ class Session:
             self.lost.set()
             holds = list(self._holds)
             self._holds.clear()
-        self._stop.set()
+        self._halt()
         log.warning("permit session %s lost: %s", self.id, error.message)
         for hold in holds:
             hold._mark_lost(error)
@@ -543,6 +554,7 @@ class Session:
 
     async def _keepalive(self) -> None:
         endpoints = len(self.client.endpoints)
+        batcher = self.client._batcher
         while not self.lost.is_set():
             with self._lock:
                 deadline = self._deadline
@@ -550,41 +562,60 @@ class Session:
             now = time.monotonic()
             due = now + retry_pause(self.ttl) if self._jeopardy else self._acknowledged_sent + self.ttl / 3
             wake = min([due, deadline] + expiries)
+            # Past half its period, a healthy session rides along with any batch this client
+            # sends: the sessions of one client fall into step and share their requests.
+            ride_from = self._acknowledged_sent + self.ttl / 6
+            if not self._jeopardy:
+                if now >= ride_from:
+                    batcher.ride(id(self), self._on_departure)
+                else:
+                    wake = min(wake, ride_from)
             try:
-                await asyncio.wait_for(self._stop.wait(), max(0.0, wake - now))
-                return
+                await asyncio.wait_for(self._wake.wait(), max(0.0, wake - now))
             except asyncio.TimeoutError:
                 pass
+            batcher.unride(id(self))
+            self._wake.clear()
+            departed, self._departed = self._departed, False
+            if self._stop.is_set():
+                return
             self._expire_holds()
             sent = time.monotonic()
             if sent >= deadline:
                 self._lose(SessionLost("session_lost", 0, "no keepalive was acknowledged before the local deadline"))
                 await self._close_on_server()
                 return
-            if sent < due:
-                continue  # woken for a hold's expiry
+            if sent < due and not departed:
+                continue  # woken for a hold's expiry or to ride from now on
             try:
-                _, answer = await self._request(
-                    "POST",
-                    f"/v1/sessions/{self.id}/keepalive",
-                    policy=ONE_PASS,
-                    timeout=keepalive_timeout(deadline - sent, endpoints),
-                )
-            except SessionLost as error:
-                self._lose(error)
-                return
-            except PermitError as error:
-                log.debug("keepalive of %s failed: %s", self.id, error)
-                self._jeopardy = True
-                continue
-            except Exception as error:  # keep the thread alive whatever happens
+                outcome = await batcher.keepalive(self, keepalive_timeout(deadline - sent, endpoints), deadline - sent)
+            except Exception as error:  # keep the task alive whatever happens
                 log.warning("keepalive of %s failed: %r", self.id, error)
                 self._jeopardy = True
                 continue
+            if self._stop.is_set():
+                return  # closed while it waited: the answer no longer matters
+            if isinstance(outcome, SessionLost):
+                self._lose(outcome)
+                return
+            if isinstance(outcome, PermitError):
+                log.debug("keepalive of %s failed: %s", self.id, outcome)
+                self._jeopardy = True
+                continue
             with self._lock:
-                self._acknowledged_sent = sent
-                self._deadline = max(self._deadline, sent + min(self.ttl, answer["ttl_ms"] / 1000.0))
+                # ``outcome.sent`` is when the request that carried it was sent (at or after
+                # this loop asked): the server renewed after that.
+                self._acknowledged_sent = outcome.sent
+                self._deadline = max(self._deadline, outcome.sent + min(self.ttl, outcome.ttl))
             self._jeopardy = False
+
+    def _on_departure(self) -> None:
+        self._departed = True
+        self._wake.set()
+
+    def _halt(self) -> None:
+        self._stop.set()
+        self._wake.set()
 
     def _expire_holds(self) -> None:
         now = time.monotonic()
@@ -620,7 +651,7 @@ class Session:
             self._closed = True
             holds = list(self._holds)
             self._holds.clear()
-        self._stop.set()
+        self._halt()
         task = self._task
         if task is not None and task is not asyncio.current_task():
             try:
@@ -653,6 +684,88 @@ class Session:
             if kind is None:
                 raise
             log.debug("closing session %s: %s", self.id, error)
+
+
+class _Ask(KeepaliveAsk):
+    def __init__(self, session_id: str, timeout: float) -> None:
+        super().__init__(session_id, timeout)
+        self.done = asyncio.Event()
+
+    def _notify(self) -> None:
+        self.done.set()
+
+
+class _Batcher(KeepaliveBatcher):
+    """The asyncio client's keepalive batcher: a short-lived task sends the batches while asks
+    keep coming (see :class:`permit._common.KeepaliveBatcher`)."""
+
+    def __init__(self, client: Client) -> None:
+        super().__init__()
+        self._client = client
+        # Running senders, referenced so that they are not collected mid-batch.
+        self._senders: Set["asyncio.Task[None]"] = set()
+
+    async def keepalive(self, session: "Session", timeout: float, wait: float) -> Outcome:
+        """Keeps ``session`` alive through the next batch (or alone, on an older server);
+        ``timeout`` bounds the request, ``wait`` the wait for the answer."""
+        if not self.unbatched():
+            ask = _Ask(session.id, timeout)
+            if self.put(ask):
+                task = asyncio.get_running_loop().create_task(self._send_batches(), name="permit-keepalive-batch")
+                self._senders.add(task)
+                task.add_done_callback(self._senders.discard)
+            try:
+                # A stopped session's task is cancelled by ``close`` if it does not return.
+                await asyncio.wait_for(ask.done.wait(), max(0.0, wait))
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                if not ask.done.is_set():
+                    ask.abandoned = True
+            if not ask.done.is_set():
+                return ClusterUnavailable("timeout", 0, "the batched keepalive was not answered in time")
+            if not ask.unsupported:
+                assert ask.outcome is not None
+                return ask.outcome
+        sent = time.monotonic()
+        try:
+            _, answer = await session._request("POST", f"/v1/sessions/{session.id}/keepalive", policy=ONE_PASS, timeout=timeout)
+        except PermitError as error:
+            return error
+        return Renewal(sent, answer["ttl_ms"] / 1000.0)
+
+    async def _send_batches(self) -> None:
+        asks: Optional[List[KeepaliveAsk]] = None
+        try:
+            while True:
+                # Sessions due soon join this batch rather than the next one.
+                riders = self.depart()
+                # The woken sessions run at the next turns of the loop (bounded).
+                for _ in range(16):
+                    if self.joined() >= riders:
+                        break
+                    await asyncio.sleep(0)
+                asks = self.take()
+                if asks is None:
+                    return
+                if self.unsupported_now(asks):
+                    continue
+                ids, timeout = self.request(asks)
+                # Taken before the request leaves: every renewal it carries happens after it.
+                sent = time.monotonic()
+                try:
+                    _, body = await self._client._request(
+                        "POST", "/v1/sessions/keepalive", json={"sessions": ids}, policy=ONE_PASS, timeout=timeout
+                    )
+                except PermitError as error:
+                    self.settle(asks, ids, sent, error=error)
+                    continue
+                self.settle(asks, ids, sent, body=body)
+        except BaseException as error:
+            if not isinstance(error, asyncio.CancelledError):
+                log.warning("the keepalive batcher failed: %r", error)
+            self.stopped(asks or [])
+            raise
 
 
 def _call(callback: OnLost, error: SessionLost) -> None:

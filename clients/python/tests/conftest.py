@@ -153,3 +153,40 @@ def cluster() -> Iterator[Cluster]:
             yield nodes
         finally:
             nodes.stop()
+
+
+def own_server(temp: str, env: Optional[Dict[str, str]] = None) -> Server:
+    """A server of the test's own (its metrics count only what the test did); ``env`` is set
+    for its start (``PERMIT_INJECT_BUG`` works with a test build of the binary)."""
+    saved = {key: os.environ.get(key) for key in env or {}}
+    os.environ.update(env or {})
+    try:
+        return Server(Path(temp) / "data", [])
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class KeepaliveCounts:
+    """What a server saw of keepalives: sessions renewed (``permit_session_keepalives_total``),
+    requests to either keepalive route, and batched requests that were answered 2xx."""
+
+    def __init__(self, url: str) -> None:
+        values = metrics(url)
+        self.renewals = metric_sum(values, "permit_session_keepalives_total")
+        self.requests = metric_sum(values, "permit_http_requests_total", "keepalive")
+        self.single = metric_sum(values, "permit_http_requests_total", "/v1/sessions/{id}/keepalive")
+        self.batch_refused = metric_sum(values, "permit_http_requests_total", 'route="/v1/sessions/keepalive"', 'status="405"')
+        self.batched = values.get("permit_session_keepalive_batch_sessions_count", 0.0)
+
+    def __repr__(self) -> str:
+        return f"KeepaliveCounts({self.__dict__})"
+
+
+def batch_route_refused(url: str) -> bool:
+    """Whether the server answers the batched keepalive 405, as servers before it did."""
+    answer = httpx.post(url + "/v1/sessions/keepalive", json={"sessions": []}, timeout=5.0, trust_env=False)
+    return answer.status_code == 405

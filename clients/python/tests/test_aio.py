@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from typing import Any, Awaitable, Callable, List, TypeVar
 
@@ -11,7 +12,7 @@ import pytest
 
 import permit
 import permit.aio
-from conftest import Server, metric_sum, metrics
+from conftest import KeepaliveCounts, Server, batch_route_refused, metric_sum, metrics, own_server
 
 T = TypeVar("T")
 
@@ -343,3 +344,81 @@ def test_keepalive_many_renews_each_session_and_reports_the_unknown_alone(server
 
     run(main)
     httpx.delete(f"{server.url}/v1/sessions/{a}")
+
+
+SESSIONS = 6
+TTL = 0.9
+
+
+def test_background_keepalives_of_one_client_share_requests(name: str) -> None:
+    with tempfile.TemporaryDirectory() as temp:
+        node = own_server(temp)
+        try:
+
+            async def main() -> None:
+                async with permit.aio.Client(node.url) as client:
+                    sessions = [await client.session(ttl=TTL) for _ in range(SESSIONS)]
+                    holds = [await s.acquire(name, capacity=SESSIONS) for s in sessions]
+                    start = time.monotonic()
+
+                    async def renewed() -> bool:
+                        return all(s.deadline > start + 3 * TTL for s in sessions)
+
+                    # Several TTLs of acknowledged keepalives, each pushing every deadline on.
+                    assert await until(renewed, timeout=15.0)
+                    assert [s.state for s in sessions] == ["alive"] * SESSIONS
+                    assert not any(h.lost.is_set() for h in holds)
+                    for h in holds:
+                        assert await client.validate(name, h.token)
+                    seen = KeepaliveCounts(node.url)
+                    assert seen.renewals >= 2 * SESSIONS, seen
+                    assert seen.batched > 0 and seen.single == 0, seen
+                    assert 2 * seen.requests <= seen.renewals, seen
+                    # A session the server no longer knows is lost alone; its batch-mates live on.
+                    gone, rest = sessions[0], sessions[1:]
+                    async with httpx.AsyncClient(trust_env=False) as http:
+                        assert (await http.delete(f"{node.url}/v1/sessions/{gone.id}")).status_code == 204
+                    await asyncio.wait_for(holds[0].lost.wait(), 3 * TTL)
+                    assert gone.state == "lost"
+                    later = time.monotonic()
+
+                    async def renewed_rest() -> bool:
+                        return all(s.deadline > later + TTL for s in rest)
+
+                    assert await until(renewed_rest, timeout=10.0)
+                    assert [s.state for s in rest] == ["alive"] * (SESSIONS - 1)
+                    assert not any(h.lost.is_set() for h in holds[1:])
+                    for s in sessions:
+                        await s.close()
+
+            run(main)
+        finally:
+            node.kill9()
+
+
+def test_background_keepalives_fall_back_to_one_per_session_on_an_older_server(name: str) -> None:
+    with tempfile.TemporaryDirectory() as temp:
+        node = own_server(temp, {"PERMIT_INJECT_BUG": "no_keepalive_batch"})
+        try:
+            if not batch_route_refused(node.url):
+                pytest.skip("this permit binary has no bug injection (a test build has it)")
+
+            async def main() -> None:
+                async with permit.aio.Client(node.url) as client:
+                    sessions = [await client.session(ttl=TTL) for _ in range(3)]
+                    start = time.monotonic()
+
+                    async def renewed() -> bool:
+                        return all(s.deadline > start + 3 * TTL for s in sessions)
+
+                    assert await until(renewed, timeout=15.0)
+                    assert [s.state for s in sessions] == ["alive"] * 3
+                    seen = KeepaliveCounts(node.url)
+                    assert seen.batch_refused == 2 and seen.batched == 0, seen
+                    assert seen.single >= 2 * 3 and seen.renewals == seen.single, seen
+                    for s in sessions:
+                        await s.close()
+
+            run(main)
+        finally:
+            node.kill9()

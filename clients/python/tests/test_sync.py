@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import permit
-from conftest import Server, eventually, metric_sum, metrics
+from conftest import KeepaliveCounts, Server, batch_route_refused, eventually, metric_sum, metrics, own_server
 
 
 def test_acquire_holds_and_release_frees(server: Server, name: str) -> None:
@@ -386,3 +386,60 @@ def test_keepalive_many_renews_each_session_and_reports_the_unknown_alone(server
         assert client.keepalive_many([]) == {}
         httpx.delete(f"{server.url}/v1/sessions/{a}")
         httpx.delete(f"{server.url}/v1/sessions/{b}")
+
+
+SESSIONS = 6
+TTL = 0.9
+
+
+def test_background_keepalives_of_one_client_share_requests(name: str) -> None:
+    with tempfile.TemporaryDirectory() as temp:
+        node = own_server(temp)
+        try:
+            with permit.Client(node.url) as client:
+                sessions = [client.session(ttl=TTL) for _ in range(SESSIONS)]
+                holds = [s.acquire(name, capacity=SESSIONS) for s in sessions]
+                start = time.monotonic()
+                # Several TTLs of acknowledged keepalives, each pushing every deadline on.
+                assert eventually(lambda: all(s.deadline > start + 3 * TTL for s in sessions), timeout=15.0)
+                assert [s.state for s in sessions] == ["alive"] * SESSIONS
+                assert not any(h.lost.is_set() for h in holds) and all(client.validate(name, h.token) for h in holds)
+                seen = KeepaliveCounts(node.url)
+                # Each session renewed at least twice after the start, in shared requests: at
+                # least two renewals per request on average, none of them one per session.
+                assert seen.renewals >= 2 * SESSIONS, seen
+                assert seen.batched > 0 and seen.single == 0, seen
+                assert 2 * seen.requests <= seen.renewals, seen
+                # A session the server no longer knows is lost alone; its batch-mates live on.
+                gone, rest = sessions[0], sessions[1:]
+                assert httpx.delete(f"{node.url}/v1/sessions/{gone.id}", trust_env=False).status_code == 204
+                assert holds[0].lost.wait(3 * TTL) and gone.state == "lost"
+                later = time.monotonic()
+                assert eventually(lambda: all(s.deadline > later + TTL for s in rest), timeout=10.0)
+                assert [s.state for s in rest] == ["alive"] * (SESSIONS - 1)
+                assert not any(h.lost.is_set() for h in holds[1:])
+                for s in sessions:
+                    s.close()
+        finally:
+            node.kill9()
+
+
+def test_background_keepalives_fall_back_to_one_per_session_on_an_older_server(name: str) -> None:
+    with tempfile.TemporaryDirectory() as temp:
+        node = own_server(temp, {"PERMIT_INJECT_BUG": "no_keepalive_batch"})
+        try:
+            if not batch_route_refused(node.url):
+                pytest.skip("this permit binary has no bug injection (a test build has it)")
+            with permit.Client(node.url) as client:
+                sessions = [client.session(ttl=TTL) for _ in range(3)]
+                start = time.monotonic()
+                assert eventually(lambda: all(s.deadline > start + 3 * TTL for s in sessions), timeout=15.0)
+                assert [s.state for s in sessions] == ["alive"] * 3
+                seen = KeepaliveCounts(node.url)
+                # The route was tried once (plus the probe above), then not again for 60 s.
+                assert seen.batch_refused == 2 and seen.batched == 0, seen
+                assert seen.single >= 2 * 3 and seen.renewals == seen.single, seen
+                for s in sessions:
+                    s.close()
+        finally:
+            node.kill9()
