@@ -105,6 +105,14 @@ impl Browser {
     }
 
     async fn call_at(&self, url: &str, method: &str, body: Option<Value>) -> Value {
+        match self.try_call_at(url, method, body).await {
+            Ok(value) => value,
+            Err(failure) => panic!("{failure}"),
+        }
+    }
+
+    /// One WebDriver command; its failure as text (method, URL, status, WebDriver's error).
+    async fn try_call_at(&self, url: &str, method: &str, body: Option<Value>) -> Result<Value, String> {
         let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
         let mut request = self.http.request(method.clone(), url);
         if let Some(body) = body {
@@ -113,8 +121,39 @@ impl Browser {
         let response = request.send().await.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
         let status = response.status();
         let value: Value = response.json().await.unwrap_or(Value::Null);
-        assert!(status.is_success(), "{method} {url}: {status} {value}");
-        value["value"].clone()
+        if !status.is_success() {
+            return Err(format!("{method} {url}: {status} {value}"));
+        }
+        Ok(value["value"].clone())
+    }
+
+    /// Finds `css` and runs `commands` on the element, finding it again when the page replaced
+    /// it in between (the dashboard re-renders its tables on every refresh, so an element found
+    /// a moment ago can be gone: WebDriver's "stale element reference"). Bounded.
+    async fn on_element(&self, css: &str, commands: &[(&str, Value)]) {
+        const ATTEMPTS: usize = 5;
+        for attempt in 1..=ATTEMPTS {
+            let id = self.element(css).await;
+            let mut stale = None;
+            for (command, body) in commands {
+                let url = format!("{}/element/{id}/{command}", self.base);
+                match self.try_call_at(&url, "POST", Some(body.clone())).await {
+                    Ok(_) => {}
+                    Err(failure) if failure.contains("stale element reference") => {
+                        stale = Some(failure);
+                        break;
+                    }
+                    Err(failure) => panic!("{failure}"),
+                }
+            }
+            match stale {
+                None => return,
+                Some(failure) if attempt == ATTEMPTS => panic!("{css} stayed stale: {failure}"),
+                Some(_) => {
+                    eprintln!("{css} was replaced by a re-render (attempt {attempt}); finding it again")
+                }
+            }
+        }
     }
 
     /// One WebDriver command of this session.
@@ -143,14 +182,11 @@ impl Browser {
     }
 
     pub async fn click(&self, css: &str) {
-        let id = self.element(css).await;
-        self.call("POST", &format!("/element/{id}/click"), Some(json!({}))).await;
+        self.on_element(css, &[("click", json!({}))]).await;
     }
 
     pub async fn type_into(&self, css: &str, text: &str) {
-        let id = self.element(css).await;
-        self.call("POST", &format!("/element/{id}/clear"), Some(json!({}))).await;
-        self.call("POST", &format!("/element/{id}/value"), Some(json!({ "text": text }))).await;
+        self.on_element(css, &[("clear", json!({})), ("value", json!({ "text": text }))]).await;
     }
 
     pub async fn accept_alert(&self) {
