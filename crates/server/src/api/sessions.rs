@@ -20,6 +20,7 @@ use super::semaphores::{list_limit, ListParams};
 use super::watch::StaleParams;
 use crate::auth::Caller;
 use crate::node::Node;
+use crate::raft::replica::ReplicaState;
 use permit_core::{Access, Resource};
 
 /// Attempts to draw an unused session id; a collision of 128 random bits is a broken RNG.
@@ -87,16 +88,18 @@ pub async fn keepalive(
     let id = parse_session(&id)?;
     // Confirm leadership first: a deposed leader must not promise a deadline its successor will
     // not honour. The successor extended every deadline when it took over, before this point.
-    let ttl_ms = node
-        .with_lease_authority(|replica| {
-            caller.owns(&replica.state, id)?;
-            // The lessor tracks exactly the applied sessions, with their TTLs: no lookup in the
-            // state is needed.
-            replica.lessor.keepalive(id, Instant::now()).ok_or_else(ApiError::session_not_found)
-        })
-        .await??;
+    let ttl_ms = node.with_lease_authority(|replica| renew(replica, &caller, id, Instant::now())).await??;
     node.metrics.keepalive();
     Ok(axum::Json(KeepaliveResponse { ttl_ms }))
+}
+
+/// Renews session `id` for `caller` from `now`, under a confirmed lease authority: its TTL in
+/// ms, or why not (`permission_denied`, `session_not_found`). Both keepalive routes use it.
+fn renew(replica: &mut ReplicaState, caller: &Caller, id: SessionId, now: Instant) -> Result<u64, ApiError> {
+    caller.owns(&replica.state, id)?;
+    // The lessor tracks exactly the applied sessions, with their TTLs: no lookup in the state
+    // is needed.
+    replica.lessor.keepalive(id, now).ok_or_else(ApiError::session_not_found)
 }
 
 /// Keep several sessions alive in one request: each renewed session lives at least its `ttl_ms`
@@ -131,20 +134,15 @@ pub async fn keepalive_batch(
             let results: Vec<KeepaliveResult> = ids
                 .iter()
                 .zip(&request.sessions)
-                .map(|(&id, text)| {
-                    let answer = caller.owns(&replica.state, id).and_then(|()| {
-                        replica.lessor.keepalive(id, now).ok_or_else(ApiError::session_not_found)
-                    });
-                    match answer {
-                        Ok(ttl_ms) => {
-                            renewed += 1;
-                            KeepaliveResult::Renewed { id: text.clone(), ttl_ms }
-                        }
-                        Err(error) => KeepaliveResult::Refused {
-                            id: text.clone(),
-                            error: ErrorDetail { code: error.code, message: error.message },
-                        },
+                .map(|(&id, text)| match renew(replica, &caller, id, now) {
+                    Ok(ttl_ms) => {
+                        renewed += 1;
+                        KeepaliveResult::Renewed { id: text.clone(), ttl_ms }
                     }
+                    Err(error) => KeepaliveResult::Refused {
+                        id: text.clone(),
+                        error: ErrorDetail { code: error.code, message: error.message },
+                    },
                 })
                 .collect();
             (results, renewed)

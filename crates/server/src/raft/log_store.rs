@@ -277,13 +277,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         match result {
             Ok(()) => {
-                let callback = match (&self.faults, span) {
-                    (Some(faults), Some((first, last))) => faults.appended(first, last, callback),
-                    _ => Some(callback),
-                };
-                if let Some(callback) = callback {
-                    callback.log_io_completed(Ok(()));
-                }
+                StorageFaults::report_appended(self.faults.as_deref(), span, callback);
                 Ok(())
             }
             Err(e) => {

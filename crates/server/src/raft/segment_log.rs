@@ -405,6 +405,13 @@ impl Inner {
         sync_dir(&self.dir)
     }
 
+    /// Appends a commit index record (no fsync of its own: durable with the next append).
+    fn write_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
+        let mut bytes = Vec::new();
+        record(KIND_COMMITTED, &encode(&committed), &mut bytes);
+        self.write(&bytes, false).map(|_| ())
+    }
+
     /// Removes entries at and after `index`: zeroes their records and deletes later segments.
     fn truncate(&mut self, index: u64) -> io::Result<()> {
         let Some((_, (_, seq, offset))) = self.entries.range(index..).next() else { return Ok(()) };
@@ -526,9 +533,7 @@ impl SegmentLog {
             // tail (it may point into it if the disk lied), as in the redb store.
             if inner.committed.is_some_and(|committed| committed.index >= from) {
                 inner.committed = None;
-                let mut bytes = Vec::new();
-                record(KIND_COMMITTED, &encode(&None::<LogId>), &mut bytes);
-                inner.write(&bytes, false)?;
+                inner.write_committed(None)?;
                 fdatasync(&inner.segments.last().expect("written to").file)?;
             }
             drop(inner);
@@ -660,9 +665,7 @@ impl RaftLogStorage<TypeConfig> for SegmentLog {
             if inner.segments.is_empty() {
                 return Ok(());
             }
-            let mut bytes = Vec::new();
-            record(KIND_COMMITTED, &encode(&committed), &mut bytes);
-            inner.write(&bytes, false).map(|_| ())
+            inner.write_committed(committed)
         })
         .map_err(|e| io_storage_error(ErrorSubject::Logs, ErrorVerb::Write, &e))
     }
@@ -681,13 +684,7 @@ impl RaftLogStorage<TypeConfig> for SegmentLog {
             entries.first().zip(entries.last()).map(|(first, last)| (first.log_id.index, last.log_id.index));
         match self.append_entries(entries) {
             Ok(_) => {
-                let callback = match (&self.faults, span) {
-                    (Some(faults), Some((first, last))) => faults.appended(first, last, callback),
-                    _ => Some(callback),
-                };
-                if let Some(callback) = callback {
-                    callback.log_io_completed(Ok(()));
-                }
+                StorageFaults::report_appended(self.faults.as_deref(), span, callback);
                 Ok(())
             }
             Err(e) => {

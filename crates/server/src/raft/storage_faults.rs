@@ -112,20 +112,22 @@ impl StorageFaults {
         self.torn_from.lock().expect("faults lock").take()
     }
 
-    /// An append of entries `first..=last` was written: gives its flush back to be reported
-    /// now, or withholds it (returns `None`) while appends stall.
-    pub(super) fn appended(
-        &self,
-        first: u64,
-        last: u64,
+    /// An append of entries `span` (first and last index) was written and synced: reports it
+    /// flushed to openraft, unless `faults` stall appends, which withholds the report until a
+    /// power cut drops it. Both log stores end a successful append here.
+    pub(super) fn report_appended(
+        faults: Option<&StorageFaults>,
+        span: Option<(u64, u64)>,
         flushed: LogFlushed<TypeConfig>,
-    ) -> Option<LogFlushed<TypeConfig>> {
-        self.last_appended.store(last, std::sync::atomic::Ordering::Relaxed);
-        if self.stall.load(std::sync::atomic::Ordering::Relaxed) {
-            // The fsync "hangs": the flush is withheld until a power cut drops it.
-            *self.stalled.lock().expect("faults lock") = Some((flushed, first, last));
-            return None;
+    ) {
+        if let (Some(faults), Some((first, last))) = (faults, span) {
+            faults.last_appended.store(last, std::sync::atomic::Ordering::Relaxed);
+            if faults.stall.load(std::sync::atomic::Ordering::Relaxed) {
+                // The fsync "hangs": the flush is withheld until a power cut drops it.
+                *faults.stalled.lock().expect("faults lock") = Some((flushed, first, last));
+                return;
+            }
         }
-        Some(flushed)
+        flushed.log_io_completed(Ok(()));
     }
 }
