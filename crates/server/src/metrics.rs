@@ -31,7 +31,8 @@ const OBJECT_SECONDS_BUCKETS: [f64; 18] = [
 /// Buckets of the long-poll duration histogram, in seconds.
 const LONG_POLL_BUCKETS: [f64; 12] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0];
 
-/// The per-object gauges of one series, as handed to [`Metrics::object_gauges`].
+/// The per-object gauges of one series ([`Metrics::object_series`]).
+#[derive(Clone)]
 pub struct ObjectGauges {
     /// Capacity (semaphores).
     pub capacity: Gauge,
@@ -367,18 +368,23 @@ impl Metrics {
         }
     }
 
-    /// Runs `change` on the gauges of the series `labels` of an object of `kind`, and keeps the
-    /// totals over all objects (`permit_holds`, `permit_waiters`) in step.
-    pub fn object_gauges<R>(&self, kind: Kind, labels: &Labels, change: impl FnOnce(&ObjectGauges) -> R) {
+    /// The gauges of the series `labels` of an object of `kind` (created at zero if new). The
+    /// handles stay valid until [`Metrics::forget_object`] drops the series.
+    pub fn object_series(&self, kind: Kind, labels: &Labels) -> ObjectGauges {
         let f = self.families(kind);
-        let gauges = ObjectGauges {
+        ObjectGauges {
             capacity: f.capacity.get_or_create(labels).clone(),
             held: f.held.get_or_create(labels).clone(),
             holders: f.holders.get_or_create(labels).clone(),
             waiters: f.waiters.get_or_create(labels).clone(),
-        };
+        }
+    }
+
+    /// Runs `change` on one object's `gauges`, and keeps the totals over all objects
+    /// (`permit_holds`, `permit_waiters`) in step.
+    pub fn change_object<R>(&self, gauges: &ObjectGauges, change: impl FnOnce(&ObjectGauges) -> R) {
         let (holders, waiters) = (gauges.holders.get(), gauges.waiters.get());
-        change(&gauges);
+        change(gauges);
         self.gauges.holds.inc_by(gauges.holders.get() - holders);
         self.gauges.waiters.inc_by(gauges.waiters.get() - waiters);
     }

@@ -53,6 +53,8 @@ pub struct Node {
     pub(crate) removed: watch::Receiver<bool>,
     /// Where new session and token ids come from.
     ids: IdSource,
+    /// The `permit-leader` header value every answer carries, built once per leader.
+    pub(crate) leader_header: crate::api::forward::LeaderHeader,
 }
 
 /// Where a node draws new session and token ids: the OS-seeded generator, or, in a simulation
@@ -149,6 +151,7 @@ impl Node {
         let node = Arc::new(Node {
             id: config.node_id,
             ids: IdSource::new(config.id_seed),
+            leader_header: Default::default(),
             addr,
             consensus,
             clock: parts.clock,

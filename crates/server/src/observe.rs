@@ -7,13 +7,13 @@
 //! the state under the replica lock; a snapshot install rebuilds the gauges once.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use permit_core::{Effect, Event, EventKind, Key, Kind, SessionId, State};
 use tokio::sync::Notify;
 
-use crate::metrics::{Labels, Metrics};
+use crate::metrics::{Labels, Metrics, ObjectGauges};
 
 /// Events kept for resuming streams (`Last-Event-ID`).
 pub const EVENT_RING_LEN: usize = 10_000;
@@ -21,19 +21,42 @@ pub const EVENT_RING_LEN: usize = 10_000;
 /// The label value under which objects past `--metrics-names-max` are summed.
 pub const OVERFLOW_LABEL: &str = "_other";
 
-/// One event as streamed: its number, what the filters look at, and its JSON.
+/// One event as streamed: its number, the event, and its JSON, rendered when a stream first
+/// sends it (most events are never streamed; rendering each at apply time took a quarter of
+/// the server's instructions under W2).
 #[derive(Debug)]
 pub struct Recorded {
     /// Its number on this node (the SSE `id`).
     pub seq: u64,
+    /// The log index of the entry it came from.
+    index: u64,
+    /// The leader time of that entry.
+    now_ms: u64,
+    event: Box<Event>,
+    json: OnceLock<String>,
+}
+
+impl Recorded {
     /// Its kind.
-    pub kind: EventKind,
+    pub fn kind(&self) -> EventKind {
+        self.event.kind
+    }
+
     /// The object, for object events.
-    pub key: Option<Key>,
-    /// The session's name, for session events (auth checks `session` read on it).
-    pub session_name: Option<String>,
+    pub fn key(&self) -> Option<&Key> {
+        self.event.key.as_ref()
+    }
+
+    /// The session's name, for session events (auth checks `session` read on it): `""` for a
+    /// session without one, `None` for other events.
+    pub fn session_name(&self) -> Option<&str> {
+        self.event.kind.is_session().then(|| self.event.session_name.as_deref().unwrap_or(""))
+    }
+
     /// The `data:` line.
-    pub json: String,
+    pub fn json(&self) -> &str {
+        self.json.get_or_init(|| render(self.seq, self.index, self.now_ms, &self.event))
+    }
 }
 
 /// The last [`EVENT_RING_LEN`] events, and a wake-up for streams waiting for more.
@@ -110,6 +133,8 @@ fn object_labels(kind: Kind, name: &str) -> Labels {
 struct Tracked {
     /// Its series' labels (its own, or the overflow label).
     labels: Labels,
+    /// Its series' gauges, looked up once (a lookup hashes the labels).
+    gauges: ObjectGauges,
     /// Whether it has a series of its own.
     own: bool,
     capacity: u64,
@@ -169,8 +194,7 @@ impl Observer {
             for (key, object) in state.objects_after(kind, None) {
                 self.track(&mut tracker, key, object.capacity);
                 let tracked = tracker.objects.get_mut(key).expect("tracked above");
-                let labels = tracked.labels.clone();
-                m.object_gauges(key.kind, &labels, |g| {
+                m.change_object(&tracked.gauges, |g| {
                     g.held.inc_by(object.held as i64);
                     g.holders.inc_by(object.holders.len() as i64);
                     g.waiters.inc_by(object.queue.len() as i64);
@@ -209,10 +233,12 @@ impl Observer {
         if own {
             tracker.own += 1;
         }
-        self.metrics.object_gauges(key.kind, &labels, |g| g.capacity.inc_by(capacity as i64));
+        let gauges = self.metrics.object_series(key.kind, &labels);
+        self.metrics.change_object(&gauges, |g| g.capacity.inc_by(capacity as i64));
         self.metrics.objects_gauge(key.kind).inc();
         let tracked = Tracked {
             labels,
+            gauges,
             own,
             capacity,
             queued: HashMap::new(),
@@ -230,7 +256,13 @@ impl Observer {
             match effect {
                 Effect::Event(event) => {
                     self.count(&mut tracker, now_ms, event);
-                    self.ring.push(|seq| record(seq, index, now_ms, event));
+                    self.ring.push(|seq| Recorded {
+                        seq,
+                        index,
+                        now_ms,
+                        event: event.clone(),
+                        json: OnceLock::new(),
+                    });
                     recorded = true;
                 }
                 Effect::TryAcquireRefused { key } => {
@@ -259,8 +291,7 @@ impl Observer {
             self.metrics.forget_object(&tracked.labels);
         } else {
             // An idle object holds and waits for nothing: only its capacity is in the sum.
-            self.metrics
-                .object_gauges(key.kind, &tracked.labels, |g| g.capacity.dec_by(tracked.capacity as i64));
+            self.metrics.change_object(&tracked.gauges, |g| g.capacity.dec_by(tracked.capacity as i64));
         }
     }
 
@@ -279,7 +310,7 @@ impl Observer {
             if let Some(tracked) = tracker.objects.get_mut(key) {
                 let delta = capacity as i64 - tracked.capacity as i64;
                 tracked.capacity = capacity;
-                m.object_gauges(key.kind, &tracked.labels, |g| g.capacity.inc_by(delta));
+                m.change_object(&tracked.gauges, |g| g.capacity.inc_by(delta));
             } else {
                 self.track(tracker, key, capacity);
             }
@@ -299,7 +330,7 @@ impl Observer {
             if let Some((seq, _, _)) = waited {
                 tracked.queue_order.remove(&seq);
                 overflow_queue.remove(&seq);
-                m.object_gauges(key.kind, &tracked.labels, |g| g.waiters.dec());
+                m.change_object(&tracked.gauges, |g| g.waiters.dec());
             }
             waited.map(|(_, _, queued_ms)| queued_ms)
         };
@@ -314,12 +345,12 @@ impl Observer {
                         overflow_queue.insert(*next_wait, now);
                     }
                 }
-                m.object_gauges(key.kind, labels, |g| g.waiters.inc());
+                m.change_object(&tracked.gauges, |g| g.waiters.inc());
             }
             EventKind::Granted => {
                 let queued_ms = end_wait(tracked, overflow_queue);
                 let labels = &tracked.labels;
-                m.object_gauges(key.kind, labels, |g| {
+                m.change_object(&tracked.gauges, |g| {
                     g.held.inc_by(permits);
                     g.holders.inc();
                 });
@@ -330,7 +361,7 @@ impl Observer {
                 end_wait(tracked, overflow_queue);
             }
             EventKind::Released | EventKind::Expired | EventKind::Revoked => {
-                m.object_gauges(key.kind, labels, |g| {
+                m.change_object(&tracked.gauges, |g| {
                     g.held.dec_by(permits);
                     g.holders.dec();
                 });
@@ -395,43 +426,145 @@ impl Observer {
     }
 }
 
-/// The JSON of one event, as the stream sends it.
-fn record(seq: u64, index: u64, now_ms: u64, event: &Event) -> Recorded {
-    let mut data = serde_json::Map::new();
-    data.insert("seq".into(), seq.into());
-    data.insert("index".into(), index.into());
-    data.insert("now_ms".into(), now_ms.into());
-    data.insert("kind".into(), event.kind.as_str().into());
-    if let Some(key) = &event.key {
-        let kind = match key.kind {
-            Kind::Semaphore => "semaphore",
-            Kind::Election => "election",
-        };
-        data.insert("object_kind".into(), kind.into());
-        data.insert("name".into(), key.name.as_str().into());
-    }
-    if let Some(session) = event.session {
-        data.insert("session".into(), session.to_string().into());
-    }
-    if let Some(name) = &event.session_name {
-        data.insert("session_name".into(), name.as_str().into());
-    }
-    for (field, value) in [("permits", event.permits), ("token", event.token), ("capacity", event.capacity)] {
-        if let Some(value) = value {
-            data.insert(field.into(), value.into());
+/// The JSON of one event, as the stream sends it. Fields are in alphabetical order, absent
+/// ones left out.
+fn render(seq: u64, index: u64, now_ms: u64, event: &Event) -> String {
+    /// Serialized as its hex text (the id as every route spells it).
+    struct Hex(SessionId);
+
+    impl serde::Serialize for Hex {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_str(&self.0)
         }
     }
-    if let Some(value) = &event.value {
-        data.insert("value".into(), value.as_str().into());
+
+    #[derive(serde::Serialize)]
+    struct Json<'a> {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        capacity: Option<u64>,
+        index: u64,
+        kind: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        name: Option<&'a str>,
+        now_ms: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        object_kind: Option<&'static str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        permits: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<&'static str>,
+        seq: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        session: Option<Hex>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        session_name: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        token: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        value: Option<&'a str>,
     }
-    if let Some(reason) = event.reason {
-        data.insert("reason".into(), reason.as_str().into());
-    }
-    Recorded {
+
+    let json = Json {
+        capacity: event.capacity,
+        index,
+        kind: event.kind.as_str(),
+        name: event.key.as_ref().map(|key| key.name.as_str()),
+        now_ms,
+        object_kind: event.key.as_ref().map(|key| match key.kind {
+            Kind::Semaphore => "semaphore",
+            Kind::Election => "election",
+        }),
+        permits: event.permits,
+        reason: event.reason.map(|reason| reason.as_str()),
         seq,
-        kind: event.kind,
-        key: event.key.clone(),
-        session_name: event.kind.is_session().then(|| event.session_name.clone().unwrap_or_default()),
-        json: serde_json::Value::Object(data).to_string(),
+        session: event.session.map(Hex),
+        session_name: event.session_name.as_deref(),
+        token: event.token,
+        value: event.value.as_deref(),
+    };
+    serde_json::to_string(&json).expect("an event serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use permit_core::{Name, WaitEndReason};
+
+    use super::*;
+
+    /// The rendering before it was typed: a JSON object built field by field.
+    fn by_map(seq: u64, index: u64, now_ms: u64, event: &Event) -> serde_json::Value {
+        let mut data = serde_json::Map::new();
+        data.insert("seq".into(), seq.into());
+        data.insert("index".into(), index.into());
+        data.insert("now_ms".into(), now_ms.into());
+        data.insert("kind".into(), event.kind.as_str().into());
+        if let Some(key) = &event.key {
+            let kind = if key.kind == Kind::Semaphore { "semaphore" } else { "election" };
+            data.insert("object_kind".into(), kind.into());
+            data.insert("name".into(), key.name.as_str().into());
+        }
+        if let Some(session) = event.session {
+            data.insert("session".into(), session.to_string().into());
+        }
+        if let Some(name) = &event.session_name {
+            data.insert("session_name".into(), name.as_str().into());
+        }
+        for (field, value) in
+            [("permits", event.permits), ("token", event.token), ("capacity", event.capacity)]
+        {
+            if let Some(value) = value {
+                data.insert(field.into(), value.into());
+            }
+        }
+        if let Some(value) = &event.value {
+            data.insert("value".into(), value.as_str().into());
+        }
+        if let Some(reason) = event.reason {
+            data.insert("reason".into(), reason.as_str().into());
+        }
+        serde_json::Value::Object(data)
+    }
+
+    #[test]
+    fn events_render_as_they_did_field_by_field() {
+        let key = |kind, name: &str| Some(Key { kind, name: Name::new(name).expect("a valid name") });
+        let session = "00112233445566778899aabbccddeeff".parse::<SessionId>().expect("an id");
+        let mut events = Vec::new();
+        for kind in EventKind::ALL {
+            events.push(Event::new(kind));
+            events.push(Event {
+                key: key(Kind::Semaphore, "db-pool.main_1"),
+                session: Some(session),
+                session_name: Some("worker \"1\"\n\u{e9}".into()),
+                permits: Some(3),
+                token: Some(u64::MAX),
+                capacity: Some(0),
+                value: Some("{\"leader\":true}".into()),
+                reason: Some(WaitEndReason::SessionEnded),
+                held_ms: Some(12),
+                from_queue: true,
+                ..Event::new(kind)
+            });
+            events.push(Event { key: key(Kind::Election, "scheduler"), ..Event::new(kind) });
+        }
+        for (i, event) in events.iter().enumerate() {
+            let rendered = render(i as u64 + 1, 1_000 + i as u64, 5_000, event);
+            let parsed: serde_json::Value = serde_json::from_str(&rendered).expect("valid JSON");
+            assert_eq!(parsed, by_map(i as u64 + 1, 1_000 + i as u64, 5_000, event), "{rendered}");
+            // Keys in alphabetical order, as the map rendered them.
+            assert_eq!(rendered, parsed.to_string());
+        }
+    }
+
+    #[test]
+    fn a_recorded_event_renders_once_and_answers_the_filters() {
+        let event = Event { session_name: None, ..Event::new(EventKind::SessionCreated) };
+        let recorded =
+            Recorded { seq: 7, index: 9, now_ms: 11, event: Box::new(event), json: OnceLock::new() };
+        assert_eq!(recorded.session_name(), Some(""));
+        assert!(recorded.key().is_none());
+        let first: *const str = recorded.json();
+        assert!(std::ptr::eq(first, recorded.json()), "rendered once");
+        assert!(recorded.json().contains("\"seq\":7"));
     }
 }

@@ -62,10 +62,10 @@ impl Filter {
     }
 
     fn passes(&self, event: &Recorded) -> bool {
-        if !self.kinds[kind_slot(event.kind)] {
+        if !self.kinds[kind_slot(event.kind())] {
             return false;
         }
-        match (&event.key, &event.session_name) {
+        match (event.key(), event.session_name()) {
             (Some(key), _) => {
                 let resource = match key.kind {
                     Kind::Semaphore => Resource::Semaphore,
@@ -75,8 +75,7 @@ impl Filter {
                     && self.caller.can(resource, key.name.as_str(), Access::Read)
             }
             (None, name) => {
-                self.prefix.is_empty()
-                    && self.caller.can(Resource::Session, name.as_deref().unwrap_or(""), Access::Read)
+                self.prefix.is_empty() && self.caller.can(Resource::Session, name.unwrap_or(""), Access::Read)
             }
         }
     }
@@ -120,10 +119,11 @@ impl Stream {
         loop {
             while let Some(event) = self.pending.pop_front() {
                 if self.filter.passes(&event) {
-                    let kind = event.kind.as_str();
+                    let kind = event.kind().as_str();
                     return Some(Bytes::from(format!(
                         "id: {}\nevent: {kind}\ndata: {}\n\n",
-                        event.seq, event.json
+                        event.seq,
+                        event.json()
                     )));
                 }
             }

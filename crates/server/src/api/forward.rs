@@ -13,11 +13,11 @@
 //! (`permit-client` does). Forwarding costs a W2 round on 3 nodes about a third of its rate
 //! (`docs/performance.md`).
 
-use std::sync::Arc;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -27,6 +27,7 @@ use permit_wire::{
 
 use super::error::ApiError;
 use crate::node::Node;
+use crate::raft::NodeId;
 
 /// How long a request waits for a leader to be elected before it is answered `no_leader`.
 const LEADER_PATIENCE: Duration = Duration::from_secs(3);
@@ -54,9 +55,10 @@ fn served_locally(request: &Request) -> bool {
         )
 }
 
-/// Middleware: run the request here if this node leads (or the route is local), else forward it.
-pub async fn forward(State(node): State<Arc<Node>>, mut request: Request, next: Next) -> Response {
-    if request.headers().contains_key(FORWARDED_HEADER) && !forwarded_by_peer(&node, request.headers()) {
+/// Runs the request here if this node leads (or the route is local), else forwards it; either
+/// way the answer is stamped.
+pub(super) async fn forward(node: &Node, mut request: Request, next: Next) -> Response {
+    if request.headers().contains_key(FORWARDED_HEADER) && !forwarded_by_peer(node, request.headers()) {
         request.headers_mut().remove(FORWARDED_HEADER);
     }
     let mut response = if served_locally(&request) || node.consensus.leads() {
@@ -69,7 +71,7 @@ pub async fn forward(State(node): State<Arc<Node>>, mut request: Request, next: 
                 "forwarded to a node that is not the leader; nothing was done, retry",
             )
             .into_response(),
-            Some((leader, addr)) => proxy(&node, leader, &addr, request).await,
+            Some((leader, addr)) => proxy(node, leader, &addr, request).await,
             None => ApiError::new(
                 ErrorCode::LeaderUnreachable,
                 "no leader elected (the cluster may lack a quorum); nothing was done, retry",
@@ -77,7 +79,7 @@ pub async fn forward(State(node): State<Arc<Node>>, mut request: Request, next: 
             .into_response(),
         }
     };
-    stamp(&node, response.headers_mut());
+    stamp(node, response.headers_mut());
     response
 }
 
@@ -109,13 +111,34 @@ fn stamp(node: &Node, headers: &mut HeaderMap) {
     if headers.contains_key(NODE_HEADER) {
         return;
     }
-    let term = node.consensus.term();
+    let (term, leader) = node.consensus.term_and_leader(|term, leader| {
+        (term, leader.and_then(|(id, addr)| node.leader_header.value(node.peer_scheme(), id, addr)))
+    });
     headers.insert(HeaderName::from_static(NODE_HEADER), HeaderValue::from(node.id));
     headers.insert(HeaderName::from_static(TERM_HEADER), HeaderValue::from(term));
-    if let Some((_, addr)) = node.consensus.leader_now() {
-        if let Ok(url) = HeaderValue::try_from(format!("{}://{addr}", node.peer_scheme())) {
-            headers.insert(HeaderName::from_static(LEADER_HEADER), url);
+    if let Some(url) = leader {
+        headers.insert(HeaderName::from_static(LEADER_HEADER), url);
+    }
+}
+
+/// The `permit-leader` value last built, reused while the leader and its address stay the same:
+/// every answer carries it, and formatting and checking the URL each time cost more than the
+/// rest of the headers.
+#[derive(Default)]
+pub(crate) struct LeaderHeader(Mutex<Option<(NodeId, String, HeaderValue)>>);
+
+impl LeaderHeader {
+    /// `scheme://addr` of node `leader`, or `None` if that is not a valid header value.
+    fn value(&self, scheme: &str, leader: NodeId, addr: &str) -> Option<HeaderValue> {
+        let mut cached = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((id, cached_addr, value)) = &*cached {
+            if *id == leader && cached_addr == addr {
+                return Some(value.clone());
+            }
         }
+        let value = HeaderValue::try_from(format!("{scheme}://{addr}")).ok()?;
+        *cached = Some((leader, addr.to_owned(), value.clone()));
+        Some(value)
     }
 }
 

@@ -236,14 +236,16 @@ impl Consensus {
             && metrics.membership_config.membership().get_node(&self.id).is_some()
     }
 
-    /// The leader this node knows now and its address, without waiting (cheaper than a whole
-    /// [`Status`]).
-    pub fn leader_now(&self) -> Option<(NodeId, String)> {
+    /// The current term and the leader this node knows with its address, read together
+    /// (what every answer's headers name).
+    pub fn term_and_leader<R>(&self, f: impl FnOnce(u64, Option<(NodeId, &str)>) -> R) -> R {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
-        let leader = metrics.current_leader?;
-        let node = metrics.membership_config.membership().get_node(&leader)?;
-        Some((leader, node.addr.clone()))
+        let leader = metrics.current_leader.and_then(|leader| {
+            let node = metrics.membership_config.membership().get_node(&leader)?;
+            Some((leader, node.addr.as_str()))
+        });
+        f(metrics.current_term, leader)
     }
 
     /// The current term (cheaper than a whole [`Status`]).
