@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use permit_core::{Effect, Event, EventKind, Key, Kind, SessionId, State};
 use tokio::sync::Notify;
 
-use crate::metrics::{Labels, Metrics, ObjectGauges};
+use crate::metrics::{Labels, Metrics, ObjectCounts, ObjectGauges};
 
 /// Events kept for resuming streams (`Last-Event-ID`).
 pub const EVENT_RING_LEN: usize = 10_000;
@@ -135,6 +135,8 @@ struct Tracked {
     labels: Labels,
     /// Its series' gauges, looked up once (a lookup hashes the labels).
     gauges: ObjectGauges,
+    /// Its counting series, looked up on first use.
+    counts: ObjectCounts,
     /// Whether it has a series of its own.
     own: bool,
     capacity: u64,
@@ -239,6 +241,7 @@ impl Observer {
         let tracked = Tracked {
             labels,
             gauges,
+            counts: ObjectCounts::default(),
             own,
             capacity,
             queued: HashMap::new(),
@@ -349,13 +352,12 @@ impl Observer {
             }
             EventKind::Granted => {
                 let queued_ms = end_wait(tracked, overflow_queue);
-                let labels = &tracked.labels;
                 m.change_object(&tracked.gauges, |g| {
                     g.held.inc_by(permits);
                     g.holders.inc();
                 });
                 let waited_ms = queued_ms.map_or(0, |queued| now_ms.saturating_sub(queued));
-                m.granted(key.kind, labels, waited_ms as f64 / 1000.0);
+                m.granted(key.kind, &tracked.labels, &mut tracked.counts, waited_ms as f64 / 1000.0);
             }
             EventKind::WaitEnded => {
                 end_wait(tracked, overflow_queue);
@@ -366,7 +368,7 @@ impl Observer {
                     g.holders.dec();
                 });
                 let held = event.held_ms.unwrap_or(0) as f64 / 1000.0;
-                m.hold_ended(key.kind, labels, event.kind, held);
+                m.hold_ended(key.kind, &tracked.labels, &mut tracked.counts, event.kind, held);
             }
             EventKind::LeaderChanged => {
                 tracked.leader_since = session.map(|_| Instant::now());

@@ -213,6 +213,37 @@ async fn an_expiry_counts_once_and_ends_the_hold_as_expired() {
 }
 
 #[tokio::test]
+async fn requests_are_counted_by_route_and_status_and_unknown_methods_share_one_label() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    for method in ["FOO", "BAR", "BAZ"] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        for path in ["/v1/nope", "/v1/health"] {
+            let answer = api.http.request(method.clone(), format!("{}{path}", api.url)).send().await.unwrap();
+            assert!(answer.status().is_client_error(), "{method} {path}: {}", answer.status());
+        }
+    }
+    for _ in 0..2 {
+        assert_eq!(api.http.get(format!("{}/v1/health", api.url)).send().await.unwrap().status(), 200);
+    }
+    let text = api.http.get(format!("{}/metrics", api.url)).send().await.unwrap().text().await.unwrap();
+    for method in ["FOO", "BAR", "BAZ"] {
+        assert!(!text.contains(&format!("method=\"{method}\"")), "{method} has a series of its own");
+    }
+    let count = |route: &str, method: &str, status: u16| {
+        let series = format!(
+            "permit_http_requests_total{{route=\"{route}\",method=\"{method}\",status=\"{status}\"}}"
+        );
+        text.lines().find_map(|line| line.strip_prefix(series.as_str())?.trim().parse::<f64>().ok())
+    };
+    assert_eq!(count("unmatched", "OTHER", 404), Some(3.0), "{text}");
+    assert_eq!(count("/v1/health", "OTHER", 405), Some(3.0), "{text}");
+    assert!(count("/v1/health", "GET", 200).is_some_and(|n| n >= 2.0), "{text}");
+    let health_seconds = "permit_http_request_duration_seconds_count{route=\"/v1/health\"}";
+    assert!(text.lines().any(|line| line.starts_with(health_seconds)), "{text}");
+}
+
+#[tokio::test]
 async fn names_past_the_cap_are_summed_under_one_label() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_in(dir.path(), "127.0.0.1:0", &["--metrics-names-max", "2"]);

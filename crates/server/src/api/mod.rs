@@ -109,11 +109,8 @@ async fn method_not_allowed() -> ApiError {
 /// 4. Run here or forwarded to the leader, and stamped ([`forward::forward`]).
 async fn edge(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
-    let method = request.method().as_str().to_owned();
+    let route = request.extensions().get::<MatchedPath>().cloned();
+    let method = request.method().clone();
     let long_poll = std::cell::Cell::new(false);
     let served = async {
         let response = match fail_stopped(&node, &request) {
@@ -123,14 +120,10 @@ async fn edge(State(node): State<Arc<Node>>, request: Request, next: Next) -> Re
         (LONG_POLL.with(std::cell::Cell::get), retry_after(response))
     };
     let (long_poll, response) = LONG_POLL.scope(long_poll, served).await;
+    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
     if !route.starts_with("/raft/") {
         let seconds = started.elapsed().as_secs_f64();
-        let status = response.status().as_u16();
-        if long_poll {
-            node.metrics.observe_long_poll(&route, &method, status, seconds);
-        } else {
-            node.metrics.observe_request(&route, &method, status, seconds);
-        }
+        node.metrics.observe_request(route, method.as_str(), response.status().as_u16(), seconds, long_poll);
     }
     response
 }
