@@ -31,7 +31,10 @@ use crate::raft::{NodeId, Raft};
 
 /// Most commands queued for the proposer before requests wait to enqueue (back-pressure).
 const QUEUE_CAPACITY: usize = 16 * 1024;
-/// Times the proposer yields to other tasks before it cuts a batch.
+/// Times the proposer yields to other tasks before it cuts a batch, when the last batch had
+/// more than one command (requests arrive together). After a batch of one (a lone client) it
+/// cuts at once: the yields found nothing to add and cost that client 20 µs of W1's acquire
+/// (`docs/performance.md`, *Server CPU per request*).
 const COALESCE_YIELDS: usize = 2;
 /// A batch is cut once its commands' encoded size reaches this many bytes, so that one log entry
 /// stays under `crate::raft::bounds::ENTRY_BYTES_MAX`, which allows one more command of this size
@@ -110,6 +113,7 @@ async fn run(
 ) {
     let mut proposals = Vec::with_capacity(64);
     let mut handoff = HandoffWait::default();
+    let mut last_batch = 0;
     loop {
         // Proposals left over from a batch cut by size go first, without waiting.
         if proposals.is_empty() {
@@ -118,9 +122,11 @@ async fn run(
             }
             // Let handlers that are ready (requests already in their sockets) enqueue too, so
             // that they share this fsync: a yield costs microseconds, a fixed delay would cost
-            // latency.
-            for _ in 0..COALESCE_YIELDS {
-                tokio::task::yield_now().await;
+            // latency. Not after a batch of one: nothing came along with it.
+            if last_batch > 1 {
+                for _ in 0..COALESCE_YIELDS {
+                    tokio::task::yield_now().await;
+                }
             }
         }
         take_queued(&mut receiver, &mut proposals);
@@ -129,6 +135,7 @@ async fn run(
         let (commands, replies): (Vec<Command>, Vec<_>) =
             proposals.drain(..cut).map(|proposal| (proposal.command, proposal.reply)).unzip();
         metrics.observe_batch(commands.len());
+        last_batch = commands.len();
         let batch = Batch { now_ms: clock.now_ms(replica.now_ms()), commands };
         let started = std::time::Instant::now();
         // One batch in flight at a time: while it is written, the next one fills up. A batch
