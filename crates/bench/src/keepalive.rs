@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use crate::cpu::CpuWindow;
 use crate::server::ServerProcess;
 use crate::stats::Samples;
 
@@ -144,32 +145,6 @@ impl Load {
             lateness.extend(&late);
         }
         Ok((keepalives, latency, lateness, self.control.failed.load(Ordering::SeqCst)))
-    }
-}
-
-/// CPU time of processes over a window.
-struct CpuWindow {
-    pids: Vec<String>,
-    before: Vec<u64>,
-}
-
-impl CpuWindow {
-    /// Starts measuring `pids` ("self" for this process).
-    fn start(pids: Vec<String>) -> anyhow::Result<CpuWindow> {
-        let before = pids.iter().map(|pid| cpu_ticks(pid)).collect::<anyhow::Result<_>>()?;
-        Ok(CpuWindow { pids, before })
-    }
-
-    /// Each process's CPU since the start as % of one core, over `elapsed`.
-    fn percent(&self, elapsed: Duration) -> anyhow::Result<Vec<f64>> {
-        self.pids
-            .iter()
-            .zip(&self.before)
-            .map(|(pid, before)| {
-                let ticks = cpu_ticks(pid)? - before;
-                Ok(ticks as f64 / ticks_per_second() / elapsed.as_secs_f64() * 100.0)
-            })
-            .collect()
     }
 }
 
@@ -441,26 +416,5 @@ impl Counters {
             received: value("permit_peer_rpcs_received_total{kind=\"append\"}")?
                 + value("permit_peer_rpcs_received_total{kind=\"heartbeat\"}")?,
         })
-    }
-}
-
-/// utime + stime of `/proc/{pid}/stat`, in clock ticks.
-fn cpu_ticks(pid: &str) -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The fields after the command name (which may hold spaces), from field 3 (state) on.
-    let rest = stat.rsplit_once(')').context("stat format")?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11).context("utime")?.parse()?;
-    let stime: u64 = fields.get(12).context("stime")?.parse()?;
-    Ok(utime + stime)
-}
-
-fn ticks_per_second() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks > 0 {
-        ticks as f64
-    } else {
-        100.0
     }
 }

@@ -11,6 +11,7 @@
 
 mod api;
 mod auth;
+mod cpu;
 mod floors;
 mod keepalive;
 mod python;
@@ -28,6 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Parser;
 
+use crate::cpu::CpuWindow;
 use crate::server::ServerProcess;
 use crate::stats::{median, Samples};
 
@@ -264,7 +266,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 &args,
                 duration,
                 handoff_bound,
-                0.7,
+                node.as_ref().and_then(ServerProcess::pid),
             )
             .await?;
         }
@@ -680,6 +682,9 @@ async fn cluster_rows(
     Ok(())
 }
 
+/// The W2 rows of one node: cycles against 0.7 × `handoff_bound`, waits, fairness, the most
+/// holders seen, and the CPU spent by this load generator and (when the bench started it,
+/// `server_pid`) the server, per cycle.
 async fn contended_rows(
     report: &mut Report,
     label: &str,
@@ -687,10 +692,18 @@ async fn contended_rows(
     args: &Args,
     duration: Duration,
     handoff_bound: f64,
-    factor: f64,
+    server_pid: Option<u32>,
 ) -> anyhow::Result<()> {
+    // The single-node target: 0.7 of the bound.
+    let factor = 0.7;
     let (mut rate, mut w50, mut w99, mut cv, mut max) = (vec![], vec![], vec![], vec![], 0);
+    // Per run: the server's CPU (% of a core) per cycle/s, and this load generator's CPU (%).
+    let (mut server_cpu, mut generator_cpu) = (vec![], vec![]);
     for run in 0..args.runs {
+        let mut pids = vec!["self".to_owned()];
+        pids.extend(server_pid.map(|pid| pid.to_string()));
+        let cpu = CpuWindow::start(pids)?;
+        let started = Instant::now();
         let w2 = workloads::contended(
             urls,
             &format!("{}-{run}", label.replace([' ', '(', ')'], "")),
@@ -698,6 +711,13 @@ async fn contended_rows(
             duration,
         )
         .await?;
+        // The window includes the clients' session setup (32 requests), which is noise next to
+        // a run's thousands of cycles.
+        let percent = cpu.percent(started.elapsed())?;
+        generator_cpu.push(percent[0]);
+        if let Some(server) = percent.get(1) {
+            server_cpu.push(*server / w2.cycles_per_second);
+        }
         rate.push(w2.cycles_per_second);
         w50.push(w2.wait.p50());
         w99.push(w2.wait.p99());
@@ -725,6 +745,18 @@ async fn contended_rows(
         format!("{max}"),
         Some(("<= 4".into(), max <= 4)),
     );
+    let generator = median(&generator_cpu);
+    let cpu = if server_cpu.is_empty() {
+        format!("load generator {generator:.0} % of a core (the server's is not measured with --url)")
+    } else {
+        // % of a core per (cycle/s) is 10 ms per cycle: ×10 000 gives µs per cycle.
+        let per_cycle = median(&server_cpu) * 10_000.0;
+        format!(
+            "server {:.0} % of a core, {per_cycle:.0} µs per cycle (2 requests); load generator {generator:.0} %",
+            per_cycle * cycles / 10_000.0
+        )
+    };
+    report.add(&format!("{label} CPU"), cpu, None);
     Ok(())
 }
 
