@@ -111,6 +111,13 @@ struct ServeArgs {
     /// be empty. Add more nodes with `permit cluster add`.
     #[arg(long, conflicts_with_all = ["peers", "join"])]
     restore: Option<PathBuf>,
+    /// Threads that run the server's tasks (HTTP, Raft, the state machine); default: one per
+    /// core. The log's fsyncs and snapshot encodes run on threads of their own either way. On a
+    /// 2-core machine one worker answered an acquire about 50 µs sooner and used a fifth less
+    /// CPU per keepalive, but a snapshot of 1 M sessions pushed its p99 past 10 ms
+    /// (docs/performance.md, *Worker threads*).
+    #[arg(long, env = "PERMIT_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    worker_threads: Option<u16>,
     #[command(flatten)]
     auth: AuthArgs,
 }
@@ -200,7 +207,11 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(log_colours())
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let TopCommand::Serve(ServeArgs { worker_threads: Some(threads), .. }) = &cli.command {
+        runtime.worker_threads(usize::from(*threads));
+    }
+    let runtime = runtime.enable_all().build()?;
     match cli.command {
         TopCommand::Serve(args) => {
             let cluster_secret = args

@@ -43,8 +43,19 @@ async fn acquire_is_idempotent_per_session_and_semaphore() {
 
 #[tokio::test]
 async fn blocking_acquire_is_handed_off_on_release_with_a_larger_token() {
-    let server = Server::start();
-    let api = Api::new(&server);
+    handed_off_on_release(&Server::start()).await;
+}
+
+/// `--worker-threads 1`: every task (HTTP, the proposer, openraft's core and apply, the waiter's
+/// long-poll) shares one thread, and the log's fsync still runs beside it.
+#[tokio::test]
+async fn one_worker_thread_serves_a_handoff() {
+    let dir = tempfile::tempdir().unwrap();
+    handed_off_on_release(&Server::start_in(dir.path(), "127.0.0.1:0", &["--worker-threads", "1"])).await;
+}
+
+async fn handed_off_on_release(server: &Server) {
+    let api = Api::new(server);
     let (a, b) = (api.session(10_000).await, api.session(10_000).await);
     let held = api.acquire("lock", json!({ "session": a, "capacity": 1 })).await;
     let token_a = held.body["token"].as_u64().unwrap();
