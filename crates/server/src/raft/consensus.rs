@@ -237,7 +237,8 @@ impl Consensus {
     }
 
     /// The current term and the leader this node knows with its address, read together
-    /// (what every answer's headers name).
+    /// (what every answer's headers name). `f` runs while Raft's metrics are borrowed, which
+    /// holds up their next update: keep it short.
     pub fn term_and_leader<R>(&self, f: impl FnOnce(u64, Option<(NodeId, &str)>) -> R) -> R {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();

@@ -33,7 +33,7 @@ use crate::raft::{NodeId, Raft};
 const QUEUE_CAPACITY: usize = 16 * 1024;
 /// Times the proposer yields to other tasks before it cuts a batch, when the last batch had
 /// more than one command (requests arrive together). After a batch of one (a lone client) it
-/// cuts at once: the yields found nothing to add and cost that client 20 µs of W1's acquire
+/// cuts at once: the yields found nothing to add and cost that client 7-20 µs of W1's acquire
 /// (`docs/performance.md`, *Server CPU per request*).
 const COALESCE_YIELDS: usize = 2;
 /// A batch is cut once its commands' encoded size reaches this many bytes, so that one log entry
