@@ -44,6 +44,24 @@ pub struct ObjectGauges {
     pub waiters: Gauge,
 }
 
+/// The clock-dependent gauges of one series, set at each scrape ([`Metrics::clock_series`]).
+pub struct ClockGauges {
+    oldest_waiter: Gauge<f64, AtomicU64>,
+    /// Elections only.
+    tenure: Option<Gauge<f64, AtomicU64>>,
+}
+
+impl ClockGauges {
+    /// Sets how long the oldest waiter has waited and (elections) how long the leader has led
+    /// (0 without one), in seconds.
+    pub fn set(&self, oldest_waiter: f64, tenure: Option<f64>) {
+        self.oldest_waiter.set(oldest_waiter);
+        if let Some(gauge) = &self.tenure {
+            gauge.set(tenure.unwrap_or(0.0));
+        }
+    }
+}
+
 /// The counting series of one object (grants, waits, hold ends), each looked up in its family
 /// on first use and kept: a lookup builds and hashes the label vector. Valid until
 /// [`Metrics::forget_object`] drops the object's series.
@@ -551,12 +569,13 @@ impl Metrics {
         self.election.leader_changes.get_or_create(labels).inc();
     }
 
-    /// Sets the clock-dependent gauges of one series.
-    pub fn set_clock_gauges(&self, kind: Kind, labels: &Labels, oldest_waiter: f64, tenure: Option<f64>) {
+    /// The clock-dependent gauges of the series `labels` of an object of `kind` (created if
+    /// new), valid until [`Metrics::forget_object`] drops the series.
+    pub fn clock_series(&self, kind: Kind, labels: &Labels) -> ClockGauges {
         let f = self.families(kind);
-        f.oldest_waiter_seconds.get_or_create(labels).set(oldest_waiter);
-        if kind == Kind::Election {
-            f.tenure_seconds.get_or_create(labels).set(tenure.unwrap_or(0.0));
+        ClockGauges {
+            oldest_waiter: f.oldest_waiter_seconds.get_or_create(labels).clone(),
+            tenure: (kind == Kind::Election).then(|| f.tenure_seconds.get_or_create(labels).clone()),
         }
     }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use permit_core::{Effect, Event, EventKind, Key, Kind, SessionId, State};
 use tokio::sync::Notify;
 
-use crate::metrics::{Labels, Metrics, ObjectCounts, ObjectGauges};
+use crate::metrics::{ClockGauges, Labels, Metrics, ObjectCounts, ObjectGauges};
 
 /// Events kept for resuming streams (`Last-Event-ID`).
 pub const EVENT_RING_LEN: usize = 10_000;
@@ -137,6 +137,8 @@ struct Tracked {
     gauges: ObjectGauges,
     /// Its counting series, looked up on first use.
     counts: ObjectCounts,
+    /// Its clock gauges (own series only), looked up at the first scrape.
+    clock: Option<ClockGauges>,
     /// Whether it has a series of its own.
     own: bool,
     capacity: u64,
@@ -242,6 +244,7 @@ impl Observer {
             labels,
             gauges,
             counts: ObjectCounts::default(),
+            clock: None,
             own,
             capacity,
             queued: HashMap::new(),
@@ -380,10 +383,10 @@ impl Observer {
 
     /// Refreshes the gauges that depend on the clock (oldest waiter, leader tenure): O(series).
     pub fn refresh(&self) {
-        let tracker = self.tracker();
+        let mut tracker = self.tracker();
         let now = Instant::now();
         let mut overflow_has = [false, false];
-        for (key, tracked) in &tracker.objects {
+        for (key, tracked) in &mut tracker.objects {
             if !tracked.own {
                 overflow_has[usize::from(key.kind == Kind::Election)] = true;
                 continue;
@@ -391,12 +394,14 @@ impl Observer {
             let oldest =
                 tracked.queue_order.values().next().map_or(0.0, |since| (now - *since).as_secs_f64());
             let tenure = tracked.leader_since.map(|since| (now - since).as_secs_f64());
-            self.metrics.set_clock_gauges(key.kind, &tracked.labels, oldest, tenure);
+            let clock =
+                tracked.clock.get_or_insert_with(|| self.metrics.clock_series(key.kind, &tracked.labels));
+            clock.set(oldest, tenure);
         }
         let oldest = tracker.overflow_queue.values().next().map_or(0.0, |since| (now - *since).as_secs_f64());
         for (i, kind) in [Kind::Semaphore, Kind::Election].into_iter().enumerate() {
             if overflow_has[i] {
-                self.metrics.set_clock_gauges(kind, &object_labels(kind, OVERFLOW_LABEL), oldest, None);
+                self.metrics.clock_series(kind, &object_labels(kind, OVERFLOW_LABEL)).set(oldest, None);
             }
         }
     }
