@@ -697,8 +697,8 @@ async fn contended_rows(
     // The single-node target: 0.7 of the bound.
     let factor = 0.7;
     let (mut rate, mut w50, mut w99, mut cv, mut max) = (vec![], vec![], vec![], vec![], 0);
-    // Per run: the server's CPU (% of a core) per cycle/s, and this load generator's CPU (%).
-    let (mut server_cpu, mut generator_cpu) = (vec![], vec![]);
+    // Per run: the server's CPU (% of a core) and µs per cycle, this load generator's CPU (%).
+    let (mut server_cpu, mut server_per_cycle, mut generator_cpu) = (vec![], vec![], vec![]);
     for run in 0..args.runs {
         let mut pids = vec!["self".to_owned()];
         pids.extend(server_pid.map(|pid| pid.to_string()));
@@ -715,8 +715,9 @@ async fn contended_rows(
         // a run's thousands of cycles.
         let percent = cpu.percent(started.elapsed())?;
         generator_cpu.push(percent[0]);
-        if let Some(server) = percent.get(1) {
-            server_cpu.push(*server / w2.cycles_per_second);
+        if let Some(&server) = percent.get(1) {
+            server_cpu.push(server);
+            server_per_cycle.push(server / 100.0 * 1e6 / w2.cycles_per_second);
         }
         rate.push(w2.cycles_per_second);
         w50.push(w2.wait.p50());
@@ -749,11 +750,10 @@ async fn contended_rows(
     let cpu = if server_cpu.is_empty() {
         format!("load generator {generator:.0} % of a core (the server's is not measured with --url)")
     } else {
-        // % of a core per (cycle/s) is 10 ms per cycle: ×10 000 gives µs per cycle.
-        let per_cycle = median(&server_cpu) * 10_000.0;
         format!(
-            "server {:.0} % of a core, {per_cycle:.0} µs per cycle (2 requests); load generator {generator:.0} %",
-            per_cycle * cycles / 10_000.0
+            "server {:.0} % of a core, {:.0} µs per cycle (2 requests); load generator {generator:.0} %",
+            median(&server_cpu),
+            median(&server_per_cycle)
         )
     };
     report.add(&format!("{label} CPU"), cpu, None);

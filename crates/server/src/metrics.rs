@@ -62,6 +62,16 @@ impl ClockGauges {
     }
 }
 
+/// How a hold can end, as the `ended` label of `permit_*_hold_seconds` names it.
+const HOLD_ENDS: [EventKind; 3] = [EventKind::Released, EventKind::Expired, EventKind::Revoked];
+
+/// The labels of an object's hold-duration series for holds that ended as `how`.
+fn hold_labels(labels: &Labels, how: EventKind) -> Labels {
+    let mut with = labels.clone();
+    with.push(("ended".to_owned(), how.as_str().to_owned()));
+    with
+}
+
 /// The counting series of one object (grants, waits, hold ends), each looked up in its family
 /// on first use and kept: a lookup builds and hashes the label vector. Valid until
 /// [`Metrics::forget_object`] drops the object's series.
@@ -70,8 +80,8 @@ pub struct ObjectCounts {
     grants: Option<Counter>,
     wait_seconds: Option<Histogram>,
     expirations: Option<Counter>,
-    /// By how the hold ended: released, expired, revoked.
-    hold_seconds: [Option<Histogram>; 3],
+    /// By how the hold ended, in the order of [`HOLD_ENDS`].
+    hold_seconds: [Option<Histogram>; HOLD_ENDS.len()],
 }
 
 /// The labelled families of one kind of object.
@@ -125,10 +135,8 @@ impl ObjectFamilies {
         self.wait_seconds.remove(labels);
         self.leader_changes.remove(labels);
         self.tenure_seconds.remove(labels);
-        for ended in ["released", "expired", "revoked"] {
-            let mut with = labels.clone();
-            with.push(("ended".to_owned(), ended.to_owned()));
-            self.hold_seconds.remove(&with);
+        for how in HOLD_ENDS {
+            self.hold_seconds.remove(&hold_labels(labels, how));
         }
     }
 }
@@ -551,16 +559,9 @@ impl Metrics {
         if how == EventKind::Expired {
             series.expirations.get_or_insert_with(|| f.expirations.get_or_create(labels).clone()).inc();
         }
-        let slot = match how {
-            EventKind::Released => 0,
-            EventKind::Expired => 1,
-            _ => 2,
-        };
-        let histogram = series.hold_seconds[slot].get_or_insert_with(|| {
-            let mut with = labels.clone();
-            with.push(("ended".to_owned(), how.as_str().to_owned()));
-            f.hold_seconds.get_or_create(&with).clone()
-        });
+        let slot = HOLD_ENDS.iter().position(|end| *end == how).unwrap_or(HOLD_ENDS.len() - 1);
+        let histogram = series.hold_seconds[slot]
+            .get_or_insert_with(|| f.hold_seconds.get_or_create(&hold_labels(labels, how)).clone());
         histogram.observe(held);
     }
 
