@@ -25,14 +25,20 @@ pub enum Bug {
     /// older than the route do, so that a test can show the client falling back to one
     /// keepalive per session.
     NoKeepaliveBatch,
+    /// Not a bug: every fdatasync of a log append (segment log) takes [`SLOW_LOG_SYNC`] longer,
+    /// so that a test can show that a slow disk does not stop the requests that do not write.
+    SlowLogSync,
 }
+
+/// How much longer a log append's fdatasync takes under [`Bug::SlowLogSync`].
+pub const SLOW_LOG_SYNC: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How much longer a snapshot's encoding takes under [`Bug::SlowSnapshotEncode`].
 pub const SLOW_SNAPSHOT_ENCODE: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Bug {
     /// Every bug, with its name in `PERMIT_INJECT_BUG`.
-    pub const ALL: [(&'static str, Bug); 7] = [
+    pub const ALL: [(&'static str, Bug); 8] = [
         ("ack_before_commit", Bug::AckBeforeCommit),
         ("ignore_ttl", Bug::IgnoreTtl),
         ("non_monotonic_token", Bug::NonMonotonicToken),
@@ -40,6 +46,7 @@ impl Bug {
         ("stale_reads", Bug::StaleReads),
         ("slow_snapshot_encode", Bug::SlowSnapshotEncode),
         ("no_keepalive_batch", Bug::NoKeepaliveBatch),
+        ("slow_log_sync", Bug::SlowLogSync),
     ];
 }
 

@@ -14,6 +14,7 @@ mod observability;
 mod openapi;
 mod semaphores;
 mod sessions;
+mod slow_disk;
 mod ui;
 mod watch;
 

@@ -139,8 +139,9 @@ impl LogStore {
         Ok(self)
     }
 
-    /// Runs one durable write (a redb commit with its fdatasync). A failure is reported to the
-    /// fail-stop latch; once it has failed, no write runs again: a failed fsync is never retried.
+    /// Runs one durable write (a redb commit with its fdatasync), in place on the calling task
+    /// ([`super::log_io`]). A failure is reported to the fail-stop latch; once it has
+    /// failed, no write runs again: a failed fsync is never retried.
     fn write<R>(
         &self,
         operation: &str,
@@ -150,7 +151,7 @@ impl LogStore {
             let refused = std::io::Error::other("refused after an earlier storage failure");
             return Err(redb::Error::Io(refused));
         }
-        let result = Self::blocking(f);
+        let result = super::log_io(f);
         if let (Err(e), Some(latch)) = (&result, &self.fail_stop) {
             latch.storage(operation, &self.path, e);
         }
@@ -175,11 +176,6 @@ impl LogStore {
         txn.open_table(META)?.insert(key, encode(value).as_slice())?;
         txn.commit()?;
         Ok(())
-    }
-
-    /// Runs a blocking redb write without stalling the other tasks of this worker thread.
-    fn blocking<R>(f: impl FnOnce() -> R) -> R {
-        super::blocking(f)
     }
 }
 

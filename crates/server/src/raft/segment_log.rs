@@ -568,10 +568,17 @@ impl SegmentLog {
         }
         // The records are written under the lock, the fdatasync runs without it: readers
         // (replication to followers) are not held up by the local fsync. openraft issues the
-        // next append only after this one returned, so batches stay in order.
+        // next append only after this one returned, so batches stay in order. Both run on
+        // openraft's core task, which waits for them anyway ([`super::log_io`]).
         let result = self.write("log append", |inner| inner.append(entries)).and_then(|file| {
-            super::blocking(|| fdatasync(&file))
-                .inspect_err(|e| self.failed("log append", &mut self.lock(), e))
+            super::log_io(|| {
+                fdatasync(&file)?;
+                if crate::bugs::is(crate::bugs::Bug::SlowLogSync) {
+                    std::thread::sleep(crate::bugs::SLOW_LOG_SYNC);
+                }
+                Ok(())
+            })
+            .inspect_err(|e| self.failed("log append", &mut self.lock(), e))
         });
         if let Some(histogram) = &self.append_seconds {
             histogram.observe(started.elapsed().as_secs_f64());
@@ -604,8 +611,9 @@ impl SegmentLog {
 
     /// Runs one durable write. A failure is reported to the fail-stop latch and latched here:
     /// once a write failed, no write runs again (a failed fsync is never retried).
+    /// It runs on the calling task ([`super::log_io`]).
     fn write<R>(&self, operation: &str, f: impl FnOnce(&mut Inner) -> io::Result<R>) -> io::Result<R> {
-        super::blocking(|| {
+        super::log_io(|| {
             let mut inner = self.lock();
             if inner.failed || self.fail_stop.as_ref().is_some_and(|latch| latch.is_failed()) {
                 return Err(io::Error::other("refused after an earlier storage failure"));
