@@ -577,6 +577,10 @@ pub struct Health {
     pub raft_term: u64,
     /// Raft log index of the last entry applied here.
     pub applied_index: u64,
+    /// Raft log index of this node's latest snapshot (0 before its first): a restart replays
+    /// the log after it. Absent from servers before 2026-12-05 (read as 0).
+    #[serde(default)]
+    pub snapshot_index: u64,
     /// The node ids of the membership as this node knows it (voters and learners).
     #[serde(default)]
     pub members: Vec<u64>,

@@ -380,6 +380,10 @@ async fn writes_flow_while_a_snapshot_is_encoded() {
         let snapshot = gauge(&api, "permit_raft_snapshot_index").await;
         if snapshot > 0 {
             assert!(snapshot <= 30, "the snapshot is at the index it started from, not later: {snapshot}");
+            let health: serde_json::Value =
+                api.http.get(format!("{}/v1/health", api.url)).send().await.unwrap().json().await.unwrap();
+            let reported = health["snapshot_index"].as_u64().expect("the health report has snapshot_index");
+            assert!(reported >= snapshot, "health reports snapshot {reported}, the metrics {snapshot}");
             assert!(
                 applied_before_it >= snapshot + 20,
                 "writes were applied past the snapshot's index ({snapshot}) while it was encoded: \

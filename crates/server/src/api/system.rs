@@ -50,6 +50,7 @@ fn report(node: &Node) -> Health {
         raft_role: status.role.as_str().to_owned(),
         raft_term: status.term,
         applied_index: status.applied_index.unwrap_or(0),
+        snapshot_index: status.snapshot_index.unwrap_or(0),
     }
 }
 
