@@ -6,7 +6,7 @@
 //! walk of the state. Objects past `--metrics-names-max` share the series labelled
 //! [`crate::observe::OVERFLOW_LABEL`]. `docs/observability.md` lists every metric.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use permit_core::{EventKind, Kind};
 use prometheus_client::encoding::text::encode;
@@ -194,7 +194,9 @@ pub struct Metrics {
     connections_refused: Family<Labels, Counter>,
     /// Gauges set at scrape time.
     pub gauges: StateGauges,
-    scrapes: AtomicU64,
+    /// One render at a time: renders run on the blocking pool (see `api::system::metrics`), and
+    /// concurrent scrapes must not take a thread each.
+    pub renders: tokio::sync::Semaphore,
 }
 
 /// Gauges describing the state and Raft, refreshed at each scrape.
@@ -393,7 +395,7 @@ impl Metrics {
             connections_open,
             connections_refused,
             gauges,
-            scrapes: AtomicU64::new(0),
+            renders: tokio::sync::Semaphore::new(1),
         }
     }
 
@@ -629,7 +631,6 @@ impl Metrics {
 
     /// Renders every metric in the Prometheus text format.
     pub fn render(&self) -> String {
-        self.scrapes.fetch_add(1, Ordering::Relaxed);
         let mut text = String::new();
         encode(&mut text, &self.registry).expect("writing to a String cannot fail");
         // The process figures are unprefixed, as every exporter names them.

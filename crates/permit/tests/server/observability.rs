@@ -452,3 +452,21 @@ async fn a_restart_from_a_snapshot_rebuilds_the_gauges_once() {
     assert_eq!(metric(&api, "permit_semaphore_held{semaphore=\"gpu\"}").await, 2.0);
     assert_eq!(metric(&api, "permit_waiters").await, 0.0);
 }
+
+/// Scrapes render on the blocking pool one at a time: many at once are all answered, each a
+/// whole exposition with the gauges set at scrape time.
+#[tokio::test]
+async fn concurrent_scrapes_are_each_answered_whole() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    let scrape = || async {
+        let response = api.http.get(format!("{}/metrics", api.url)).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        response.text().await.unwrap()
+    };
+    let texts = futures::future::join_all((0..16).map(|_| scrape())).await;
+    for text in &texts {
+        assert!(text.trim_end().ends_with("# EOF"), "a whole exposition");
+        assert!(text.contains("permit_raft_applied_index "), "with the scrape-time gauges");
+    }
+}

@@ -7,6 +7,7 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use permit_wire::{Health, NotReady, StateDigest};
 
+use super::error::ApiError;
 use crate::node::Node;
 use crate::raft::status::{Role, Status};
 
@@ -79,10 +80,21 @@ fn not_ready(node: &Node, status: &Status) -> Option<(NotReady, Option<String>)>
 
 /// Prometheus metrics (text format).
 #[utoipa::path(get, path = "/metrics", tag = "system", responses((status = 200, body = String, content_type = "application/openmetrics-text")))]
-pub async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
-    refresh_gauges(&node);
+pub async fn metrics(State(node): State<Arc<Node>>) -> Result<impl IntoResponse, ApiError> {
+    // Off the worker threads: a large state's render takes milliseconds (1.7 MB, about 4 ms of
+    // a core at 1 000 objects with series of their own), and requests queued behind it on its
+    // worker would wait that long (docs/performance.md, *Metrics scrape cost and apply
+    // stall*). One at a time, so that a flood of scrapes holds one blocking thread, not one each.
+    let _turn = node.metrics.renders.acquire().await.map_err(ApiError::internal)?;
+    let rendering = node.clone();
+    let rendered = tokio::task::spawn_blocking(move || {
+        refresh_gauges(&rendering);
+        rendering.metrics.render()
+    })
+    .await
+    .map_err(ApiError::internal)?;
     let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-    ([(header::CONTENT_TYPE, content_type)], node.metrics.render())
+    Ok(([(header::CONTENT_TYPE, content_type)], rendered))
 }
 
 fn refresh_gauges(node: &Node) {
