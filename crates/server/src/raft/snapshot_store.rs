@@ -3,7 +3,9 @@
 //! Layout: magic `PERMITSN`, format version (1 byte), CRC-32 of the rest (4 bytes LE), meta length
 //! (4 bytes LE), the snapshot meta (postcard), then the state bytes (`State::encode_snapshot`).
 //! A snapshot is written to a temporary file, fsynced, renamed over the old one, and the directory
-//! is fsynced, so a crash leaves either the old snapshot or the new one.
+//! is fsynced, so a crash leaves either the old snapshot or the new one. The file goes to the
+//! disk a chunk at a time as it is written, so that the log's fsyncs wait behind one chunk,
+//! not the whole file.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -67,7 +69,17 @@ impl SnapshotStore {
         let bytes = encode(meta, state)?;
         let temp = self.dir.join(format!("{FILE_NAME}.tmp"));
         let mut file = File::create(&temp)?;
-        file.write_all(&bytes)?;
+        // A chunk at a time, each sent to the disk as it is written, and the one before waited
+        // for: the log's fdatasyncs share the disk, and would otherwise wait behind the flush
+        // of the whole file (tens of MB at 1 M sessions) at the `sync_all` below.
+        let mut previous: Option<(u64, usize)> = None;
+        for (at, chunk) in (0u64..).step_by(WRITEBACK_CHUNK).zip(bytes.chunks(WRITEBACK_CHUNK)) {
+            file.write_all(chunk)?;
+            writeback(&file, at, chunk.len(), false)?;
+            if let Some((at, len)) = previous.replace((at, chunk.len())) {
+                writeback(&file, at, len, true)?;
+            }
+        }
         file.sync_all()?;
         drop(file);
         fs::rename(&temp, self.dir.join(FILE_NAME))?;
@@ -85,6 +97,27 @@ impl SnapshotStore {
             Err(e) => return Err(e),
         };
         decode(&bytes).map(Some)
+    }
+}
+
+/// Bytes of a snapshot file sent to the disk at a time (see `SnapshotStore::write`).
+const WRITEBACK_CHUNK: usize = 1 << 20;
+
+/// Starts writing `len` bytes of `file` at `at` back to the disk, or with `wait`, waits until
+/// they are (`sync_file_range(2)`). Not a durability barrier: the caller's `sync_all` is.
+fn writeback(file: &File, at: u64, len: usize, wait: bool) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let flags = if wait {
+        libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER
+    } else {
+        libc::SYNC_FILE_RANGE_WRITE
+    };
+    // SAFETY: the descriptor is open for the call's duration; the call reads no memory of ours.
+    let result = unsafe { libc::sync_file_range(file.as_raw_fd(), at as i64, len as i64, flags) };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -129,4 +162,25 @@ pub fn decode(bytes: &[u8]) -> std::io::Result<(Meta, Vec<u8>)> {
         4usize.checked_add(meta_len).filter(|end| *end <= body.len()).ok_or_else(|| corrupt("meta"))?;
     let meta: Meta = postcard::from_bytes(&body[4..meta_end]).map_err(super::io_error)?;
     Ok((meta, body[meta_end..].to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file of several writeback chunks, the last one partial, reads back byte for byte.
+    #[test]
+    fn a_snapshot_of_several_chunks_reads_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SnapshotStore::open(dir.path()).unwrap();
+        let state: Vec<u8> = (0..WRITEBACK_CHUNK * 3 + 12_345).map(|i| (i % 251) as u8).collect();
+        let meta = Meta { snapshot_id: "7-1-42".into(), ..Meta::default() };
+        store.save(&meta, &state).unwrap();
+        let (loaded_meta, loaded) = store.load().unwrap().expect("a snapshot");
+        assert_eq!(loaded_meta, meta);
+        assert_eq!(loaded, state);
+        let on_disk = fs::metadata(dir.path().join(FILE_NAME)).unwrap().len();
+        assert_eq!(on_disk, encode(&meta, &state).unwrap().len() as u64);
+        assert!(!dir.path().join(format!("{FILE_NAME}.tmp")).exists());
+    }
 }
