@@ -14,7 +14,7 @@
 //! gathers them.
 //!
 //! `run`, `elect` and `lock` release what they hold and close their session before exiting,
-//! whatever the outcome (within [`run`]'s short bound after a lost hold). The command of `run`
+//! whatever the outcome (within `run`'s short bound after a lost hold). The command of `run`
 //! and `elect` dies with `permit`, even when `permit` is killed with SIGKILL.
 #![deny(missing_docs)]
 

@@ -1,8 +1,9 @@
 //! Permit's server: the imperative shell around `permit-core`.
 //!
 //! A request enters through [`api`] (axum), becomes a `permit_core::Command`, goes through the
-//! group-commit [`proposer`] into the Raft log ([`raft`]: openraft with a redb log store), is
-//! applied by the state machine adapter to the [`replica`], and is answered from the outcome.
+//! group-commit [`raft::proposer`] into the Raft log ([`raft`]: openraft with the segment log
+//! store, or redb for the data dirs made with it), is applied by the state machine adapter to
+//! the [`raft::replica`], and is answered from the outcome.
 //! Session deadlines live in memory in the [`lessor`]; the [`expiry`] driver proposes expiries
 //! on the leader. See `docs/ARCHITECTURE.md` for the map.
 

@@ -49,7 +49,7 @@ impl Gateway {
         &self.recorder
     }
 
-    /// A node that believes it leads, waiting up to [`LEADER_PATIENCE`] for one.
+    /// A node that believes it leads, waiting up to `LEADER_PATIENCE` for one.
     pub async fn leader(&self, rng: &mut impl Rng) -> Option<Arc<Node>> {
         let deadline = Instant::now() + LEADER_PATIENCE;
         loop {

@@ -2,7 +2,7 @@
 //! and the HTTP handlers and expiry driver (which read it).
 //!
 //! Only the consensus layer writes: [`Replica::read`] is public and hands out a shared view,
-//! [`Replica::write`] is crate-private (the state machine applies entries, leadership extends
+//! `Replica::write` is crate-private (the state machine applies entries, leadership extends
 //! leases, a keepalive refreshes one; the tidy test keeps writers to those places).
 
 use std::ops::Deref;

@@ -10,7 +10,7 @@
 //!   fdatasynced, renamed, directory fsynced) when either changes; both are rare.
 //!
 //! A record is `len: u32 LE | crc32(payload): u32 LE | payload`; the payload is a kind byte
-//! (entry or commit index) then [`log_store::encode`]d data (format version first). The commit
+//! (entry or commit index) then [`super::log_store::encode`]d data (format version first). The commit
 //! index is a record too, written without an fsync of its own: it becomes durable with the next
 //! append, as with the B-tree store (it is a restart hint; losing it loses nothing).
 //!
@@ -507,7 +507,7 @@ impl SegmentLog {
     }
 
     /// Injects `faults` (a simulation's). First, if a power cut left a torn tail, tears it on
-    /// disk as a power cut can (see [`tear`]) and opens the log again, so that the recovery in
+    /// disk as a power cut can (see `tear`) and opens the log again, so that the recovery in
     /// [`SegmentLog::open`] is what drops it; the open must leave none of the torn entries.
     ///
     /// # Errors
