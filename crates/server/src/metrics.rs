@@ -195,8 +195,9 @@ pub struct Metrics {
     /// Gauges set at scrape time.
     pub gauges: StateGauges,
     /// One render at a time: renders run on the blocking pool (see `api::system::metrics`), and
-    /// concurrent scrapes must not take a thread each.
-    pub renders: tokio::sync::Semaphore,
+    /// concurrent scrapes must not take a thread each. The permit moves into the render, so a
+    /// scraper that hangs up does not free it before the render ends.
+    pub renders: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 /// Gauges describing the state and Raft, refreshed at each scrape.
@@ -395,7 +396,7 @@ impl Metrics {
             connections_open,
             connections_refused,
             gauges,
-            renders: tokio::sync::Semaphore::new(1),
+            renders: std::sync::Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 

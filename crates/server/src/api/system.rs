@@ -85,9 +85,10 @@ pub async fn metrics(State(node): State<Arc<Node>>) -> Result<impl IntoResponse,
     // a core at 1 000 objects with series of their own), and requests queued behind it on its
     // worker would wait that long (docs/performance.md, *Metrics scrape cost and apply
     // stall*). One at a time, so that a flood of scrapes holds one blocking thread, not one each.
-    let _turn = node.metrics.renders.acquire().await.map_err(ApiError::internal)?;
+    let turn = node.metrics.renders.clone().acquire_owned().await.map_err(ApiError::internal)?;
     let rendering = node.clone();
     let rendered = tokio::task::spawn_blocking(move || {
+        let _turn = turn;
         refresh_gauges(&rendering);
         rendering.metrics.render()
     })

@@ -10,9 +10,9 @@
 //!   fdatasynced, renamed, directory fsynced) when either changes; both are rare.
 //!
 //! A record is `len: u32 LE | crc32(payload): u32 LE | payload`; the payload is a kind byte
-//! (entry or commit index) then [`super::log_store::encode`]d data (format version first). The commit
-//! index is a record too, written without an fsync of its own: it becomes durable with the next
-//! append, as with the B-tree store (it is a restart hint; losing it loses nothing).
+//! (entry or commit index) then [`super::log_store::encode`]d data (format version first). The
+//! commit index is a record too, written without an fsync of its own: it becomes durable with
+//! the next append, as with the B-tree store (it is a restart hint; losing it loses nothing).
 //!
 //! Opening reads every segment in order and checks each record's length, CRC, decoding and
 //! index: one more than the previous entry's, or at most one past the last purged index when
