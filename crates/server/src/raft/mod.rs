@@ -75,14 +75,12 @@ pub(crate) fn io_error(e: impl std::fmt::Display) -> std::io::Error {
 /// Runs a log store's write and fdatasync from openraft's core task: in place when other worker
 /// threads can run the server's tasks meanwhile, else as [`blocking`] does (see the module docs).
 pub(crate) fn log_io<R>(f: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle)
-            if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
-                && handle.metrics().num_workers() == 1 =>
-        {
-            tokio::task::block_in_place(f)
-        }
-        _ => f(),
+    // A current-thread runtime has one worker too; `blocking` runs `f` in place there.
+    let one_worker = tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().num_workers() == 1);
+    if one_worker {
+        blocking(f)
+    } else {
+        f()
     }
 }
 
