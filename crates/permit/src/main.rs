@@ -49,6 +49,9 @@ enum TopCommand {
 }
 
 /// The exit codes of `permit serve`, printed at the end of its `--help`.
+/// `permit serve`'s worker threads unless `--worker-threads` says otherwise (see its help).
+const SERVE_WORKER_THREADS: u16 = 1;
+
 const SERVE_EXIT_CODES: &str = "\
 Exit codes:
   0    stopped by SIGINT or SIGTERM
@@ -111,11 +114,13 @@ struct ServeArgs {
     /// be empty. Add more nodes with `permit cluster add`.
     #[arg(long, conflicts_with_all = ["peers", "join"])]
     restore: Option<PathBuf>,
-    /// Threads that run the server's tasks (HTTP, Raft, the state machine); default: one per
-    /// core. The log's fsyncs and snapshot encodes run on threads of their own either way. On a
-    /// 2-core machine one worker answered an acquire about 50 µs sooner and used a fifth less
-    /// CPU per keepalive, but a snapshot of 1 M sessions pushed its p99 past 10 ms
-    /// (docs/performance.md, *Worker threads*).
+    /// Threads that run the server's tasks (HTTP, Raft, the state machine); default: 1. One
+    /// thread spares every hand-off between tasks a wake-up of another thread: on a 2-core
+    /// machine it answered acquires sooner and handed permits over faster than one thread per
+    /// core (docs/performance.md, *One worker thread*). More threads let CPU-heavy loads (many
+    /// clients, TLS handshakes, big reads) use more cores. The log's fsyncs run in place on the
+    /// one thread until the disk turns slow; snapshot encodes and `/metrics` renders run on
+    /// threads of their own.
     #[arg(long, env = "PERMIT_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     worker_threads: Option<u16>,
     #[command(flatten)]
@@ -208,8 +213,8 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(log_colours())
         .init();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let TopCommand::Serve(ServeArgs { worker_threads: Some(threads), .. }) = &cli.command {
-        runtime.worker_threads(usize::from(*threads));
+    if let TopCommand::Serve(ServeArgs { worker_threads, .. }) = &cli.command {
+        runtime.worker_threads(usize::from(worker_threads.unwrap_or(SERVE_WORKER_THREADS)));
     }
     let runtime = runtime.enable_all().build()?;
     match cli.command {

@@ -1,7 +1,8 @@
 //! A slow disk: every log fdatasync takes 500 ms longer (`slow_log_sync`). Requests that do not
-//! write are answered while a write waits for its fsync, with the default worker threads (the
-//! fsync runs in place on openraft's core task and blocks one of them) and with one (the fsync
-//! hands that worker's tasks to another thread first).
+//! write are answered while a write waits for its fsync, with two worker threads (the fsync runs
+//! in place on openraft's core task and blocks one of them) and with one, the default (the first
+//! slow fsync ran in place and stopped every request, the node's first write at startup here;
+//! since then the log's writes hand that worker's tasks to another thread first).
 
 use std::time::{Duration, Instant};
 

@@ -46,6 +46,8 @@ pub struct LogStore {
     fail_stop: Option<Arc<FailStop>>,
     /// Faults a simulation injects (never set by `permit serve`).
     faults: Option<Arc<StorageFaults>>,
+    /// Where the durable writes run.
+    io: Arc<super::LogIo>,
 }
 
 fn injected_fsync_error() -> redb::Error {
@@ -102,6 +104,7 @@ impl LogStore {
             append_seconds: None,
             fail_stop: None,
             faults: None,
+            io: Arc::default(),
         })
     }
 
@@ -140,7 +143,7 @@ impl LogStore {
     }
 
     /// Runs one durable write (a redb commit with its fdatasync), in place on the calling task
-    /// ([`super::log_io`]). A failure is reported to the fail-stop latch; once it has
+    /// ([`super::LogIo`]). A failure is reported to the fail-stop latch; once it has
     /// failed, no write runs again: a failed fsync is never retried.
     fn write<R>(
         &self,
@@ -151,7 +154,7 @@ impl LogStore {
             let refused = std::io::Error::other("refused after an earlier storage failure");
             return Err(redb::Error::Io(refused));
         }
-        let result = super::log_io(f);
+        let result = self.io.run(f);
         if let (Err(e), Some(latch)) = (&result, &self.fail_stop) {
             latch.storage(operation, &self.path, e);
         }

@@ -9,14 +9,22 @@
 //!
 //! # Log I/O runs in place
 //! The log stores write and fdatasync on the task that calls them, openraft's core task, and
-//! block its worker thread meanwhile (`log_io`). openraft 0.9 waits for every append (and
+//! block its worker thread meanwhile ([`LogIo`]). openraft 0.9 waits for every append (and
 //! vote, truncate, purge) to be durable before it does anything else, so nothing of openraft's
-//! could run in the meantime; the server's other tasks run on the other worker threads
-//! (tokio's default is one per core). Handing the worker to another thread for the fsync
-//! (`block_in_place`) cost W2 11-15 % of its throughput on 2 cores (`docs/performance.md`,
-//! *Log I/O in place*). With one worker thread (`--worker-threads 1`) it is handed off still,
-//! so that a slow disk does not stop every request. Snapshot files, which can take seconds,
-//! are always written off the worker threads (a thread of their own, or `blocking`).
+//! could run in the meantime. Handing the worker to another thread for the fsync
+//! (`block_in_place`) costs a cross-thread wake-up each way: 11-15 % of W2's throughput with two
+//! workers, and 25 % with one (`docs/performance.md`, *One worker thread*).
+//!
+//! The server runs one worker thread by default (`--worker-threads`), so an fsync in place
+//! stops every request for its duration: about 0.1-0.3 ms on a healthy disk, less than the
+//! cross-thread hand-offs it saves. A disk that turns slow must not stop them for longer, so
+//! with one worker a log write that took [`SLOW_LOG_IO`] or more sends the writes of the next
+//! [`HAND_OFF_WINDOW`] (renewed by every slow one) to another thread first, and the other
+//! requests are answered meanwhile. A disk that hangs outright stops the node's requests: its
+//! health checks stop answering, so a supervisor restarts it instead of keeping a node that
+//! cannot write. With several workers the others answer requests while one is blocked.
+//! Snapshot files, which can take seconds, are always written off the worker threads (a thread
+//! of their own, or `blocking`).
 
 pub mod bounds;
 pub mod clock;
@@ -38,6 +46,7 @@ pub mod status;
 pub mod storage_faults;
 
 use std::io::Cursor;
+use std::time::{Duration, Instant};
 
 use permit_core::{Batch, Outcome};
 
@@ -72,15 +81,65 @@ pub(crate) fn io_error(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
 
-/// Runs a log store's write and fdatasync from openraft's core task: in place when other worker
-/// threads can run the server's tasks meanwhile, else as [`blocking`] does (see the module docs).
-pub(crate) fn log_io<R>(f: impl FnOnce() -> R) -> R {
-    // A current-thread runtime has one worker too; `blocking` runs `f` in place there.
-    let one_worker = tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().num_workers() == 1);
-    if one_worker {
-        blocking(f)
-    } else {
-        f()
+/// A log write (or fsync) that takes this long, on a node with one worker thread, hands the
+/// writes of the next [`HAND_OFF_WINDOW`] to another thread (see the module docs). A healthy
+/// disk's fdatasync takes well under a millisecond here, and up to about 20 ms while a snapshot
+/// file is flushed beside it.
+pub const SLOW_LOG_IO: Duration = Duration::from_millis(25);
+/// How long log writes are handed off after the last slow one.
+pub const HAND_OFF_WINDOW: Duration = Duration::from_secs(10);
+
+/// Where a log store runs its durable writes: in place on the calling task (openraft's core
+/// task), or through [`blocking`] while the disk is slow on a node with one worker thread.
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct LogIo {
+    slow: Duration,
+    window: Duration,
+    /// Until when writes are handed off (after a slow one); `None`: in place.
+    hand_off_until: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Default for LogIo {
+    fn default() -> Self {
+        LogIo::with_limits(SLOW_LOG_IO, HAND_OFF_WINDOW)
+    }
+}
+
+impl LogIo {
+    fn with_limits(slow: Duration, window: Duration) -> LogIo {
+        LogIo { slow, window, hand_off_until: std::sync::Mutex::new(None) }
+    }
+
+    /// Runs `f`, one durable log write. Log writes are sequential (openraft issues the next
+    /// only after this one returned), so the lock is never contended.
+    pub(crate) fn run<R>(&self, f: impl FnOnce() -> R) -> R {
+        // A current-thread runtime (the simulation) has one worker too; `blocking` runs `f` in
+        // place there.
+        let one_worker = tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().num_workers() == 1);
+        if !one_worker {
+            return f();
+        }
+        let started = Instant::now();
+        let handing_off = self.lock().is_some_and(|until| started < until);
+        let result = if handing_off { blocking(f) } else { f() };
+        let ended = Instant::now();
+        let took = ended - started;
+        if took >= self.slow {
+            if !handing_off {
+                tracing::warn!(
+                    took_ms = took.as_millis() as u64,
+                    window_s = self.window.as_secs(),
+                    "a log write was slow; log writes are handed to another thread while the disk is slow, so that requests are answered meanwhile"
+                );
+            }
+            *self.lock() = Some(ended + self.window);
+        }
+        result
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.hand_off_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -98,22 +157,39 @@ pub(crate) fn blocking<R>(f: impl FnOnce() -> R) -> R {
 mod tests {
     use std::time::Duration;
 
-    use super::log_io;
+    use super::LogIo;
 
-    /// With one worker thread, a log fsync that takes long must not stop the server's other
-    /// tasks: here the log I/O waits for a message that only another task can send.
-    #[test]
-    fn log_io_hands_off_the_only_worker_thread() {
+    /// Runs `io` on a one-worker runtime: the log write waits up to `wait` for a message that
+    /// only another task can send. Returns whether it came (the worker was free meanwhile).
+    fn other_tasks_run_during(io: &std::sync::Arc<LogIo>, wait: Duration) -> bool {
         let runtime =
             tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().expect("a runtime");
-        let received = runtime.block_on(async {
+        let io = io.clone();
+        runtime.block_on(async move {
             let (sender, receiver) = std::sync::mpsc::channel();
-            let io = tokio::spawn(async move { log_io(|| receiver.recv_timeout(Duration::from_secs(2))) });
-            // The only worker is inside `io` by now or soon; this task runs only if it is free.
+            let write = tokio::spawn(async move { io.run(|| receiver.recv_timeout(wait)) });
+            // The only worker is inside `write` by now or soon; this task runs only if it is
+            // free (or once `write` returned).
             let other = tokio::spawn(async move { sender.send(()) });
-            other.await.expect("the other task runs").expect("sent");
-            io.await.expect("the log I/O ends")
-        });
-        assert_eq!(received, Ok(()));
+            let received = write.await.expect("the log write ends");
+            let _ = other.await;
+            received.is_ok()
+        })
+    }
+
+    /// With one worker a log write runs in place (no other task runs meanwhile) until one is
+    /// slow; then the writes of the next window are handed off, and other tasks run during
+    /// them; after the window they run in place again.
+    #[test]
+    fn log_writes_on_one_worker_run_in_place_until_one_is_slow() {
+        let window = Duration::from_millis(300);
+        let io = std::sync::Arc::new(LogIo::with_limits(Duration::from_millis(50), window));
+        // In place: the other task cannot run, so the write waits its whole 100 ms (slow).
+        assert!(!other_tasks_run_during(&io, Duration::from_millis(100)), "ran in place");
+        // Handed off now: the other task runs while the write waits.
+        assert!(other_tasks_run_during(&io, Duration::from_secs(5)), "handed off after a slow write");
+        // A fast write does not end the window; the window's end does.
+        std::thread::sleep(window);
+        assert!(!other_tasks_run_during(&io, Duration::from_millis(20)), "in place again");
     }
 }

@@ -74,6 +74,8 @@ pub struct SegmentLog {
     fail_stop: Option<Arc<FailStop>>,
     /// Faults a simulation injects (never set by `permit serve`).
     faults: Option<Arc<StorageFaults>>,
+    /// Where the durable writes run.
+    io: Arc<super::LogIo>,
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -502,6 +504,7 @@ impl SegmentLog {
             dir: dir.to_owned(),
             append_seconds: None,
             fail_stop: None,
+            io: Arc::default(),
             faults: None,
         })
     }
@@ -569,16 +572,17 @@ impl SegmentLog {
         // The records are written under the lock, the fdatasync runs without it: readers
         // (replication to followers) are not held up by the local fsync. openraft issues the
         // next append only after this one returned, so batches stay in order. Both run on
-        // openraft's core task, which waits for them anyway ([`super::log_io`]).
+        // openraft's core task, which waits for them anyway ([`super::LogIo`]).
         let result = self.write("log append", |inner| inner.append(entries)).and_then(|file| {
-            super::log_io(|| {
-                fdatasync(&file)?;
-                if crate::bugs::is(crate::bugs::Bug::SlowLogSync) {
-                    std::thread::sleep(crate::bugs::SLOW_LOG_SYNC);
-                }
-                Ok(())
-            })
-            .inspect_err(|e| self.failed("log append", &mut self.lock(), e))
+            self.io
+                .run(|| {
+                    fdatasync(&file)?;
+                    if crate::bugs::is(crate::bugs::Bug::SlowLogSync) {
+                        std::thread::sleep(crate::bugs::SLOW_LOG_SYNC);
+                    }
+                    Ok(())
+                })
+                .inspect_err(|e| self.failed("log append", &mut self.lock(), e))
         });
         if let Some(histogram) = &self.append_seconds {
             histogram.observe(started.elapsed().as_secs_f64());
@@ -611,9 +615,9 @@ impl SegmentLog {
 
     /// Runs one durable write. A failure is reported to the fail-stop latch and latched here:
     /// once a write failed, no write runs again (a failed fsync is never retried).
-    /// It runs on the calling task ([`super::log_io`]).
+    /// It runs on the calling task ([`super::LogIo`]).
     fn write<R>(&self, operation: &str, f: impl FnOnce(&mut Inner) -> io::Result<R>) -> io::Result<R> {
-        super::log_io(|| {
+        self.io.run(|| {
             let mut inner = self.lock();
             if inner.failed || self.fail_stop.as_ref().is_some_and(|latch| latch.is_failed()) {
                 return Err(io::Error::other("refused after an earlier storage failure"));
