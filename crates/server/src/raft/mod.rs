@@ -121,7 +121,18 @@ impl LogIo {
             return f();
         }
         let started = Instant::now();
-        let handing_off = self.lock().is_some_and(|until| started < until);
+        let handing_off = {
+            let mut until = self.lock();
+            match *until {
+                Some(end) if started < end => true,
+                Some(_) => {
+                    *until = None;
+                    tracing::info!("no slow log write for a while: log writes run in place again");
+                    false
+                }
+                None => false,
+            }
+        };
         let result = if handing_off { blocking(f) } else { f() };
         let ended = Instant::now();
         let took = ended - started;
