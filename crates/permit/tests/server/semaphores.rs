@@ -46,12 +46,13 @@ async fn blocking_acquire_is_handed_off_on_release_with_a_larger_token() {
     handed_off_on_release(&Server::start()).await;
 }
 
-/// `--worker-threads 1`: every task (HTTP, the proposer, openraft's core and apply, the waiter's
-/// long-poll) shares one thread, and the log's fsync still runs beside it.
+/// The default runs every task (HTTP, the proposer, openraft's core and apply, the waiter's
+/// long-poll) on one worker thread, the log's fsync in place on it; `--worker-threads 2` spreads
+/// them over two, the fsync blocking one while the other runs the rest.
 #[tokio::test]
-async fn one_worker_thread_serves_a_handoff() {
+async fn two_worker_threads_serve_a_handoff() {
     let dir = tempfile::tempdir().unwrap();
-    handed_off_on_release(&Server::start_in(dir.path(), "127.0.0.1:0", &["--worker-threads", "1"])).await;
+    handed_off_on_release(&Server::start_in(dir.path(), "127.0.0.1:0", &["--worker-threads", "2"])).await;
 }
 
 async fn handed_off_on_release(server: &Server) {
