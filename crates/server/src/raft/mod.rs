@@ -9,7 +9,7 @@
 //!
 //! # Log I/O runs in place
 //! The log stores write and fdatasync on the task that calls them, openraft's core task, and
-//! block its worker thread meanwhile ([`LogIo`]). openraft 0.9 waits for every append (and
+//! block its worker thread meanwhile (`LogIo`). openraft 0.9 waits for every append (and
 //! vote, truncate, purge) to be durable before it does anything else, so nothing of openraft's
 //! could run in the meantime. Handing the worker to another thread for the fsync
 //! (`block_in_place`) costs a cross-thread wake-up each way: 11-15 % of W2's throughput with two
