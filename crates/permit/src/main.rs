@@ -48,10 +48,10 @@ enum TopCommand {
     Client(permit_cli::ClientCommand),
 }
 
-/// The exit codes of `permit serve`, printed at the end of its `--help`.
 /// `permit serve`'s worker threads unless `--worker-threads` says otherwise (see its help).
 const SERVE_WORKER_THREADS: u16 = 1;
 
+/// The exit codes of `permit serve`, printed at the end of its `--help`.
 const SERVE_EXIT_CODES: &str = "\
 Exit codes:
   0    stopped by SIGINT or SIGTERM
