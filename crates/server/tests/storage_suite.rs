@@ -201,3 +201,79 @@ async fn segment_log_reopens_after_a_purge_beyond_its_end() {
     let refused = SegmentLog::open(&path).err().expect("a jump past the purge is refused");
     assert!(refused.to_string().contains("corrupt"), "{refused}");
 }
+
+/// Pages of `path` in the page cache that are not yet on the disk (dirty or under writeback),
+/// from `cachestat(2)` (Linux 6.5 and later).
+fn unsynced_pages(path: &std::path::Path) -> u64 {
+    use std::os::unix::io::AsRawFd;
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct CacheStat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    /// The same number on every Linux architecture (the unified syscall table).
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let file = std::fs::File::open(path).expect("open for cachestat");
+    // `len: 0` is to the end of the file.
+    let range = Range { off: 0, len: 0 };
+    let mut stat = CacheStat::default();
+    // SAFETY: cachestat reads `range` and writes `stat`, both live and of the kernel's layout.
+    let result = unsafe {
+        libc::syscall(SYS_CACHESTAT, file.as_raw_fd(), &range as *const Range, &mut stat as *mut CacheStat, 0)
+    };
+    assert_eq!(result, 0, "cachestat({}): {}", path.display(), std::io::Error::last_os_error());
+    stat.nr_dirty + stat.nr_writeback
+}
+
+/// Leaves `path`'s first `len` bytes as a crash during an fdatasync can: written (the same
+/// bytes again) but not yet on the disk. A restarted process reads them from the page cache.
+fn rewrite_unsynced(path: &std::path::Path, len: usize) {
+    use std::os::unix::fs::FileExt;
+    let data = std::fs::read(path).expect("read");
+    let file = std::fs::OpenOptions::new().write(true).open(path).expect("open for write");
+    file.write_all_at(&data[..len], 0).expect("rewrite");
+    assert!(unsynced_pages(path) > 0, "the rewrite left no dirty page in {}", path.display());
+}
+
+/// A process that crashed while its fdatasync ran leaves records in the page cache that are not
+/// on the disk; the restarted node reads them and would report them as part of its log (a leader
+/// counts them towards a quorum) though a power cut can still take them. So the open syncs them
+/// before the log is used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segment_log_makes_what_it_reads_at_open_durable() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("raft-log");
+    let mut log = SegmentLog::open(&path).expect("open");
+    append(&mut log, (1..=20).map(|i| blank(1, i)).collect()).await;
+    drop(log);
+    let segment = only_segment(&path);
+    rewrite_unsynced(&segment, written_len(&segment));
+    let mut log = SegmentLog::open(&path).expect("reopen");
+    assert_eq!(unsynced_pages(&segment), 0, "the open left records it read unsynced");
+    assert_eq!(indexes(&mut log).await, (1..=20).collect::<Vec<_>>());
+}
+
+/// The same for the redb store: what its open reads is on the disk before it is used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redb_log_makes_what_it_reads_at_open_durable() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("raft-log.redb");
+    let mut log = LogStore::open(&path).expect("open");
+    let vote = openraft::Vote::new(3, 1);
+    log.save_vote(&vote).await.expect("save vote");
+    drop(log);
+    let len = std::fs::metadata(&path).expect("stat").len() as usize;
+    rewrite_unsynced(&path, len);
+    let mut log = LogStore::open(&path).expect("reopen");
+    assert_eq!(unsynced_pages(&path), 0, "the open left data it read unsynced");
+    assert_eq!(log.read_vote().await.expect("read vote"), Some(vote));
+}

@@ -93,6 +93,8 @@ impl LogStore {
         // Reads are of recent entries (replication, restart replay): a small cache is enough,
         // and redb's default would let the page cache grow with the log file.
         let db = Database::builder().set_cache_size(CACHE_BYTES).create(path)?;
+        // A durable commit before the log is used: it also syncs what a process that crashed
+        // during an fsync left in the page cache only, which the open read from there.
         let mut txn = db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
         txn.open_table(LOG)?;

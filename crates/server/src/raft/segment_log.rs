@@ -23,7 +23,9 @@
 //! fdatasync never returned, so never acknowledged, of which the disk may have kept any
 //! sectors): it and everything after it are zeroed and synced before the log is used. A bad
 //! record in an earlier segment, or an index out of sequence, is corruption of acknowledged data:
-//! the store refuses to open rather than start with a shorter log.
+//! the store refuses to open rather than start with a shorter log. Then the last segment is
+//! fdatasynced and the directory fsynced: what the open read may have come from the page cache
+//! of a process that crashed during its fsync, and must be on the disk before it is used.
 //!
 //! The entries after the last purge are also kept in memory (the log between snapshots, at most
 //! `--snapshot-logs` entries plus openraft's margin), so reads never touch the disk. Purge drops
@@ -331,7 +333,26 @@ impl Inner {
         if inner.committed.is_some_and(|c| last.is_none_or(|l| c.index > l)) {
             inner.committed = None;
         }
+        inner.sync_what_was_read()?;
         Ok(inner)
+    }
+
+    /// Makes what the open read durable before the log is used. A process that crashed while
+    /// an append's fdatasync ran (or between `meta`'s rename and the directory's fsync) leaves
+    /// data in the page cache that is not on the disk, and the open reads it from there: the
+    /// node would count those entries as its log (and a leader would count them towards a
+    /// quorum) while a power cut could still take them. Only the last segment can hold such
+    /// data: a segment is started after the appends before it were synced.
+    fn sync_what_was_read(&self) -> io::Result<()> {
+        if let Some(last) = self.segments.last() {
+            fdatasync(&last.file)?;
+        }
+        sync_dir(&self.dir)?;
+        // The directory's own entry, when this open created it.
+        match self.dir.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
+            _ => Ok(()),
+        }
     }
 
     fn last_log_id(&self) -> Option<LogId> {
