@@ -407,37 +407,53 @@ impl Metrics {
         let method = if STANDARD_METHODS.contains(&method) { method } else { "OTHER" };
         let (count, histogram) = {
             let mut routes = self.routes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if !routes.contains_key(route) {
-                routes.insert(route.to_owned(), RouteSeries::default());
-            }
-            let series = routes.get_mut(route).expect("inserted above");
-            let count = match series.counts.iter().find(|(m, s, _)| *m == method && *s == status) {
-                Some((_, _, count)) => count.clone(),
+            // One lookup for a route seen before (every request but its first).
+            match routes.get_mut(route) {
+                Some(series) => self.route_handles(series, route, method, status, long_poll),
                 None => {
-                    let labels = vec![
-                        ("route".to_owned(), route.to_owned()),
-                        ("method".to_owned(), method.to_owned()),
-                        ("status".to_owned(), status.to_string()),
-                    ];
-                    let count = self.requests.get_or_create(&labels).clone();
-                    series.counts.push((method.to_owned(), status, count.clone()));
-                    count
+                    let series = routes.entry(route.to_owned()).or_default();
+                    self.route_handles(series, route, method, status, long_poll)
                 }
-            };
-            let (slot, family) = if long_poll {
-                (&mut series.long_poll_seconds, &self.long_poll_seconds)
-            } else {
-                (&mut series.seconds, &self.request_seconds)
-            };
-            let histogram = slot
-                .get_or_insert_with(|| {
-                    family.get_or_create(&vec![("route".to_owned(), route.to_owned())]).clone()
-                })
-                .clone();
-            (count, histogram)
+            }
         };
         count.inc();
         histogram.observe(seconds);
+    }
+
+    /// The request counter of (`method`, `status`) and the duration histogram of `route`'s
+    /// `series`, created on first use.
+    fn route_handles(
+        &self,
+        series: &mut RouteSeries,
+        route: &str,
+        method: &str,
+        status: u16,
+        long_poll: bool,
+    ) -> (Counter, Histogram) {
+        let count = match series.counts.iter().find(|(m, s, _)| *m == method && *s == status) {
+            Some((_, _, count)) => count.clone(),
+            None => {
+                let labels = vec![
+                    ("route".to_owned(), route.to_owned()),
+                    ("method".to_owned(), method.to_owned()),
+                    ("status".to_owned(), status.to_string()),
+                ];
+                let count = self.requests.get_or_create(&labels).clone();
+                series.counts.push((method.to_owned(), status, count.clone()));
+                count
+            }
+        };
+        let (slot, family) = if long_poll {
+            (&mut series.long_poll_seconds, &self.long_poll_seconds)
+        } else {
+            (&mut series.seconds, &self.request_seconds)
+        };
+        let histogram = slot
+            .get_or_insert_with(|| {
+                family.get_or_create(&vec![("route".to_owned(), route.to_owned())]).clone()
+            })
+            .clone();
+        (count, histogram)
     }
 
     fn families(&self, kind: Kind) -> &ObjectFamilies {

@@ -53,8 +53,9 @@ pub struct Node {
     pub(crate) removed: watch::Receiver<bool>,
     /// Where new session and token ids come from.
     ids: IdSource,
-    /// The `permit-leader` header value every answer carries, built once per leader.
-    pub(crate) leader_header: crate::api::forward::LeaderHeader,
+    /// The values of the headers every answer carries (`permit-node`, `permit-term`,
+    /// `permit-leader`), built once per term and leader.
+    pub(crate) stamps: crate::api::forward::Stamps,
 }
 
 /// Where a node draws new session and token ids: the OS-seeded generator, or, in a simulation
@@ -151,7 +152,7 @@ impl Node {
         let node = Arc::new(Node {
             id: config.node_id,
             ids: IdSource::new(config.id_seed),
-            leader_header: Default::default(),
+            stamps: crate::api::forward::Stamps::new(config.node_id),
             addr,
             consensus,
             clock: parts.clock,

@@ -108,37 +108,70 @@ fn forwarded_by_peer(node: &Node, headers: &HeaderMap) -> bool {
 /// Adds which node answered, its term and the leader it knows, unless a forwarded answer
 /// carries the leader's.
 fn stamp(node: &Node, headers: &mut HeaderMap) {
-    if headers.contains_key(NODE_HEADER) {
+    static NODE: HeaderName = HeaderName::from_static(NODE_HEADER);
+    static TERM: HeaderName = HeaderName::from_static(TERM_HEADER);
+    static LEADER: HeaderName = HeaderName::from_static(LEADER_HEADER);
+    if headers.contains_key(&NODE) {
         return;
     }
     let (term, leader) = node.consensus.term_and_leader(|term, leader| {
-        (term, leader.and_then(|(id, addr)| node.leader_header.value(node.peer_scheme(), id, addr)))
+        node.stamps.values(term, leader.map(|(id, addr)| (id, addr, node.peer_scheme())))
     });
-    headers.insert(HeaderName::from_static(NODE_HEADER), HeaderValue::from(node.id));
-    headers.insert(HeaderName::from_static(TERM_HEADER), HeaderValue::from(term));
+    headers.insert(NODE.clone(), node.stamps.node.clone());
+    headers.insert(TERM.clone(), term);
     if let Some(url) = leader {
-        headers.insert(HeaderName::from_static(LEADER_HEADER), url);
+        headers.insert(LEADER.clone(), url);
     }
 }
 
-/// The `permit-leader` value last built, reused while the leader and its address stay the same:
-/// every answer carries it, and formatting and checking the URL each time cost more than the
-/// rest of the headers.
-#[derive(Default)]
-pub(crate) struct LeaderHeader(Mutex<Option<(NodeId, String, HeaderValue)>>);
+/// The values of the headers every answer carries, built once and reused while the term and
+/// the leader stay the same: formatting them for each answer cost more than the rest of it.
+pub(crate) struct Stamps {
+    /// `permit-node`: this node's id.
+    node: HeaderValue,
+    /// The term, the leader and its address they were built for, with the `permit-term` and
+    /// `permit-leader` values.
+    built: Mutex<Option<Built>>,
+}
 
-impl LeaderHeader {
-    /// `scheme://addr` of node `leader`, or `None` if that is not a valid header value.
-    fn value(&self, scheme: &str, leader: NodeId, addr: &str) -> Option<HeaderValue> {
-        let mut cached = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((id, cached_addr, value)) = &*cached {
-            if *id == leader && cached_addr == addr {
-                return Some(value.clone());
+struct Built {
+    term: u64,
+    leader: Option<(NodeId, String)>,
+    term_value: HeaderValue,
+    leader_value: Option<HeaderValue>,
+}
+
+impl Stamps {
+    /// The stamps of node `id`.
+    pub(crate) fn new(id: NodeId) -> Stamps {
+        Stamps { node: HeaderValue::from(id), built: Mutex::new(None) }
+    }
+
+    /// The `permit-term` value, and the `permit-leader` one (`scheme://addr`) when a leader is
+    /// known and its URL is a valid header value.
+    fn values(&self, term: u64, leader: Option<(NodeId, &str, &str)>) -> (HeaderValue, Option<HeaderValue>) {
+        let mut built = self.built.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(b) = &*built {
+            let same_leader = match (&b.leader, leader) {
+                (Some((id, addr)), Some((leader, leader_addr, _))) => *id == leader && addr == leader_addr,
+                (None, None) => true,
+                _ => false,
+            };
+            if b.term == term && same_leader {
+                return (b.term_value.clone(), b.leader_value.clone());
             }
         }
-        let value = HeaderValue::try_from(format!("{scheme}://{addr}")).ok()?;
-        *cached = Some((leader, addr.to_owned(), value.clone()));
-        Some(value)
+        let leader_value =
+            leader.and_then(|(_, addr, scheme)| HeaderValue::try_from(format!("{scheme}://{addr}")).ok());
+        let fresh = Built {
+            term,
+            leader: leader.map(|(id, addr, _)| (id, addr.to_owned())),
+            term_value: HeaderValue::from(term),
+            leader_value,
+        };
+        let values = (fresh.term_value.clone(), fresh.leader_value.clone());
+        *built = Some(fresh);
+        values
     }
 }
 
