@@ -243,3 +243,29 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
         .into_response(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Stamps;
+
+    /// The cached values follow the term and the leader: a change of either rebuilds them.
+    #[test]
+    fn stamps_follow_the_term_and_the_leader() {
+        let stamps = Stamps::new(7);
+        assert_eq!(stamps.node, "7");
+        let (term, leader) = stamps.values(3, None);
+        assert_eq!((term, leader), ("3".parse().unwrap(), None));
+        let (term, leader) = stamps.values(3, Some((1, "127.0.0.1:9000", "http")));
+        assert_eq!(term, "3");
+        assert_eq!(leader.unwrap(), "http://127.0.0.1:9000");
+        let (term, leader) = stamps.values(4, Some((1, "127.0.0.1:9000", "http")));
+        assert_eq!(term, "4");
+        assert_eq!(leader.unwrap(), "http://127.0.0.1:9000");
+        let (_, leader) = stamps.values(4, Some((2, "127.0.0.1:9001", "https")));
+        assert_eq!(leader.unwrap(), "https://127.0.0.1:9001");
+        let (_, leader) = stamps.values(4, Some((2, "127.0.0.1:9002", "https")));
+        assert_eq!(leader.unwrap(), "https://127.0.0.1:9002", "a leader's new address");
+        let (term, leader) = stamps.values(5, None);
+        assert_eq!((term, leader), ("5".parse().unwrap(), None));
+    }
+}
