@@ -152,7 +152,10 @@ impl Node {
         let node = Arc::new(Node {
             id: config.node_id,
             ids: IdSource::new(config.id_seed),
-            stamps: crate::api::forward::Stamps::new(config.node_id),
+            stamps: crate::api::forward::Stamps::new(
+                config.node_id,
+                crate::tls::peer_scheme(config.tls.as_ref()),
+            ),
             addr,
             consensus,
             clock: parts.clock,

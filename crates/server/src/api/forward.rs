@@ -114,9 +114,7 @@ fn stamp(node: &Node, headers: &mut HeaderMap) {
     if headers.contains_key(&NODE) {
         return;
     }
-    let (term, leader) = node.consensus.term_and_leader(|term, leader| {
-        node.stamps.values(term, leader.map(|(id, addr)| (id, addr, node.peer_scheme())))
-    });
+    let (term, leader) = node.consensus.term_and_leader(|term, leader| node.stamps.values(term, leader));
     headers.insert(NODE.clone(), node.stamps.node.clone());
     headers.insert(TERM.clone(), term);
     if let Some(url) = leader {
@@ -129,6 +127,8 @@ fn stamp(node: &Node, headers: &mut HeaderMap) {
 pub(crate) struct Stamps {
     /// `permit-node`: this node's id.
     node: HeaderValue,
+    /// The scheme of the peers' URLs (`https` when they serve TLS).
+    scheme: &'static str,
     /// The term, the leader and its address they were built for, with the `permit-term` and
     /// `permit-leader` values.
     built: Mutex<Option<Built>>,
@@ -142,18 +142,18 @@ struct Built {
 }
 
 impl Stamps {
-    /// The stamps of node `id`.
-    pub(crate) fn new(id: NodeId) -> Stamps {
-        Stamps { node: HeaderValue::from(id), built: Mutex::new(None) }
+    /// The stamps of node `id`, whose peers' URLs have `scheme`.
+    pub(crate) fn new(id: NodeId, scheme: &'static str) -> Stamps {
+        Stamps { node: HeaderValue::from(id), scheme, built: Mutex::new(None) }
     }
 
     /// The `permit-term` value, and the `permit-leader` one (`scheme://addr`) when a leader is
     /// known and its URL is a valid header value.
-    fn values(&self, term: u64, leader: Option<(NodeId, &str, &str)>) -> (HeaderValue, Option<HeaderValue>) {
+    fn values(&self, term: u64, leader: Option<(NodeId, &str)>) -> (HeaderValue, Option<HeaderValue>) {
         let mut built = self.built.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(b) = &*built {
             let same_leader = match (&b.leader, leader) {
-                (Some((id, addr)), Some((leader, leader_addr, _))) => *id == leader && addr == leader_addr,
+                (Some((id, addr)), Some((leader, leader_addr))) => *id == leader && addr == leader_addr,
                 (None, None) => true,
                 _ => false,
             };
@@ -162,10 +162,10 @@ impl Stamps {
             }
         }
         let leader_value =
-            leader.and_then(|(_, addr, scheme)| HeaderValue::try_from(format!("{scheme}://{addr}")).ok());
+            leader.and_then(|(_, addr)| HeaderValue::try_from(format!("{}://{addr}", self.scheme)).ok());
         let fresh = Built {
             term,
-            leader: leader.map(|(id, addr, _)| (id, addr.to_owned())),
+            leader: leader.map(|(id, addr)| (id, addr.to_owned())),
             term_value: HeaderValue::from(term),
             leader_value,
         };
@@ -251,19 +251,19 @@ mod tests {
     /// The cached values follow the term and the leader: a change of either rebuilds them.
     #[test]
     fn stamps_follow_the_term_and_the_leader() {
-        let stamps = Stamps::new(7);
+        let stamps = Stamps::new(7, "https");
         assert_eq!(stamps.node, "7");
         let (term, leader) = stamps.values(3, None);
         assert_eq!((term, leader), ("3".parse().unwrap(), None));
-        let (term, leader) = stamps.values(3, Some((1, "127.0.0.1:9000", "http")));
+        let (term, leader) = stamps.values(3, Some((1, "127.0.0.1:9000")));
         assert_eq!(term, "3");
-        assert_eq!(leader.unwrap(), "http://127.0.0.1:9000");
-        let (term, leader) = stamps.values(4, Some((1, "127.0.0.1:9000", "http")));
+        assert_eq!(leader.unwrap(), "https://127.0.0.1:9000");
+        let (term, leader) = stamps.values(4, Some((1, "127.0.0.1:9000")));
         assert_eq!(term, "4");
-        assert_eq!(leader.unwrap(), "http://127.0.0.1:9000");
-        let (_, leader) = stamps.values(4, Some((2, "127.0.0.1:9001", "https")));
+        assert_eq!(leader.unwrap(), "https://127.0.0.1:9000");
+        let (_, leader) = stamps.values(4, Some((2, "127.0.0.1:9001")));
         assert_eq!(leader.unwrap(), "https://127.0.0.1:9001");
-        let (_, leader) = stamps.values(4, Some((2, "127.0.0.1:9002", "https")));
+        let (_, leader) = stamps.values(4, Some((2, "127.0.0.1:9002")));
         assert_eq!(leader.unwrap(), "https://127.0.0.1:9002", "a leader's new address");
         let (term, leader) = stamps.values(5, None);
         assert_eq!((term, leader), ("5".parse().unwrap(), None));
