@@ -82,6 +82,15 @@ fn only_segment(dir: &std::path::Path) -> std::path::PathBuf {
     segments.pop().expect("one")
 }
 
+/// An empty segment log in a new temp dir: the dir (kept alive by the caller), the log's path,
+/// and the log.
+fn fresh_segment_log() -> (tempfile::TempDir, std::path::PathBuf, SegmentLog) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("raft-log");
+    let log = SegmentLog::open(&path).expect("open");
+    (dir, path, log)
+}
+
 /// The byte offset just past the last non-zero byte of `file` (the written records).
 fn written_len(file: &std::path::Path) -> usize {
     let data = std::fs::read(file).expect("read segment");
@@ -90,9 +99,7 @@ fn written_len(file: &std::path::Path) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn segment_log_truncates_a_torn_tail_and_refuses_corruption_before_it() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("raft-log");
-    let mut log = SegmentLog::open(&path).expect("open");
+    let (_dir, path, mut log) = fresh_segment_log();
     append(&mut log, (1..=3).map(|i| blank(1, i)).collect()).await;
     let after_three = written_len(&only_segment(&path));
     append(&mut log, vec![blank(1, 4), blank(1, 5)]).await;
@@ -143,9 +150,7 @@ async fn segment_log_truncates_a_torn_tail_and_refuses_corruption_before_it() {
 /// come back after one of a newer term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn segment_log_drops_records_after_a_zeroed_one() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("raft-log");
-    let mut log = SegmentLog::open(&path).expect("open");
+    let (_dir, path, mut log) = fresh_segment_log();
     append(&mut log, (1..=2).map(|i| blank(1, i)).collect()).await;
     let after_two = written_len(&only_segment(&path));
     append(&mut log, (3..=5).map(|i| blank(1, i)).collect()).await;
@@ -176,9 +181,7 @@ async fn segment_log_drops_records_after_a_zeroed_one() {
 /// corruption, and the log must reopen (the simulation found a node that could not restart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn segment_log_reopens_after_a_purge_beyond_its_end() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("raft-log");
-    let mut log = SegmentLog::open(&path).expect("open");
+    let (_dir, path, mut log) = fresh_segment_log();
     append(&mut log, (1..=3).map(|i| blank(1, i)).collect()).await;
     log.purge(log_id(2, 1, 10)).await.expect("purge beyond the end");
     append(&mut log, (11..=12).map(|i| blank(2, i)).collect()).await;
@@ -250,9 +253,7 @@ fn rewrite_unsynced(path: &std::path::Path, len: usize) {
 /// before the log is used.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn segment_log_makes_what_it_reads_at_open_durable() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("raft-log");
-    let mut log = SegmentLog::open(&path).expect("open");
+    let (_dir, path, mut log) = fresh_segment_log();
     append(&mut log, (1..=20).map(|i| blank(1, i)).collect()).await;
     drop(log);
     let segment = only_segment(&path);
@@ -284,9 +285,7 @@ async fn redb_log_makes_what_it_reads_at_open_durable() {
 /// cuts follow the flush callbacks, not the page cache.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn segment_log_writes_return_with_their_files_synced() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("raft-log");
-    let mut log = SegmentLog::open(&path).expect("open");
+    let (_dir, path, mut log) = fresh_segment_log();
     append(&mut log, (1..=50).map(|i| blank(1, i)).collect()).await;
     let segment = only_segment(&path);
     assert_eq!(unsynced_pages(&segment), 0, "an append returned before its fdatasync");
