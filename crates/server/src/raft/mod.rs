@@ -81,6 +81,16 @@ pub(crate) fn io_error(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
 
+/// Fsyncs directory `dir` and the directory that holds it (for `dir`'s own entry, when it was
+/// just created): a store's open runs it before it is used (see `segment_log`, `snapshot_store`).
+pub(crate) fn sync_dir_and_its_entry(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()?;
+    match dir.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => std::fs::File::open(parent)?.sync_all(),
+        _ => Ok(()),
+    }
+}
+
 /// A log write (or fsync) that takes this long, on a node with one worker thread, hands the
 /// writes of the next [`HAND_OFF_WINDOW`] to another thread (see the module docs). A healthy
 /// disk's fdatasync takes well under a millisecond here, and up to about 20 ms while a snapshot

@@ -347,12 +347,7 @@ impl Inner {
         if let Some(last) = self.segments.last() {
             fdatasync(&last.file)?;
         }
-        sync_dir(&self.dir)?;
-        // The directory's own entry, when this open created it.
-        match self.dir.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
-            _ => Ok(()),
-        }
+        super::sync_dir_and_its_entry(&self.dir)
     }
 
     fn last_log_id(&self) -> Option<LogId> {

@@ -42,10 +42,7 @@ impl SnapshotStore {
         // A crash between a save's rename and its directory fsync leaves the new snapshot in
         // the page cache only; the node loads it and purges its log up to it. Sync the
         // directory (and its own entry in the data dir) before either happens.
-        File::open(dir)?.sync_all()?;
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            File::open(parent)?.sync_all()?;
-        }
+        super::sync_dir_and_its_entry(dir)?;
         Ok(SnapshotStore { dir: dir.to_owned(), fail_stop: None })
     }
 
