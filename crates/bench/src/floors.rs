@@ -1,5 +1,5 @@
 //! The machine's floors, measured in the same run: an HTTP/1.1 keep-alive round trip through
-//! the same stack (axum server in its own process, reqwest client), and an fdatasync of a 4 KiB
+//! the same stack (axum server in its own process, the client `--client` names), and an fdatasync of a 4 KiB
 //! append on the data disk.
 
 use std::io::Write;
@@ -64,14 +64,14 @@ pub fn serve_floor() -> anyhow::Result<()> {
 
 /// Round trips to the floor server: (1-client latencies, 32-client requests per second).
 pub async fn http_floor(url: &str, duration: Duration) -> anyhow::Result<(Samples, f64)> {
-    let client = crate::api_client();
+    let client = crate::api::Api::new(url);
     let body = serde_json::json!({ "session": "0123456789abcdef0123456789abcdef", "permits": 1 });
     let mut single = Samples::default();
     let end = Instant::now() + duration;
     while Instant::now() < end {
         let started = Instant::now();
-        let answer = client.post(format!("{url}/floor")).json(&body).send().await?;
-        answer.bytes().await?;
+        let (status, _) = client.post_json("/floor", body.clone()).await?;
+        anyhow::ensure!(status == 200, "floor answered {status}");
         single.push(started.elapsed());
     }
     let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -80,10 +80,10 @@ pub async fn http_floor(url: &str, duration: Duration) -> anyhow::Result<(Sample
         .map(|_| {
             let (url, body, count) = (url.to_owned(), body.clone(), count.clone());
             tokio::spawn(async move {
-                let client = crate::api_client();
+                let client = crate::api::Api::new(&url);
                 while Instant::now() < end {
-                    let answer = client.post(format!("{url}/floor")).json(&body).send().await?;
-                    answer.bytes().await?;
+                    let (status, _) = client.post_json("/floor", body.clone()).await?;
+                    anyhow::ensure!(status == 200, "floor answered {status}");
                     count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 anyhow::Ok(())

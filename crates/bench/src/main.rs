@@ -13,6 +13,7 @@ mod api;
 mod auth;
 mod cpu;
 mod floors;
+mod http1;
 mod keepalive;
 mod python;
 mod redis;
@@ -44,7 +45,8 @@ struct Args {
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
     /// Parts to run: floors,w1,tls,w2,w3,w4,python,redis,logstore,auth,cluster,scale,failover,
-    /// big,scrape,snap,keepalive (default: all but big, scrape, snap and keepalive). `tls` runs W1 over HTTPS on a
+    /// big,scrape,snap,keepalive,client (default: all but big, scrape, snap, keepalive and client).
+    /// `client` runs the HTTP floor, W1 and W2 through each `--client`, alternating. `tls` runs W1 over HTTPS on a
     /// second node, alternating with plain HTTP runs. `python` runs the Python client's W1/W2
     /// driver (threads and asyncio) in alternation with the Rust driver's W1/W2 runs on the same
     /// server. `redis` runs W1 and W2 against redis-server with appendfsync always, alternating
@@ -109,6 +111,12 @@ struct Args {
     /// `cluster` part starts a 3-node cluster of each and alternates its runs over all clusters.
     #[arg(long, value_delimiter = ',')]
     compare_bin: Vec<PathBuf>,
+    /// The HTTP client of the workloads and the HTTP floor: `thin` (one connection read and
+    /// written by the calling task, as thin as the `redis` part's RESP client) or `reqwest`
+    /// (what `permit-client` uses; about 30 µs more per round trip here). The `client` part
+    /// measures both, alternating.
+    #[arg(long, value_enum, default_value = "thin")]
+    client: api::ClientKind,
     /// Run W1-W4 against this running server instead of a fresh one (e.g. to profile it).
     #[arg(long)]
     url: Option<String>,
@@ -180,7 +188,7 @@ fn main() -> anyhow::Result<()> {
 
 fn wants(args: &Args, part: &str) -> bool {
     if args.only.is_empty() {
-        !["big", "scrape", "snap", "keepalive"].contains(&part)
+        !["big", "scrape", "snap", "keepalive", "client"].contains(&part)
     } else {
         args.only.iter().any(|p| p == part)
     }
@@ -202,7 +210,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let work = tempfile::tempdir_in(&base)?;
     let duration = Duration::from_millis(args.duration_ms);
     let mut report = Report::default();
-    println!("permit-bench: {} runs of {:?}; binary {}", args.runs, duration, bin.display());
+    api::set_client_kind(args.client);
+    println!(
+        "permit-bench: {} runs of {:?}; binary {}; client {:?}",
+        args.runs,
+        duration,
+        bin.display(),
+        args.client
+    );
 
     // Floors.
     let mut floor_command = std::process::Command::new(&exe);
@@ -224,6 +239,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // Issue 12's bound for W2 (capacity 4): a permit changes hands at most once per durable
     // write and round trip, so cycles/s <= 4 / (fsync p50 + HTTP p50).
     let handoff_bound = 4.0 / ((fsync_p50 + http_p50) / 1000.0);
+
+    if wants(&args, "client") {
+        client_rows(&mut report, &exe, &bin, work.path(), &args, duration).await?;
+    }
 
     if ["w1", "tls", "w2", "w3", "w4", "python", "redis"].iter().any(|part| wants(&args, part)) {
         let node = match &args.url {
@@ -532,6 +551,53 @@ async fn log_store_rows(
     Ok(())
 }
 
+/// The benchmark's two HTTP clients (`--client`) against one single node and the floor server,
+/// runs alternating: the HTTP floor, W1 and W2 through each, and the ratios thin/reqwest.
+async fn client_rows(
+    report: &mut Report,
+    exe: &std::path::Path,
+    bin: &std::path::Path,
+    work: &std::path::Path,
+    args: &Args,
+    duration: Duration,
+) -> anyhow::Result<()> {
+    let mut floor_command = std::process::Command::new(exe);
+    floor_command.arg("--floor-server");
+    let floor = ServerProcess::spawn(floor_command, exe).context("floor server")?;
+    let node = ServerProcess::start(bin, "127.0.0.1:0", &work.join("client"), &[])?;
+    let kinds = [api::ClientKind::Thin, api::ClientKind::Reqwest];
+    let mut figures = [[vec![], vec![], vec![]], [vec![], vec![], vec![]]];
+    for run in 0..args.runs {
+        for (kind, figures) in kinds.iter().zip(figures.iter_mut()) {
+            api::set_client_kind(*kind);
+            figures[0].push(floors::http_floor(&floor.url, duration).await?.0.p50());
+            let name = format!("client-{kind:?}-{run}");
+            figures[1].push(workloads::uncontended(&node.url, &name, duration).await?.acquire.p50());
+            let urls = [node.url.clone()];
+            figures[2].push(workloads::contended(&urls, &name, 32, duration).await?.cycles_per_second);
+        }
+    }
+    api::set_client_kind(args.client);
+    println!(
+        "The benchmark's HTTP clients, runs alternating (thin: one connection driven by the caller; reqwest)"
+    );
+    let [thin, reqwest] = figures.map(|figures| figures.map(|values| median(&values)));
+    for (i, (what, unit)) in
+        [("HTTP floor round trip p50", "ms"), ("W1 acquire p50", "ms"), ("W2 cycles", "/s")]
+            .iter()
+            .enumerate()
+    {
+        let digits = if *unit == "ms" { 3 } else { 0 };
+        report.add(&format!("{what}, thin client"), format!("{:.digits$} {unit}", thin[i]), None);
+        report.add(
+            &format!("{what}, reqwest"),
+            format!("{:.digits$} {unit} (thin {:.2}x)", reqwest[i], thin[i] / reqwest[i]),
+            None,
+        );
+    }
+    Ok(())
+}
+
 /// The durable peer: W1 and W2 against Redis (`appendfsync always`, a Lua semaphore, see
 /// `redis.rs`), each run alternating with the same workload against Permit's single node, so
 /// both see the same machine; ratios Permit/Redis.
@@ -564,7 +630,7 @@ async fn redis_rows(
     );
     report.add("Redis W1 acquire p50", format!("{r1:.3} ms"), None);
     report.add(
-        "Permit W1 acquire p50 (same runs)",
+        &format!("Permit W1 acquire p50 (same runs, {:?} client)", api::client_kind()),
         format!("{p1:.3} ms ({:.2}x Redis)", p1 / r1),
         Some(("<= 1.0x Redis".into(), p1 <= r1)),
     );
@@ -572,7 +638,7 @@ async fn redis_rows(
     report.add("Redis W2 fairness (CV of cycles per client)", format!("{:.3}", median(&rcv)), None);
     report.add("Redis W2 most holders seen at once", format!("{rmax}"), Some(("<= 4".into(), rmax <= 4)));
     report.add(
-        "Permit W2 cycles (same runs)",
+        &format!("Permit W2 cycles (same runs, {:?} client)", api::client_kind()),
         format!("{p2:.0} /s ({:.2}x Redis)", p2 / r2),
         Some((">= 1.5x Redis".into(), p2 >= 1.5 * r2)),
     );

@@ -6,10 +6,10 @@ use std::sync::OnceLock;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose};
 
 /// The CA every API client trusts once the TLS rows made one.
-static TRUSTED_CA: OnceLock<reqwest::Certificate> = OnceLock::new();
+static TRUSTED_CA: OnceLock<rustls::pki_types::CertificateDer<'static>> = OnceLock::new();
 
 /// The CA made by [`TestPki::create`], if any.
-pub fn trusted_ca() -> Option<&'static reqwest::Certificate> {
+pub fn trusted_ca() -> Option<&'static rustls::pki_types::CertificateDer<'static>> {
     TRUSTED_CA.get()
 }
 
@@ -34,7 +34,7 @@ impl TestPki {
         let files = TestPki { cert: dir.join("server.pem"), key: dir.join("server-key.pem") };
         std::fs::write(&files.cert, cert.pem())?;
         std::fs::write(&files.key, key.serialize_pem())?;
-        let _ = TRUSTED_CA.set(reqwest::Certificate::from_pem(ca.pem().as_bytes())?);
+        let _ = TRUSTED_CA.set(AsRef::<rcgen::Certificate>::as_ref(&ca).der().clone());
         Ok(files)
     }
 
