@@ -117,6 +117,7 @@ const REPLICA_WRITERS_OUTSIDE_RAFT: &[&str] = &["expiry.rs"];
 const SERVER_LIBRARIES: &[(&str, &[&str])] = &[
     ("redb", &["raft/log_store.rs", "raft/consensus.rs"]),
     ("axum", &["api/", "auth.rs", "listener.rs", "peer.rs"]),
+    ("hyper", &["listener.rs", "raft/peer_conn.rs"]),
 ];
 
 /// Every `.rs` file under `dir`, as paths relative to `root`.
@@ -136,7 +137,7 @@ fn names(source: &str, library: &str) -> bool {
 }
 
 #[test]
-fn the_server_names_openraft_redb_and_axum_and_writes_the_replica_only_where_the_codemap_says() {
+fn the_server_names_openraft_redb_axum_and_hyper_and_writes_the_replica_only_where_the_codemap_says() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/src");
     let mut files = Vec::new();
     rust_files(&root, &root, &mut files);

@@ -1,5 +1,6 @@
-//! TLS settings: the server's rustls configuration (HTTPS, optional client certificates) and the
-//! HTTP client a node uses to reach its peers over HTTPS.
+//! TLS settings: the server's rustls configuration (HTTPS, optional client certificates), the
+//! rustls configuration of a node's Raft connections to its peers, and the HTTP client it
+//! forwards requests to them with.
 //!
 //! The crypto provider is rustls' `ring` provider, installed as the process default by
 //! [`install_crypto_provider`]: it builds with `cc` alone (no cmake, no C++), which keeps a clean
@@ -142,6 +143,33 @@ pub fn peer_client(
         anyhow::anyhow!("TLS certificate {} and key {}: {e}", tls.cert.display(), tls.key.display())
     })?;
     Ok(builder.identity(identity))
+}
+
+/// The rustls configuration a node reaches its peers' Raft routes with (`raft::peer_conn`):
+/// the peer CA as roots when given, else the system's roots through the platform verifier (as
+/// reqwest does for [`peer_client`]); the node's own certificate as its client identity;
+/// HTTP/1.1 by ALPN.
+///
+/// # Errors
+/// A message naming the file that cannot be read or does not match.
+pub fn peer_client_config(tls: &TlsConfig) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    use rustls_platform_verifier::BuilderVerifierExt;
+    install_crypto_provider();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| anyhow::anyhow!("TLS: {e}"))?;
+    let builder = match tls.peer_ca_file() {
+        Some(ca) => builder.with_root_certificates(load_roots(ca, "peer CA")?),
+        None => builder.with_platform_verifier().map_err(|e| anyhow::anyhow!("the system's roots: {e}"))?,
+    };
+    let mut config = builder
+        .with_client_auth_cert(load_certs(&tls.cert, "TLS certificate")?, load_key(&tls.key)?)
+        .map_err(|e| {
+            anyhow::anyhow!("TLS certificate {} and key {}: {e}", tls.cert.display(), tls.key.display())
+        })?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
 }
 
 /// The URL scheme peers are reached with: `https` when the node has TLS.

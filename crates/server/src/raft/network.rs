@@ -1,6 +1,7 @@
 //! Raft RPCs between nodes: HTTP POSTs of postcard bodies to `/raft/{append,vote,snapshot}` on
 //! the peer's address (the same address as its client API), each with this node's peer
-//! credential (`permit-peer-id`, `permit-peer-auth`; see [`crate::peer`]).
+//! credential (`permit-peer-id`, `permit-peer-auth`; see [`crate::peer`]), over a connection
+//! that the sending task drives itself ([`super::peer_conn`]).
 //!
 //! A peer that cannot be reached is reported as `Unreachable`, so that openraft backs off instead
 //! of retrying in a tight loop. Every RPC has openraft's deadline as its HTTP timeout.
@@ -19,6 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::bounds::{PeerAnswer, RAFT_TERM_MAX};
+use super::peer_conn::PeerPool;
 use super::{NodeId, TypeConfig};
 use crate::metrics::{PeerRpcCounts, PeerRpcKind};
 use crate::peer::ClusterSecret;
@@ -26,22 +28,20 @@ use crate::peer::ClusterSecret;
 /// Path prefix of the peer RPC routes.
 pub const RAFT_PATH_PREFIX: &str = "/raft";
 
-/// Longest a peer may take to accept a TCP connection.
+/// Longest a peer may take to accept a TCP connection (and finish the TLS handshake, over HTTPS).
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// Creates connections to peers; one HTTP client (with its connection pool) for all of them.
+/// Creates the clients openraft sends peer RPCs with; they share one [`PeerPool`].
 #[derive(Clone)]
 pub struct Network {
-    http: reqwest::Client,
+    pool: PeerPool,
     credential: Arc<[(&'static str, String)]>,
-    scheme: &'static str,
     sent: PeerRpcCounts,
 }
 
 impl Network {
-    /// A network with its own connection pool, dialling from `local` when it is a specific
-    /// address (so peers and fault-injecting proxies see which node connects), over HTTPS when
-    /// `tls` is set. Requests carry node `id`'s credential under `secret` (none without a
+    /// A network dialling from `local` when it is a specific address (so peers and
+    /// fault-injecting proxies see which node connects), over HTTPS when `tls` is set. Requests carry node `id`'s credential under `secret` (none without a
     /// secret: peers refuse them). Every RPC sent is counted in `sent`.
     ///
     /// # Errors
@@ -53,24 +53,19 @@ impl Network {
         tls: Option<&crate::tls::TlsConfig>,
         sent: PeerRpcCounts,
     ) -> anyhow::Result<Network> {
-        let http = crate::tls::peer_client(reqwest::Client::builder(), tls)?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .pool_max_idle_per_host(4)
-            .local_address(local.filter(|ip| !ip.is_unspecified()))
-            .no_proxy()
-            .build()?;
+        let tls = tls.map(crate::tls::peer_client_config).transpose()?;
         let credential = secret.map(|secret| secret.headers(id).to_vec()).unwrap_or_default();
-        Ok(Network { http, credential: credential.into(), scheme: crate::tls::peer_scheme(tls), sent })
+        Ok(Network { pool: PeerPool::new(local, tls, CONNECT_TIMEOUT), credential: credential.into(), sent })
     }
 }
 
-/// A connection to one peer.
+/// openraft's client for one peer: its RPCs go over the pool's connections to that peer.
 pub struct PeerConnection {
-    http: reqwest::Client,
-    credential: Arc<[(&'static str, String)]>,
-    scheme: &'static str,
-    target: NodeId,
+    pool: PeerPool,
+    /// `host:port` of the peer, as in the membership.
     addr: String,
+    credential: Arc<[(&'static str, String)]>,
+    target: NodeId,
     sent: PeerRpcCounts,
     /// The commit index in the last AppendEntries sent to this peer.
     commit_sent: Option<super::LogId>,
@@ -81,11 +76,10 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerConnection {
         PeerConnection {
-            http: self.http.clone(),
-            credential: self.credential.clone(),
-            scheme: self.scheme,
-            target,
+            pool: self.pool.clone(),
             addr: node.addr.clone(),
+            credential: self.credential.clone(),
+            target,
             sent: self.sent.clone(),
             commit_sent: None,
         }
@@ -107,20 +101,16 @@ impl PeerConnection {
     {
         self.sent.count(kind);
         let body = postcard::to_allocvec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let url = format!("{}://{}{RAFT_PATH_PREFIX}/{route}", self.scheme, self.addr);
-        let mut outgoing =
-            self.http.post(url).timeout(option.hard_ttl()).header("content-type", "application/octet-stream");
-        for (name, value) in self.credential.iter() {
-            outgoing = outgoing.header(*name, value);
-        }
-        let response =
-            outgoing.body(body).send().await.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
-        if !response.status().is_success() {
-            let status = response.status();
+        let path = format!("{RAFT_PATH_PREFIX}/{route}");
+        let exchange = self.pool.post(&self.addr, &path, &self.credential, body);
+        let (status, bytes) = tokio::time::timeout(option.hard_ttl(), exchange)
+            .await
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&std::io::Error::other(e))))?;
+        if !status.is_success() {
             let error = std::io::Error::other(format!("peer answered HTTP {status}"));
             return Err(RPCError::Unreachable(Unreachable::new(&error)));
         }
-        let bytes = response.bytes().await.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
         let result: Result<Resp, E> =
             postcard::from_bytes(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let answer = result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))?;

@@ -1,0 +1,325 @@
+//! HTTP/1.1 connections to the peers' Raft routes, each driven by the task that sends on it.
+//!
+//! openraft sends an RPC from the task that waits for its answer (a replication stream, an
+//! election, a read barrier's round). hyper's client connection is polled by that same task
+//! while the request is in flight (`tokio::select!` over the exchange and the connection),
+//! instead of by a connection task of its own as reqwest does: no wake-up to another task and
+//! back for each request and its answer (`docs/performance.md`, *Peer RPCs on the sending
+//! task*).
+//!
+//! Between RPCs a connection waits in its peer's idle list ([`PeerPool`]): openraft 0.9 makes a
+//! new network client for every read barrier's round (`ensure_linearizable`), so a connection
+//! per client would be a connection per round. At most [`IDLE_PER_PEER_MAX`] wait per peer; one
+//! idle for [`PEER_POOL_IDLE`] is closed rather than used, before the peer's header-read timeout
+//! closes it under a request. An RPC that fails or times out (the caller drops its future) takes
+//! its connection with it.
+//!
+//! [`PEER_POOL_IDLE`]: crate::tls::PEER_POOL_IDLE
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpSocket, TcpStream};
+
+use crate::tls::PEER_POOL_IDLE;
+
+/// The largest answer a peer may send to an RPC (they are a few dozen bytes).
+const ANSWER_BYTES_MAX: usize = 1 << 20;
+/// The most idle connections kept per peer (RPCs to one peer in flight at once: its replication
+/// stream, a read barrier's round, an election, a snapshot).
+pub const IDLE_PER_PEER_MAX: usize = 4;
+
+/// An error of one exchange with a peer: the peer is unreachable for this RPC.
+pub type PeerIoError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A node's connections to its peers: how it opens them (from which local address, with which
+/// TLS) and the idle ones, by peer address. Clones share the idle lists.
+#[derive(Clone)]
+pub struct PeerPool {
+    local: Option<IpAddr>,
+    tls: Option<tokio_rustls::TlsConnector>,
+    connect_timeout: Duration,
+    idle: Arc<Mutex<HashMap<String, Vec<PeerConn>>>>,
+}
+
+impl PeerPool {
+    /// Dials from `local` when it is a specific address (so peers and fault-injecting proxies
+    /// see which node connects), over TLS with `tls` when given; a connection (with its TLS
+    /// handshake) must be up within `connect_timeout`.
+    pub fn new(
+        local: Option<IpAddr>,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        connect_timeout: Duration,
+    ) -> PeerPool {
+        PeerPool {
+            local: local.filter(|ip| !ip.is_unspecified()),
+            tls: tls.map(tokio_rustls::TlsConnector::from),
+            connect_timeout,
+            idle: Arc::default(),
+        }
+    }
+
+    /// POSTs `body` to `path` on the peer at `addr` (`host:port`) with `headers`, on an idle
+    /// connection to it or a new one, and reads the answer: its status and body.
+    ///
+    /// # Errors
+    /// When the peer cannot be reached, closes the connection before its answer, or answers
+    /// more than 1 MiB.
+    pub async fn post(
+        &self,
+        addr: &str,
+        path: &str,
+        headers: &[(&'static str, String)],
+        body: Vec<u8>,
+    ) -> Result<(hyper::StatusCode, Bytes), PeerIoError> {
+        let mut peer = match self.take_idle(addr) {
+            Some(peer) => peer,
+            None => self.connect(addr).await?,
+        };
+        let mut request = hyper::Request::post(path)
+            .header(hyper::header::HOST, addr)
+            .header(hyper::header::CONTENT_TYPE, "application/octet-stream");
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        let request = request.body(Body::new(body.into()))?;
+        let (answer, open) = {
+            let PeerConn { sender, conn, .. } = &mut peer;
+            let exchange = async {
+                sender.ready().await?;
+                let answer = sender.send_request(request).await?;
+                let status = answer.status();
+                let body = Limited::new(answer.into_body(), ANSWER_BYTES_MAX).collect().await?.to_bytes();
+                Ok::<_, PeerIoError>((status, body))
+            };
+            tokio::pin!(exchange);
+            tokio::select! {
+                biased;
+                answer = &mut exchange => (answer?, true),
+                ended = conn.as_mut() => {
+                    ended?;
+                    // The peer closed the connection, maybe right after its answer: the exchange
+                    // has it then, or fails (its request was dropped with the connection).
+                    (exchange.await?, false)
+                }
+            }
+        };
+        if open {
+            peer.used = Instant::now();
+            self.put_idle(addr, peer);
+        }
+        Ok(answer)
+    }
+
+    /// The most recently used idle connection to `addr` that is still fit for a request.
+    fn take_idle(&self, addr: &str) -> Option<PeerConn> {
+        let mut idle = self.idle.lock().expect("peer pool lock");
+        let list = idle.get_mut(addr)?;
+        while let Some(peer) = list.pop() {
+            if peer.used.elapsed() < PEER_POOL_IDLE && !peer.sender.is_closed() {
+                return Some(peer);
+            }
+        }
+        None
+    }
+
+    /// Keeps `peer` for the next RPC to `addr`, unless [`IDLE_PER_PEER_MAX`] already wait.
+    fn put_idle(&self, addr: &str, peer: PeerConn) {
+        let mut idle = self.idle.lock().expect("peer pool lock");
+        let list = idle.entry(addr.to_owned()).or_default();
+        // Oldest first: drop the ones too old to be used, then keep at most the limit.
+        list.retain(|peer| peer.used.elapsed() < PEER_POOL_IDLE);
+        if list.len() < IDLE_PER_PEER_MAX {
+            list.push(peer);
+        }
+    }
+
+    /// The idle connections kept for `addr` now.
+    #[cfg(test)]
+    fn idle_count(&self, addr: &str) -> usize {
+        self.idle.lock().expect("peer pool lock").get(addr).map_or(0, Vec::len)
+    }
+
+    async fn connect(&self, addr: &str) -> Result<PeerConn, PeerIoError> {
+        let stream = tokio::time::timeout(self.connect_timeout, self.stream(addr))
+            .await
+            .map_err(|_| format!("no connection to {addr} within {:?}", self.connect_timeout))??;
+        let (sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
+        Ok(PeerConn { sender, conn: Box::pin(conn), used: Instant::now() })
+    }
+
+    async fn stream(&self, addr: &str) -> Result<Box<dyn Io>, PeerIoError> {
+        let mut last_error: PeerIoError = format!("{addr} resolves to no address").into();
+        for target in tokio::net::lookup_host(addr).await? {
+            match self.tcp(target).await {
+                Ok(tcp) => {
+                    tcp.set_nodelay(true)?;
+                    let Some(tls) = &self.tls else { return Ok(Box::new(tcp)) };
+                    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+                    let host = host.trim_start_matches('[').trim_end_matches(']');
+                    let name = rustls::pki_types::ServerName::try_from(host.to_owned())?;
+                    return Ok(Box::new(tls.connect(name, tcp).await?));
+                }
+                Err(e) => last_error = e.into(),
+            }
+        }
+        Err(last_error)
+    }
+
+    async fn tcp(&self, target: SocketAddr) -> std::io::Result<TcpStream> {
+        let socket = if target.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        if let Some(local) = self.local.filter(|ip| ip.is_ipv4() == target.is_ipv4()) {
+            socket.bind(SocketAddr::new(local, 0))?;
+        }
+        socket.connect(target).await
+    }
+}
+
+/// A byte stream to a peer: TCP, or TLS over TCP.
+trait Io: AsyncRead + AsyncWrite + Send + Sync + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin> Io for T {}
+
+type Body = Full<Bytes>;
+/// hyper's half of a connection: polled while an exchange is in flight.
+type Connection = http1::Connection<TokioIo<Box<dyn Io>>, Body>;
+
+struct PeerConn {
+    sender: http1::SendRequest<Body>,
+    conn: Pin<Box<Connection>>,
+    used: Instant,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A server on a free loopback port that accepts `connections` connections in turn and on
+    /// each answers `per_connection` requests with `answer`; returns its address and, when it
+    /// is done, the peer address of each connection and the requests read. It keeps the
+    /// connections open until the caller drops what it returned.
+    async fn serve(
+        connections: usize,
+        per_connection: usize,
+        answer: &'static [u8],
+    ) -> (String, tokio::task::JoinHandle<Vec<(SocketAddr, Vec<String>, TcpStream)>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..connections {
+                let (mut socket, from) = listener.accept().await.expect("accept");
+                let mut requests = Vec::new();
+                for _ in 0..per_connection {
+                    let mut buf = Vec::new();
+                    let head_len = loop {
+                        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break end + 4;
+                        }
+                        assert!(socket.read_buf(&mut buf).await.expect("read") > 0, "client closed");
+                    };
+                    let head = String::from_utf8(buf[..head_len].to_vec()).expect("utf-8").to_lowercase();
+                    let length = head
+                        .lines()
+                        .find_map(|line| line.strip_prefix("content-length: "))
+                        .map_or(0, |v| v.trim().parse::<usize>().expect("length"));
+                    while buf.len() < head_len + length {
+                        assert!(socket.read_buf(&mut buf).await.expect("read") > 0, "client closed");
+                    }
+                    requests.push(String::from_utf8_lossy(&buf).into_owned());
+                    socket.write_all(answer).await.expect("write");
+                }
+                seen.push((from, requests, socket));
+            }
+            seen
+        });
+        (addr, server)
+    }
+
+    fn pool(local: Option<IpAddr>) -> PeerPool {
+        PeerPool::new(local, None, Duration::from_secs(2))
+    }
+
+    #[tokio::test]
+    async fn rpcs_share_one_connection_and_carry_their_headers() {
+        let (addr, server) = serve(1, 3, b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabc").await;
+        let pool = pool(Some("127.0.0.1".parse().unwrap()));
+        let headers = [("permit-peer-id", "2".to_owned())];
+        for i in 0..3u8 {
+            // A clone per RPC, as openraft makes a network client per read barrier round.
+            let pool = pool.clone();
+            let post = pool.post(&addr, "/raft/append", &headers, vec![i; 5]);
+            let (status, body) = tokio::time::timeout(Duration::from_secs(5), post)
+                .await
+                .unwrap_or_else(|_| panic!("RPC {i} unanswered: on a new connection?"))
+                .unwrap_or_else(|e| panic!("answer {i}: {e}"));
+            assert_eq!((status.as_u16(), &body[..]), (200, &b"abc"[..]));
+        }
+        let seen = server.await.expect("server");
+        assert_eq!(seen.len(), 1, "three RPCs, one connection");
+        let (from, requests, _) = &seen[0];
+        assert_eq!(from.ip(), "127.0.0.1".parse::<IpAddr>().unwrap(), "dialled from the local address");
+        for (i, request) in requests.iter().enumerate() {
+            assert!(request.starts_with("POST /raft/append HTTP/1.1\r\n"), "{request}");
+            let lower = request.to_lowercase();
+            assert!(lower.contains(&format!("host: {addr}\r\n")), "{request}");
+            assert!(lower.contains("permit-peer-id: 2\r\n"), "{request}");
+            assert!(lower.contains("content-type: application/octet-stream\r\n"), "{request}");
+            assert!(request.ends_with(&String::from_utf8(vec![i as u8; 5]).unwrap()), "{request:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_rpcs_open_connections_and_at_most_four_stay_idle() {
+        // Six RPCs at once, each on a connection of its own; the server answers each once.
+        let (addr, server) = serve(6, 1, b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nx").await;
+        let pool = pool(None);
+        let calls = (0..6).map(|_| pool.post(&addr, "/raft/vote", &[], vec![1]));
+        let answers = futures::future::join_all(calls).await;
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|(status, _)| status.as_u16() == 200)));
+        assert_eq!(server.await.expect("server").len(), 6);
+        assert_eq!(pool.idle_count(&addr), IDLE_PER_PEER_MAX);
+    }
+
+    #[tokio::test]
+    async fn a_closed_connection_is_replaced_and_a_dead_peer_is_an_error() {
+        // Two connections, each closed by the server after one answer.
+        let (addr, server) = serve(
+            2,
+            1,
+            b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+        )
+        .await;
+        let pool = pool(None);
+        for _ in 0..2 {
+            let (status, body) = pool.post(&addr, "/raft/vote", &[], vec![1]).await.expect("answer");
+            assert_eq!((status.as_u16(), body.len()), (503, 0));
+            assert_eq!(pool.idle_count(&addr), 0, "kept a connection the peer closes");
+        }
+        assert_eq!(server.await.expect("server").len(), 2, "a new connection after each close");
+        // The listener is gone: the next RPC fails instead of hanging.
+        let error =
+            tokio::time::timeout(Duration::from_secs(5), pool.post(&addr, "/raft/vote", &[], vec![1]))
+                .await
+                .expect("an error, not a hang");
+        assert!(error.is_err());
+    }
+
+    #[tokio::test]
+    async fn an_oversized_answer_is_refused() {
+        let mut answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2000000\r\n\r\n".to_vec();
+        answer.resize(answer.len() + 2_000_000, b'a');
+        let (addr, _server) = serve(1, 1, answer.leak()).await;
+        let error = pool(None).post(&addr, "/raft/append", &[], vec![]).await.expect_err("a 2 MB answer");
+        assert!(error.to_string().contains("length limit"), "{error}");
+    }
+}
