@@ -8,11 +8,13 @@
 //! task*).
 //!
 //! Between RPCs a connection waits in its peer's idle list ([`PeerPool`]): openraft 0.9 makes a
-//! new network client for every read barrier's round (`ensure_linearizable`), so a connection
+//! new network client for every read barrier's round (`handle_check_is_leader_request`), so a connection
 //! per client would be a connection per round. At most [`IDLE_PER_PEER_MAX`] wait per peer; one
 //! idle for [`PEER_POOL_IDLE`] is closed rather than used, before the peer's header-read timeout
-//! closes it under a request. An RPC that fails or times out (the caller drops its future) takes
-//! its connection with it.
+//! closes it under a request, and one the peer closed meanwhile is dropped when taken. An RPC
+//! that fails or times out (the caller drops its future) takes its connection with it; one that
+//! failed on a reused connection is sent again, once, on a new one (Raft copes with a message
+//! delivered twice, as any network may deliver it).
 //!
 //! [`PEER_POOL_IDLE`]: crate::tls::PEER_POOL_IDLE
 
@@ -22,6 +24,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper::client::conn::http1;
@@ -80,51 +83,81 @@ impl PeerPool {
         headers: &[(&'static str, String)],
         body: Vec<u8>,
     ) -> Result<(hyper::StatusCode, Bytes), PeerIoError> {
-        let mut peer = match self.take_idle(addr) {
-            Some(peer) => peer,
-            None => self.connect(addr).await?,
+        let body = Bytes::from(body);
+        let request = || {
+            let mut request = hyper::Request::post(path)
+                .header(hyper::header::HOST, addr)
+                .header(hyper::header::CONTENT_TYPE, "application/octet-stream");
+            for (name, value) in headers {
+                request = request.header(*name, value);
+            }
+            request.body(Body::new(body.clone()))
         };
-        let mut request = hyper::Request::post(path)
-            .header(hyper::header::HOST, addr)
-            .header(hyper::header::CONTENT_TYPE, "application/octet-stream");
-        for (name, value) in headers {
-            request = request.header(*name, value);
-        }
-        let request = request.body(Body::new(body.into()))?;
-        let (answer, open) = {
-            let PeerConn { sender, conn, .. } = &mut peer;
-            let exchange = async {
-                sender.ready().await?;
-                let answer = sender.send_request(request).await?;
-                let status = answer.status();
-                let body = Limited::new(answer.into_body(), ANSWER_BYTES_MAX).collect().await?.to_bytes();
-                Ok::<_, PeerIoError>((status, body))
+        // An idle connection that the peer closed since can go unnoticed until it is used. Raft
+        // copes with a message delivered twice, so an RPC that failed on a reused connection is
+        // sent again, once, on a new one.
+        let mut reuse = true;
+        loop {
+            let idle = if reuse { self.take_idle(addr) } else { None };
+            let reused = idle.is_some();
+            let mut peer = match idle {
+                Some(peer) => peer,
+                None => self.connect(addr).await?,
             };
-            tokio::pin!(exchange);
-            tokio::select! {
-                biased;
-                answer = &mut exchange => (answer?, true),
-                ended = conn.as_mut() => {
-                    ended?;
-                    // The peer closed the connection, maybe right after its answer: the exchange
-                    // has it then, or fails (its request was dropped with the connection).
-                    (exchange.await?, false)
+            match Self::exchange(&mut peer, request()?).await {
+                Ok((answer, open)) => {
+                    if open {
+                        peer.used = Instant::now();
+                        self.put_idle(addr, peer);
+                    }
+                    return Ok(answer);
+                }
+                Err(_) if reused => reuse = false,
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// Sends `request` on `peer` and reads the answer, polling the connection meanwhile: the
+    /// answer (status and body) and whether the connection stays open.
+    async fn exchange(
+        peer: &mut PeerConn,
+        request: hyper::Request<Body>,
+    ) -> Result<((hyper::StatusCode, Bytes), bool), PeerIoError> {
+        let PeerConn { sender, conn, .. } = peer;
+        let Some(connection) = conn.as_mut() else { return Err("the connection ended".into()) };
+        let exchange = async {
+            sender.ready().await?;
+            let answer = sender.send_request(request).await?;
+            let status = answer.status();
+            let body = Limited::new(answer.into_body(), ANSWER_BYTES_MAX).collect().await?.to_bytes();
+            Ok::<_, PeerIoError>((status, body))
+        };
+        tokio::pin!(exchange);
+        tokio::select! {
+            biased;
+            answer = &mut exchange => Ok((answer?, true)),
+            ended = connection.as_mut() => {
+                // The peer closed the connection, maybe right after its answer. Dropping the
+                // connection ends the exchange: with the answer if it was read whole, else with
+                // an error (awaited beside a finished connection, it would wait forever).
+                *conn = None;
+                match exchange.await {
+                    Ok(answer) => Ok((answer, false)),
+                    Err(error) => Err(ended.err().map_or(error, Into::into)),
                 }
             }
-        };
-        if open {
-            peer.used = Instant::now();
-            self.put_idle(addr, peer);
         }
-        Ok(answer)
     }
 
     /// The most recently used idle connection to `addr` that is still fit for a request.
     fn take_idle(&self, addr: &str) -> Option<PeerConn> {
         let mut idle = self.idle.lock().expect("peer pool lock");
         let list = idle.get_mut(addr)?;
-        while let Some(peer) = list.pop() {
-            if peer.used.elapsed() < PEER_POOL_IDLE && !peer.sender.is_closed() {
+        while let Some(mut peer) = list.pop() {
+            // A connection the peer closed while it was idle ends when polled (without waiting).
+            let ended = peer.conn.as_mut().is_none_or(|conn| conn.as_mut().now_or_never().is_some());
+            if !ended && peer.used.elapsed() < PEER_POOL_IDLE && !peer.sender.is_closed() {
                 return Some(peer);
             }
         }
@@ -153,7 +186,7 @@ impl PeerPool {
             .await
             .map_err(|_| format!("no connection to {addr} within {:?}", self.connect_timeout))??;
         let (sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
-        Ok(PeerConn { sender, conn: Box::pin(conn), used: Instant::now() })
+        Ok(PeerConn { sender, conn: Some(Box::pin(conn)), used: Instant::now() })
     }
 
     async fn stream(&self, addr: &str) -> Result<Box<dyn Io>, PeerIoError> {
@@ -188,12 +221,14 @@ trait Io: AsyncRead + AsyncWrite + Send + Sync + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin> Io for T {}
 
 type Body = Full<Bytes>;
+
 /// hyper's half of a connection: polled while an exchange is in flight.
 type Connection = http1::Connection<TokioIo<Box<dyn Io>>, Body>;
 
 struct PeerConn {
     sender: http1::SendRequest<Body>,
-    conn: Pin<Box<Connection>>,
+    /// `None` once it has ended.
+    conn: Option<Pin<Box<Connection>>>,
     used: Instant,
 }
 
@@ -206,12 +241,14 @@ mod tests {
     /// A server on a free loopback port that accepts `connections` connections in turn and on
     /// each answers `per_connection` requests with `answer`; returns its address and, when it
     /// is done, the peer address of each connection and the requests read. It keeps the
-    /// connections open until the caller drops what it returned.
-    async fn serve(
+    /// connections open until the caller drops what it returned, or closes each after its
+    /// answers with `close`.
+    async fn serve_and(
         connections: usize,
         per_connection: usize,
         answer: &'static [u8],
-    ) -> (String, tokio::task::JoinHandle<Vec<(SocketAddr, Vec<String>, TcpStream)>>) {
+        close: bool,
+    ) -> (String, tokio::task::JoinHandle<Vec<(SocketAddr, Vec<String>, Option<TcpStream>)>>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         let server = tokio::spawn(async move {
@@ -220,29 +257,42 @@ mod tests {
                 let (mut socket, from) = listener.accept().await.expect("accept");
                 let mut requests = Vec::new();
                 for _ in 0..per_connection {
-                    let mut buf = Vec::new();
-                    let head_len = loop {
-                        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break end + 4;
-                        }
-                        assert!(socket.read_buf(&mut buf).await.expect("read") > 0, "client closed");
-                    };
-                    let head = String::from_utf8(buf[..head_len].to_vec()).expect("utf-8").to_lowercase();
-                    let length = head
-                        .lines()
-                        .find_map(|line| line.strip_prefix("content-length: "))
-                        .map_or(0, |v| v.trim().parse::<usize>().expect("length"));
-                    while buf.len() < head_len + length {
-                        assert!(socket.read_buf(&mut buf).await.expect("read") > 0, "client closed");
-                    }
-                    requests.push(String::from_utf8_lossy(&buf).into_owned());
+                    requests.push(read_request(&mut socket).await);
                     socket.write_all(answer).await.expect("write");
                 }
-                seen.push((from, requests, socket));
+                seen.push((from, requests, (!close).then_some(socket)));
             }
             seen
         });
         (addr, server)
+    }
+
+    /// Reads one request (its head and `content-length` body) from `socket`.
+    async fn read_request(socket: &mut TcpStream) -> String {
+        let mut buf = Vec::new();
+        let head_len = loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+            assert!(socket.read_buf(&mut buf).await.expect("read") > 0, "client closed");
+        };
+        let head = String::from_utf8(buf[..head_len].to_vec()).expect("utf-8").to_lowercase();
+        let length = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length: "))
+            .map_or(0, |v| v.trim().parse::<usize>().expect("length"));
+        while buf.len() < head_len + length {
+            assert!(socket.read_buf(&mut buf).await.expect("read") > 0, "client closed");
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    async fn serve(
+        connections: usize,
+        per_connection: usize,
+        answer: &'static [u8],
+    ) -> (String, tokio::task::JoinHandle<Vec<(SocketAddr, Vec<String>, Option<TcpStream>)>>) {
+        serve_and(connections, per_connection, answer, false).await
     }
 
     fn pool(local: Option<IpAddr>) -> PeerPool {
@@ -312,6 +362,74 @@ mod tests {
                 .await
                 .expect("an error, not a hang");
         assert!(error.is_err());
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_the_peer_closed_is_not_an_error() {
+        // The peer closes its first connection after one answer, without saying so in it.
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let (close_tx, close) = tokio::sync::oneshot::channel::<()>();
+        let (closed_tx, closed) = tokio::sync::oneshot::channel();
+        let server = tokio::spawn(async move {
+            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nx";
+            let (mut first, _) = listener.accept().await.expect("accept");
+            read_request(&mut first).await;
+            first.write_all(answer).await.expect("write");
+            // Closed while it waits in the idle list, not together with the answer.
+            close.await.expect("test says when");
+            drop(first);
+            closed_tx.send(()).expect("test waits");
+            let (mut second, _) = listener.accept().await.expect("accept");
+            read_request(&mut second).await;
+            second.write_all(answer).await.expect("write");
+            second
+        });
+        let pool = pool(None);
+        pool.post(&addr, "/raft/append", &[], vec![1]).await.expect("first answer");
+        assert_eq!(pool.idle_count(&addr), 1);
+        close_tx.send(()).expect("server waits");
+        closed.await.expect("the server closed");
+        // The FIN reaches this end soon after; the next RPC goes on a new connection either way
+        // (found closed when taken, or refused by the connection and sent again).
+        tokio::task::yield_now().await;
+        let post = pool.post(&addr, "/raft/append", &[], vec![2]);
+        let answer = tokio::time::timeout(Duration::from_secs(5), post)
+            .await
+            .expect("answered")
+            .expect("sent again, on a new connection");
+        assert_eq!(&answer.1[..], b"x");
+        server.await.expect("server");
+    }
+
+    #[tokio::test]
+    async fn an_rpc_lost_with_a_reused_connection_is_sent_again_once_on_a_new_one() {
+        // The peer answers a first RPC, reads a second on the same connection and closes it
+        // unanswered (as a restarting peer may); then answers on a new connection.
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let server = tokio::spawn(async move {
+            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nx";
+            let (mut first, _) = listener.accept().await.expect("accept");
+            read_request(&mut first).await;
+            first.write_all(answer).await.expect("write");
+            let lost = read_request(&mut first).await;
+            drop(first);
+            let (mut second, _) = listener.accept().await.expect("accept");
+            let again = read_request(&mut second).await;
+            second.write_all(answer).await.expect("write");
+            (lost, again, second)
+        });
+        let pool = pool(None);
+        pool.post(&addr, "/raft/append", &[], vec![1]).await.expect("first answer");
+        let post = pool.post(&addr, "/raft/append", &[], b"second".to_vec());
+        let answer = tokio::time::timeout(Duration::from_secs(5), post)
+            .await
+            .expect("answered")
+            .expect("sent again, on a new connection");
+        assert_eq!(&answer.1[..], b"x");
+        let (lost, again, _) = server.await.expect("server");
+        assert!(lost.ends_with("second") && again.ends_with("second"), "{lost:?} {again:?}");
     }
 
     #[tokio::test]
