@@ -117,7 +117,7 @@ const REPLICA_WRITERS_OUTSIDE_RAFT: &[&str] = &["expiry.rs"];
 const SERVER_LIBRARIES: &[(&str, &[&str])] = &[
     ("redb", &["raft/log_store.rs", "raft/consensus.rs"]),
     ("axum", &["api/", "auth.rs", "listener.rs", "peer.rs"]),
-    ("hyper", &["listener.rs", "raft/peer_conn.rs"]),
+    ("hyper", &["listener.rs", "peer_conn.rs", "raft/network.rs"]),
 ];
 
 /// Every `.rs` file under `dir`, as paths relative to `root`.

@@ -20,6 +20,7 @@ pub mod node;
 pub mod notify;
 pub mod observe;
 pub mod peer;
+pub mod peer_conn;
 pub mod raft;
 pub mod tls;
 

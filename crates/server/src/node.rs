@@ -21,6 +21,15 @@ use crate::raft::replica::{Replica, ReplicaState};
 use crate::raft::status::Status;
 use crate::raft::{NodeId, PeerNetwork};
 
+/// Longest the leader may take to accept a forwarded request's connection (and its TLS
+/// handshake).
+const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The most idle connections to the leader kept for forwarding (one per forwarded request in
+/// flight, as a follower's clients long-poll through it).
+const FORWARD_IDLE_MAX: usize = 32;
+/// The largest answer relayed from the leader (lists can be large; the pool holds it whole).
+const FORWARD_ANSWER_BYTES_MAX: usize = 256 << 20;
+
 /// A running node.
 pub struct Node {
     /// This node's id.
@@ -39,8 +48,10 @@ pub struct Node {
     pub(crate) observer: Arc<Observer>,
     /// The configuration it started with.
     pub(crate) config: Config,
-    /// HTTP client for forwarding requests to the leader and probing members.
+    /// HTTP client for probing members.
     pub(crate) http: reqwest::Client,
+    /// Connections for forwarding requests to the leader (`api/forward.rs`).
+    pub(crate) forwarder: crate::peer_conn::PeerPool,
     /// Open long-polls per token, for `--long-polls-per-token-max`.
     pub(crate) long_polls: Arc<crate::auth::LongPolls>,
     /// Becomes true when the node starts shutting down; long-polls return early.
@@ -137,8 +148,15 @@ impl Node {
         let http = crate::tls::peer_client(reqwest::Client::builder(), config.tls.as_ref())?
             .no_proxy()
             .local_address(Some(addr.ip()).filter(|ip| !ip.is_unspecified()))
-            .pool_max_idle_per_host(32)
+            .pool_max_idle_per_host(4)
             .build()?;
+        let forwarder = crate::peer_conn::PeerPool::new(crate::peer_conn::PeerPoolConfig {
+            local: Some(addr.ip()),
+            tls: config.tls.as_ref().map(crate::tls::peer_client_config).transpose()?,
+            connect_timeout: FORWARD_CONNECT_TIMEOUT,
+            idle_max: FORWARD_IDLE_MAX,
+            answer_max: FORWARD_ANSWER_BYTES_MAX,
+        });
         let (removed_tx, removed) = watch::channel(false);
         let removal = crate::raft::removal::RemovalWatch {
             raft: consensus.raft().clone(),
@@ -164,6 +182,7 @@ impl Node {
             observer,
             config,
             http,
+            forwarder,
             long_polls: Arc::default(),
             shutdown,
             shutdown_tx,

@@ -1,6 +1,6 @@
 //! TLS settings: the server's rustls configuration (HTTPS, optional client certificates), the
-//! rustls configuration of a node's Raft connections to its peers, and the HTTP client it
-//! forwards requests to them with.
+//! rustls configuration of a node's connections to its peers (Raft RPCs, forwarded requests),
+//! and the HTTP client it probes them with.
 //!
 //! The crypto provider is rustls' `ring` provider, installed as the process default by
 //! [`install_crypto_provider`]: it builds with `cc` alone (no cmake, no C++), which keeps a clean
@@ -145,7 +145,8 @@ pub fn peer_client(
     Ok(builder.identity(identity))
 }
 
-/// The rustls configuration a node reaches its peers' Raft routes with (`raft::peer_conn`):
+/// The rustls configuration a node reaches its peers with (`crate::peer_conn`: Raft RPCs and
+/// forwarded requests):
 /// the peer CA as roots when given, else the system's roots through the platform verifier (as
 /// reqwest does for [`peer_client`]); the node's own certificate as its client identity;
 /// HTTP/1.1 by ALPN.

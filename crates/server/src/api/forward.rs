@@ -1,5 +1,7 @@
 //! Request forwarding: any node serves the whole API. A node that is not the leader forwards
-//! writes and linearizable reads to the leader over HTTP and relays the answer unchanged.
+//! writes and linearizable reads to the leader over HTTP and relays the answer unchanged, on a
+//! connection that the request's handler drives itself ([`crate::peer_conn`]). A forwarded
+//! request is never sent twice: an answer lost on the way back is "the outcome is unknown".
 //!
 //! A forwarded request carries `permit-forwarded-by`; a node that receives one and is not the
 //! leader answers `no_leader` rather than forwarding again, so requests never loop.
@@ -27,6 +29,7 @@ use permit_wire::{
 
 use super::error::ApiError;
 use crate::node::Node;
+use crate::peer_conn::{PeerError, PeerRequest, Resend};
 use crate::raft::NodeId;
 
 /// How long a request waits for a leader to be elected before it is answered `no_leader`.
@@ -186,62 +189,61 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
     if long_poll {
         super::mark_long_poll();
     }
-    let mut outgoing = node
-        .http
-        .request(parts.method.clone(), format!("{}://{addr}{path}", node.peer_scheme()))
-        .timeout(FORWARD_TIMEOUT)
-        .header(FORWARDED_HEADER, node.id.to_string())
-        .body(body);
+    let mut headers = HeaderMap::new();
+    headers.insert(FORWARDED_HEADER, HeaderValue::from(node.id));
     if let Some(secret) = &node.config.cluster_secret {
         for (name, value) in secret.headers(node.id) {
-            outgoing = outgoing.header(name, value);
+            if let Ok(value) = HeaderValue::try_from(value) {
+                headers.insert(name, value);
+            }
         }
     }
     // The client's credential travels with its request: the leader authorises it (`auth.rs`).
     for name in [axum::http::header::CONTENT_TYPE, axum::http::header::AUTHORIZATION] {
         if let Some(value) = parts.headers.get(&name) {
-            outgoing = outgoing.header(name, value.clone());
+            headers.insert(name, value.clone());
         }
     }
+    // A write may have been applied even if its answer was lost: never sent twice.
+    let request = PeerRequest { method: parts.method.clone(), path, headers, body, resend: Resend::Never };
     let started = std::time::Instant::now();
-    let answer = match outgoing.send().await {
-        Ok(answer) => answer,
-        Err(e) if e.is_connect() => {
+    let answer = match tokio::time::timeout(FORWARD_TIMEOUT, node.forwarder.send(addr, request)).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(PeerError::Connect(e))) => {
+            tracing::debug!(leader, %addr, error = %e, "no connection to the leader");
             return ApiError::new(
                 ErrorCode::LeaderUnreachable,
                 format!("the leader (node {leader}) refused the connection; nothing was done, retry"),
             )
             .into_response();
         }
-        Err(e) => {
-            tracing::warn!(leader, %addr, error = ?e, "forwarding to the leader failed");
+        Ok(Err(PeerError::Lost(e))) => {
+            tracing::warn!(leader, %addr, error = %e, "forwarding to the leader failed");
             return ApiError::new(
                 ErrorCode::NoLeader,
-                format!("the leader (node {leader}) did not answer; the outcome is unknown, retry"),
+                format!("the leader (node {leader}) did not answer whole; the outcome is unknown, retry"),
+            )
+            .into_response();
+        }
+        Err(_) => {
+            tracing::warn!(leader, %addr, "forwarding to the leader timed out");
+            return ApiError::new(
+                ErrorCode::NoLeader,
+                format!("the leader (node {leader}) did not answer in time; the outcome is unknown, retry"),
             )
             .into_response();
         }
     };
-    let status = answer.status();
-    let headers = answer.headers().clone();
-    match answer.bytes().await {
-        Ok(bytes) => {
-            node.metrics.observe_forward(long_poll, started.elapsed().as_secs_f64());
-            let mut response = Response::new(Body::from(bytes));
-            *response.status_mut() = status;
-            for name in ["content-type", permit_wire::INDEX_HEADER, NODE_HEADER, TERM_HEADER, LEADER_HEADER] {
-                if let Some(value) = headers.get(name) {
-                    response.headers_mut().insert(HeaderName::from_static(name), value.clone());
-                }
-            }
-            response
+    node.metrics.observe_forward(long_poll, started.elapsed().as_secs_f64());
+    let (parts, bytes) = answer.into_parts();
+    let mut response = Response::new(Body::from(bytes));
+    *response.status_mut() = parts.status;
+    for name in ["content-type", permit_wire::INDEX_HEADER, NODE_HEADER, TERM_HEADER, LEADER_HEADER] {
+        if let Some(value) = parts.headers.get(name) {
+            response.headers_mut().insert(HeaderName::from_static(name), value.clone());
         }
-        Err(_) => ApiError::new(
-            ErrorCode::NoLeader,
-            "the leader's answer was cut off; the outcome is unknown, retry",
-        )
-        .into_response(),
     }
+    response
 }
 
 #[cfg(test)]

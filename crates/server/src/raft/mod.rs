@@ -33,7 +33,6 @@ pub mod leadership;
 pub mod log_store;
 pub mod membership;
 pub mod network;
-pub mod peer_conn;
 pub mod peer_rpc;
 pub mod proposer;
 pub mod read_barrier;

@@ -1,12 +1,11 @@
 //! Raft RPCs between nodes: HTTP POSTs of postcard bodies to `/raft/{append,vote,snapshot}` on
 //! the peer's address (the same address as its client API), each with this node's peer
 //! credential (`permit-peer-id`, `permit-peer-auth`; see [`crate::peer`]), over a connection
-//! that the sending task drives itself ([`super::peer_conn`]).
+//! that the sending task drives itself ([`crate::peer_conn`]).
 //!
 //! A peer that cannot be reached is reported as `Unreachable`, so that openraft backs off instead
 //! of retrying in a tight loop. Every RPC has openraft's deadline as its HTTP timeout.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -20,22 +19,28 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::bounds::{PeerAnswer, RAFT_TERM_MAX};
-use super::peer_conn::PeerPool;
 use super::{NodeId, TypeConfig};
 use crate::metrics::{PeerRpcCounts, PeerRpcKind};
 use crate::peer::ClusterSecret;
+use crate::peer_conn::{PeerPool, PeerPoolConfig, PeerRequest, Resend};
 
 /// Path prefix of the peer RPC routes.
 pub const RAFT_PATH_PREFIX: &str = "/raft";
 
 /// Longest a peer may take to accept a TCP connection (and finish the TLS handshake, over HTTPS).
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// The most idle connections kept per peer (RPCs to one peer in flight at once: its replication
+/// stream, a read barrier's round, an election, a snapshot).
+const IDLE_PER_PEER_MAX: usize = 4;
+/// The largest answer a peer may send to an RPC (they are a few dozen bytes).
+const ANSWER_BYTES_MAX: usize = 1 << 20;
 
 /// Creates the clients openraft sends peer RPCs with; they share one [`PeerPool`].
 #[derive(Clone)]
 pub struct Network {
     pool: PeerPool,
-    credential: Arc<[(&'static str, String)]>,
+    /// `content-type` and the peer credential, on every RPC.
+    headers: hyper::HeaderMap,
     sent: PeerRpcCounts,
 }
 
@@ -54,8 +59,22 @@ impl Network {
         sent: PeerRpcCounts,
     ) -> anyhow::Result<Network> {
         let tls = tls.map(crate::tls::peer_client_config).transpose()?;
-        let credential = secret.map(|secret| secret.headers(id).to_vec()).unwrap_or_default();
-        Ok(Network { pool: PeerPool::new(local, tls, CONNECT_TIMEOUT), credential: credential.into(), sent })
+        let pool = PeerPool::new(PeerPoolConfig {
+            local,
+            tls,
+            connect_timeout: CONNECT_TIMEOUT,
+            idle_max: IDLE_PER_PEER_MAX,
+            answer_max: ANSWER_BYTES_MAX,
+        });
+        let mut headers = hyper::HeaderMap::new();
+        headers.insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static("application/octet-stream"),
+        );
+        for (name, value) in secret.map(|secret| secret.headers(id).to_vec()).unwrap_or_default() {
+            headers.insert(name, value.parse()?);
+        }
+        Ok(Network { pool, headers, sent })
     }
 }
 
@@ -64,7 +83,7 @@ pub struct PeerConnection {
     pool: PeerPool,
     /// `host:port` of the peer, as in the membership.
     addr: String,
-    credential: Arc<[(&'static str, String)]>,
+    headers: hyper::HeaderMap,
     target: NodeId,
     sent: PeerRpcCounts,
     /// The commit index in the last AppendEntries sent to this peer.
@@ -78,7 +97,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         PeerConnection {
             pool: self.pool.clone(),
             addr: node.addr.clone(),
-            credential: self.credential.clone(),
+            headers: self.headers.clone(),
             target,
             sent: self.sent.clone(),
             commit_sent: None,
@@ -102,11 +121,18 @@ impl PeerConnection {
         self.sent.count(kind);
         let body = postcard::to_allocvec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let path = format!("{RAFT_PATH_PREFIX}/{route}");
-        let exchange = self.pool.post(&self.addr, &path, &self.credential, body);
-        let (status, bytes) = tokio::time::timeout(option.hard_ttl(), exchange)
+        let request = PeerRequest {
+            method: hyper::Method::POST,
+            path: &path,
+            headers: self.headers.clone(),
+            body: body.into(),
+            resend: Resend::Once,
+        };
+        let answer = tokio::time::timeout(option.hard_ttl(), self.pool.send(&self.addr, request))
             .await
             .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&std::io::Error::other(e))))?;
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+        let (status, bytes) = (answer.status(), answer.into_body());
         if !status.is_success() {
             let error = std::io::Error::other(format!("peer answered HTTP {status}"));
             return Err(RPCError::Unreachable(Unreachable::new(&error)));

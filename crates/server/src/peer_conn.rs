@@ -1,20 +1,21 @@
-//! HTTP/1.1 connections to the peers' Raft routes, each driven by the task that sends on it.
+//! HTTP/1.1 connections to peers, each driven by the task that sends on it: Raft RPCs
+//! (`raft/network.rs`) and client requests forwarded to the leader (`api/forward.rs`).
 //!
-//! openraft sends an RPC from the task that waits for its answer (a replication stream, an
-//! election, a read barrier's round). hyper's client connection is polled by that same task
-//! while the request is in flight (`tokio::select!` over the exchange and the connection),
-//! instead of by a connection task of its own as reqwest does: no wake-up to another task and
-//! back for each request and its answer (`docs/performance.md`, *Peer RPCs on the sending
-//! task*).
+//! The task that waits for an answer (openraft's replication stream, an election, a read
+//! barrier's round; the handler of a forwarded request) polls hyper's client connection itself
+//! while its request is in flight (`tokio::select!` over the exchange and the connection),
+//! instead of a connection task of its own as with reqwest: no wake-up to another task and back
+//! for each request and its answer (`docs/performance.md`, *Peer RPCs on the sending task*).
 //!
-//! Between RPCs a connection waits in its peer's idle list ([`PeerPool`]): openraft 0.9 makes a
-//! new network client for every read barrier's round (`handle_check_is_leader_request`), so a connection
-//! per client would be a connection per round. At most [`IDLE_PER_PEER_MAX`] wait per peer; one
-//! idle for [`PEER_POOL_IDLE`] is closed rather than used, before the peer's header-read timeout
-//! closes it under a request, and one the peer closed meanwhile is dropped when taken. An RPC
-//! that fails or times out (the caller drops its future) takes its connection with it; one that
-//! failed on a reused connection is sent again, once, on a new one (Raft copes with a message
-//! delivered twice, as any network may deliver it).
+//! Between requests a connection waits in its peer's idle list ([`PeerPool`]): openraft 0.9
+//! makes a new network client for every read barrier's round (`handle_check_is_leader_request`),
+//! so a connection per client would be a connection per round. At most the pool's `idle_max`
+//! wait per peer; one idle for [`PEER_POOL_IDLE`] is closed rather than used, before the peer's
+//! header-read timeout closes it under a request, and one the peer closed meanwhile is dropped
+//! when taken. A request that fails or times out (the caller drops its future) takes its
+//! connection with it. One that failed on a reused connection is sent again, once, on a new
+//! one, only when the caller says it may be ([`Resend`]): Raft copes with a message delivered
+//! twice, a forwarded client write does not.
 //!
 //! [`PEER_POOL_IDLE`]: crate::tls::PEER_POOL_IDLE
 
@@ -34,77 +35,110 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use crate::tls::PEER_POOL_IDLE;
 
-/// The largest answer a peer may send to an RPC (they are a few dozen bytes).
-const ANSWER_BYTES_MAX: usize = 1 << 20;
-/// The most idle connections kept per peer (RPCs to one peer in flight at once: its replication
-/// stream, a read barrier's round, an election, a snapshot).
-pub const IDLE_PER_PEER_MAX: usize = 4;
-
-/// An error of one exchange with a peer: the peer is unreachable for this RPC.
+/// An error of one exchange with a peer.
 pub type PeerIoError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A node's connections to its peers: how it opens them (from which local address, with which
-/// TLS) and the idle ones, by peer address. Clones share the idle lists.
+/// Why a request to a peer got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// No connection to the peer could be made: the request was not sent.
+    #[error("no connection: {0}")]
+    Connect(PeerIoError),
+    /// The request may have reached the peer; its answer did not come back whole.
+    #[error("no answer: {0}")]
+    Lost(PeerIoError),
+}
+
+/// Whether a request lost on a reused connection may be sent again on a new one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resend {
+    /// Yes: the peer copes with it twice (a Raft message).
+    Once,
+    /// No: it may have been applied (a forwarded client request).
+    Never,
+}
+
+/// One request to a peer.
+pub struct PeerRequest<'a> {
+    pub method: hyper::Method,
+    /// Path and query.
+    pub path: &'a str,
+    pub headers: hyper::HeaderMap,
+    pub body: Bytes,
+    pub resend: Resend,
+}
+
+/// How a [`PeerPool`] dials its peers and what it keeps.
+#[derive(Clone)]
+pub struct PeerPoolConfig {
+    /// Dial from this address when it is a specific one (so peers and fault-injecting proxies
+    /// see which node connects).
+    pub local: Option<IpAddr>,
+    /// TLS to the peers, when the node has it.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// A connection (with its TLS handshake) must be up within this.
+    pub connect_timeout: Duration,
+    /// The most idle connections kept per peer.
+    pub idle_max: usize,
+    /// The largest answer body accepted.
+    pub answer_max: usize,
+}
+
+/// A node's connections to its peers: how it opens them and the idle ones, by peer address.
+/// Clones share the idle lists.
 #[derive(Clone)]
 pub struct PeerPool {
     local: Option<IpAddr>,
     tls: Option<tokio_rustls::TlsConnector>,
     connect_timeout: Duration,
+    idle_max: usize,
+    answer_max: usize,
     idle: Arc<Mutex<HashMap<String, Vec<PeerConn>>>>,
 }
 
 impl PeerPool {
-    /// Dials from `local` when it is a specific address (so peers and fault-injecting proxies
-    /// see which node connects), over TLS with `tls` when given; a connection (with its TLS
-    /// handshake) must be up within `connect_timeout`.
-    pub fn new(
-        local: Option<IpAddr>,
-        tls: Option<Arc<rustls::ClientConfig>>,
-        connect_timeout: Duration,
-    ) -> PeerPool {
+    /// A pool with no connection yet.
+    pub fn new(config: PeerPoolConfig) -> PeerPool {
         PeerPool {
-            local: local.filter(|ip| !ip.is_unspecified()),
-            tls: tls.map(tokio_rustls::TlsConnector::from),
-            connect_timeout,
+            local: config.local.filter(|ip| !ip.is_unspecified()),
+            tls: config.tls.map(tokio_rustls::TlsConnector::from),
+            connect_timeout: config.connect_timeout,
+            idle_max: config.idle_max,
+            answer_max: config.answer_max,
             idle: Arc::default(),
         }
     }
 
-    /// POSTs `body` to `path` on the peer at `addr` (`host:port`) with `headers`, on an idle
-    /// connection to it or a new one, and reads the answer: its status and body.
+    /// Sends `request` to the peer at `addr` (`host:port`), on an idle connection to it or a new
+    /// one, and reads the answer whole.
     ///
     /// # Errors
-    /// When the peer cannot be reached, closes the connection before its answer, or answers
-    /// more than 1 MiB.
-    pub async fn post(
+    /// [`PeerError::Connect`] when no connection could be made (nothing was sent);
+    /// [`PeerError::Lost`] when the peer closed the connection before its answer, or answered
+    /// more than the pool's `answer_max`.
+    pub async fn send(
         &self,
         addr: &str,
-        path: &str,
-        headers: &[(&'static str, String)],
-        body: Vec<u8>,
-    ) -> Result<(hyper::StatusCode, Bytes), PeerIoError> {
-        let body = Bytes::from(body);
-        let request = || {
-            let mut request = hyper::Request::post(path)
-                .header(hyper::header::HOST, addr)
-                .header(hyper::header::CONTENT_TYPE, "application/octet-stream");
-            for (name, value) in headers {
-                request = request.header(*name, value);
+        request: PeerRequest<'_>,
+    ) -> Result<hyper::Response<Bytes>, PeerError> {
+        let build = || {
+            let mut outgoing = hyper::Request::builder().method(request.method.clone()).uri(request.path);
+            if let Some(headers) = outgoing.headers_mut() {
+                headers.clone_from(&request.headers);
+                headers
+                    .insert(hyper::header::HOST, addr.parse().map_err(|e| PeerError::Connect(Box::new(e)))?);
             }
-            request.body(Body::new(body.clone()))
+            outgoing.body(Body::new(request.body.clone())).map_err(|e| PeerError::Connect(Box::new(e)))
         };
-        // An idle connection that the peer closed since can go unnoticed until it is used. Raft
-        // copes with a message delivered twice, so an RPC that failed on a reused connection is
-        // sent again, once, on a new one.
         let mut reuse = true;
         loop {
             let idle = if reuse { self.take_idle(addr) } else { None };
             let reused = idle.is_some();
             let mut peer = match idle {
                 Some(peer) => peer,
-                None => self.connect(addr).await?,
+                None => self.connect(addr).await.map_err(PeerError::Connect)?,
             };
-            match Self::exchange(&mut peer, request()?).await {
+            match Self::exchange(&mut peer, build()?, self.answer_max).await {
                 Ok((answer, open)) => {
                     if open {
                         peer.used = Instant::now();
@@ -112,26 +146,28 @@ impl PeerPool {
                     }
                     return Ok(answer);
                 }
-                Err(_) if reused => reuse = false,
-                Err(error) => return Err(error),
+                // An idle connection that the peer closed since can go unnoticed until it is
+                // used.
+                Err(_) if reused && request.resend == Resend::Once => reuse = false,
+                Err(error) => return Err(PeerError::Lost(error)),
             }
         }
     }
 
     /// Sends `request` on `peer` and reads the answer, polling the connection meanwhile: the
-    /// answer (status and body) and whether the connection stays open.
+    /// answer and whether the connection stays open.
     async fn exchange(
         peer: &mut PeerConn,
         request: hyper::Request<Body>,
-    ) -> Result<((hyper::StatusCode, Bytes), bool), PeerIoError> {
+        answer_max: usize,
+    ) -> Result<(hyper::Response<Bytes>, bool), PeerIoError> {
         let PeerConn { sender, conn, .. } = peer;
         let Some(connection) = conn.as_mut() else { return Err("the connection ended".into()) };
         let exchange = async {
             sender.ready().await?;
-            let answer = sender.send_request(request).await?;
-            let status = answer.status();
-            let body = Limited::new(answer.into_body(), ANSWER_BYTES_MAX).collect().await?.to_bytes();
-            Ok::<_, PeerIoError>((status, body))
+            let (parts, body) = sender.send_request(request).await?.into_parts();
+            let body = Limited::new(body, answer_max).collect().await?.to_bytes();
+            Ok::<_, PeerIoError>(hyper::Response::from_parts(parts, body))
         };
         tokio::pin!(exchange);
         tokio::select! {
@@ -164,13 +200,13 @@ impl PeerPool {
         None
     }
 
-    /// Keeps `peer` for the next RPC to `addr`, unless [`IDLE_PER_PEER_MAX`] already wait.
+    /// Keeps `peer` for the next request to `addr`, unless the pool's `idle_max` already wait.
     fn put_idle(&self, addr: &str, peer: PeerConn) {
         let mut idle = self.idle.lock().expect("peer pool lock");
         let list = idle.entry(addr.to_owned()).or_default();
         // Oldest first: drop the ones too old to be used, then keep at most the limit.
         list.retain(|peer| peer.used.elapsed() < PEER_POOL_IDLE);
-        if list.len() < IDLE_PER_PEER_MAX {
+        if list.len() < self.idle_max {
             list.push(peer);
         }
     }
@@ -295,8 +331,45 @@ mod tests {
         serve_and(connections, per_connection, answer, false).await
     }
 
+    /// A pool as the Raft network makes it.
     fn pool(local: Option<IpAddr>) -> PeerPool {
-        PeerPool::new(local, None, Duration::from_secs(2))
+        PeerPool::new(PeerPoolConfig {
+            local,
+            tls: None,
+            connect_timeout: Duration::from_secs(2),
+            idle_max: 4,
+            answer_max: 1 << 20,
+        })
+    }
+
+    /// POSTs `body` as a Raft RPC is sent (`Resend::Once`): the answer's status and body.
+    async fn post(
+        pool: &PeerPool,
+        addr: &str,
+        path: &str,
+        headers: &[(&'static str, String)],
+        body: Vec<u8>,
+    ) -> Result<(hyper::StatusCode, Bytes), PeerError> {
+        send(pool, addr, path, headers, body, Resend::Once).await
+    }
+
+    async fn send(
+        pool: &PeerPool,
+        addr: &str,
+        path: &str,
+        headers: &[(&'static str, String)],
+        body: Vec<u8>,
+        resend: Resend,
+    ) -> Result<(hyper::StatusCode, Bytes), PeerError> {
+        let mut map = hyper::HeaderMap::new();
+        map.insert(hyper::header::CONTENT_TYPE, "application/octet-stream".parse().unwrap());
+        for (name, value) in headers {
+            map.insert(*name, value.parse().unwrap());
+        }
+        let request =
+            PeerRequest { method: hyper::Method::POST, path, headers: map, body: body.into(), resend };
+        let answer = pool.send(addr, request).await?;
+        Ok((answer.status(), answer.into_body()))
     }
 
     #[tokio::test]
@@ -307,7 +380,7 @@ mod tests {
         for i in 0..3u8 {
             // A clone per RPC, as openraft makes a network client per read barrier round.
             let pool = pool.clone();
-            let post = pool.post(&addr, "/raft/append", &headers, vec![i; 5]);
+            let post = post(&pool, &addr, "/raft/append", &headers, vec![i; 5]);
             let (status, body) = tokio::time::timeout(Duration::from_secs(5), post)
                 .await
                 .unwrap_or_else(|_| panic!("RPC {i} unanswered: on a new connection?"))
@@ -333,11 +406,11 @@ mod tests {
         // Six RPCs at once, each on a connection of its own; the server answers each once.
         let (addr, server) = serve(6, 1, b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nx").await;
         let pool = pool(None);
-        let calls = (0..6).map(|_| pool.post(&addr, "/raft/vote", &[], vec![1]));
+        let calls = (0..6).map(|_| post(&pool, &addr, "/raft/vote", &[], vec![1]));
         let answers = futures::future::join_all(calls).await;
         assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|(status, _)| status.as_u16() == 200)));
         assert_eq!(server.await.expect("server").len(), 6);
-        assert_eq!(pool.idle_count(&addr), IDLE_PER_PEER_MAX);
+        assert_eq!(pool.idle_count(&addr), pool.idle_max);
     }
 
     #[tokio::test]
@@ -351,14 +424,14 @@ mod tests {
         .await;
         let pool = pool(None);
         for _ in 0..2 {
-            let (status, body) = pool.post(&addr, "/raft/vote", &[], vec![1]).await.expect("answer");
+            let (status, body) = post(&pool, &addr, "/raft/vote", &[], vec![1]).await.expect("answer");
             assert_eq!((status.as_u16(), body.len()), (503, 0));
             assert_eq!(pool.idle_count(&addr), 0, "kept a connection the peer closes");
         }
         assert_eq!(server.await.expect("server").len(), 2, "a new connection after each close");
         // The listener is gone: the next RPC fails instead of hanging.
         let error =
-            tokio::time::timeout(Duration::from_secs(5), pool.post(&addr, "/raft/vote", &[], vec![1]))
+            tokio::time::timeout(Duration::from_secs(5), post(&pool, &addr, "/raft/vote", &[], vec![1]))
                 .await
                 .expect("an error, not a hang");
         assert!(error.is_err());
@@ -386,14 +459,14 @@ mod tests {
             second
         });
         let pool = pool(None);
-        pool.post(&addr, "/raft/append", &[], vec![1]).await.expect("first answer");
+        post(&pool, &addr, "/raft/append", &[], vec![1]).await.expect("first answer");
         assert_eq!(pool.idle_count(&addr), 1);
         close_tx.send(()).expect("server waits");
         closed.await.expect("the server closed");
         // The FIN reaches this end soon after; the next RPC goes on a new connection either way
         // (found closed when taken, or refused by the connection and sent again).
         tokio::task::yield_now().await;
-        let post = pool.post(&addr, "/raft/append", &[], vec![2]);
+        let post = post(&pool, &addr, "/raft/append", &[], vec![2]);
         let answer = tokio::time::timeout(Duration::from_secs(5), post)
             .await
             .expect("answered")
@@ -421,8 +494,8 @@ mod tests {
             (lost, again, second)
         });
         let pool = pool(None);
-        pool.post(&addr, "/raft/append", &[], vec![1]).await.expect("first answer");
-        let post = pool.post(&addr, "/raft/append", &[], b"second".to_vec());
+        post(&pool, &addr, "/raft/append", &[], vec![1]).await.expect("first answer");
+        let post = post(&pool, &addr, "/raft/append", &[], b"second".to_vec());
         let answer = tokio::time::timeout(Duration::from_secs(5), post)
             .await
             .expect("answered")
@@ -433,11 +506,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_request_that_may_not_be_resent_is_lost_with_its_connection() {
+        // As above, but the request is a forwarded client write: never sent twice.
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let server = tokio::spawn(async move {
+            let (mut first, _) = listener.accept().await.expect("accept");
+            read_request(&mut first).await;
+            first.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nx").await.expect("write");
+            let lost = read_request(&mut first).await;
+            drop(first);
+            // A second copy would arrive on a new connection within the test's patience.
+            let again = tokio::time::timeout(Duration::from_millis(300), listener.accept()).await;
+            (lost, again.is_ok())
+        });
+        let pool = pool(None);
+        send(&pool, &addr, "/v1/x", &[], vec![1], Resend::Never).await.expect("first answer");
+        let error =
+            send(&pool, &addr, "/v1/x", &[], b"write".to_vec(), Resend::Never).await.expect_err("lost");
+        assert!(matches!(error, PeerError::Lost(_)), "{error}");
+        let (lost, resent) = server.await.expect("server");
+        assert!(lost.ends_with("write"), "{lost:?}");
+        assert!(!resent, "a request that may not be resent was sent again");
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_refuses_connections_is_a_connect_error() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        drop(listener);
+        let error = send(&pool(None), &addr, "/v1/x", &[], vec![], Resend::Never).await.expect_err("refused");
+        assert!(matches!(error, PeerError::Connect(_)), "{error}");
+    }
+
+    #[tokio::test]
     async fn an_oversized_answer_is_refused() {
         let mut answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2000000\r\n\r\n".to_vec();
         answer.resize(answer.len() + 2_000_000, b'a');
         let (addr, _server) = serve(1, 1, answer.leak()).await;
-        let error = pool(None).post(&addr, "/raft/append", &[], vec![]).await.expect_err("a 2 MB answer");
+        let error = post(&pool(None), &addr, "/raft/append", &[], vec![]).await.expect_err("a 2 MB answer");
         assert!(error.to_string().contains("length limit"), "{error}");
     }
 }
