@@ -63,7 +63,7 @@ pub struct PeerRequest<'a> {
     pub method: hyper::Method,
     /// Path and query.
     pub path: &'a str,
-    pub headers: hyper::HeaderMap,
+    pub headers: &'a hyper::HeaderMap,
     pub body: Bytes,
     pub resend: Resend,
 }
@@ -124,7 +124,7 @@ impl PeerPool {
         let build = || {
             let mut outgoing = hyper::Request::builder().method(request.method.clone()).uri(request.path);
             if let Some(headers) = outgoing.headers_mut() {
-                headers.clone_from(&request.headers);
+                headers.clone_from(request.headers);
                 headers
                     .insert(hyper::header::HOST, addr.parse().map_err(|e| PeerError::Connect(Box::new(e)))?);
             }
@@ -367,7 +367,7 @@ mod tests {
             map.insert(*name, value.parse().unwrap());
         }
         let request =
-            PeerRequest { method: hyper::Method::POST, path, headers: map, body: body.into(), resend };
+            PeerRequest { method: hyper::Method::POST, path, headers: &map, body: body.into(), resend };
         let answer = pool.send(addr, request).await?;
         Ok((answer.status(), answer.into_body()))
     }

@@ -205,7 +205,8 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
         }
     }
     // A write may have been applied even if its answer was lost: never sent twice.
-    let request = PeerRequest { method: parts.method.clone(), path, headers, body, resend: Resend::Never };
+    let request =
+        PeerRequest { method: parts.method.clone(), path, headers: &headers, body, resend: Resend::Never };
     let started = std::time::Instant::now();
     let answer = match tokio::time::timeout(FORWARD_TIMEOUT, node.forwarder.send(addr, request)).await {
         Ok(Ok(answer)) => answer,

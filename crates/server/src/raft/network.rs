@@ -6,6 +6,7 @@
 //! A peer that cannot be reached is reported as `Unreachable`, so that openraft backs off instead
 //! of retrying in a tight loop. Every RPC has openraft's deadline as its HTTP timeout.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -40,7 +41,7 @@ const ANSWER_BYTES_MAX: usize = 1 << 20;
 pub struct Network {
     pool: PeerPool,
     /// `content-type` and the peer credential, on every RPC.
-    headers: hyper::HeaderMap,
+    headers: Arc<hyper::HeaderMap>,
     sent: PeerRpcCounts,
 }
 
@@ -71,10 +72,10 @@ impl Network {
             hyper::header::CONTENT_TYPE,
             hyper::header::HeaderValue::from_static("application/octet-stream"),
         );
-        for (name, value) in secret.map(|secret| secret.headers(id).to_vec()).unwrap_or_default() {
+        for (name, value) in secret.into_iter().flat_map(|secret| secret.headers(id)) {
             headers.insert(name, value.parse()?);
         }
-        Ok(Network { pool, headers, sent })
+        Ok(Network { pool, headers: Arc::new(headers), sent })
     }
 }
 
@@ -83,7 +84,7 @@ pub struct PeerConnection {
     pool: PeerPool,
     /// `host:port` of the peer, as in the membership.
     addr: String,
-    headers: hyper::HeaderMap,
+    headers: Arc<hyper::HeaderMap>,
     target: NodeId,
     sent: PeerRpcCounts,
     /// The commit index in the last AppendEntries sent to this peer.
@@ -124,7 +125,7 @@ impl PeerConnection {
         let request = PeerRequest {
             method: hyper::Method::POST,
             path: &path,
-            headers: self.headers.clone(),
+            headers: &self.headers,
             body: body.into(),
             resend: Resend::Once,
         };
