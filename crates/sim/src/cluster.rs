@@ -63,6 +63,11 @@ pub struct Cluster {
     lying_disk: std::sync::atomic::AtomicBool,
 }
 
+/// Whether node `id` of the simulation seeded with `seed` runs the segment log (see `log_store`).
+pub fn runs_segment_log(seed: u64, id: NodeId) -> bool {
+    log_store(seed, id) == LogStoreKind::Segment
+}
+
 /// Node `id`'s log store in the simulation seeded with `seed`: every seed mixes both stores, the
 /// segment log on one or two of the three nodes, redb on the others, and each node keeps its
 /// store across restarts. Both take the same storage faults.

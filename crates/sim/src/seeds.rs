@@ -13,9 +13,33 @@ use std::time::Duration;
 
 use crate::simulation::{run, Run, Settings};
 
-/// The seeds CI runs on every build.
-pub const CI_SEEDS: [u64; 20] =
-    [1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987, 1597, 2584, 4181, 6765, 10946];
+/// The seeds CI runs on every build. The last one was added when the leader's fsync moved
+/// beside replication (`raft::log_sync`) and the Fibonacci seeds' torn tails stopped landing on
+/// the segment log (the histories changed with the timings); its power cut tears a segment log,
+/// which `tests/simulation.rs` requires of the set.
+pub const CI_SEEDS: [u64; 21] = [
+    1,
+    2,
+    3,
+    5,
+    8,
+    13,
+    21,
+    34,
+    55,
+    89,
+    144,
+    233,
+    377,
+    610,
+    987,
+    1597,
+    2584,
+    4181,
+    6765,
+    10946,
+    14_090_432_268_714_412_960,
+];
 
 /// The seed in `PERMIT_SIM_SEED`, if set.
 ///

@@ -19,6 +19,7 @@ use tokio::sync::{watch, Notify};
 use super::clock::LeaderClock;
 use super::leadership::Leading;
 use super::log_store::LogStore;
+use super::log_sync::{CommitClamp, LogSync};
 use super::membership::MembershipError;
 use super::peer_rpc::PeerRpc;
 use super::proposer::{ProposeError, Proposer};
@@ -59,6 +60,7 @@ pub struct Consensus {
     read_rounds: Counter,
     read_waits: Counter,
     peer_rpc: PeerRpc,
+    sync: Arc<LogSync>,
 }
 
 /// The log store a node opened (`--log-store`).
@@ -93,6 +95,7 @@ impl Consensus {
             LogFormat::Segment => &segment_path,
         };
         let opening = std::time::Instant::now();
+        let sync = LogSync::new(config.node_id);
         if let Some(file) = &config.restore {
             let snapshots = SnapshotStore::open(&config.data_dir.join("snapshots"))?;
             super::state_machine::restore(file, &snapshots, log_path, config.node_id, &addr.to_string())?;
@@ -103,12 +106,16 @@ impl Consensus {
                     .map_err(|e| open_error(&redb_path, &e))?
                     .with_append_histogram(metrics.append_seconds.clone())
                     .with_fail_stop(fail_stop.clone());
-                Store::Redb(match &config.storage_faults {
+                let log = match &config.storage_faults {
                     Some(faults) => {
                         log.with_faults(faults.clone()).map_err(|e| open_error(&redb_path, &e))?
                     }
                     None => log,
-                })
+                };
+                Store::Redb(
+                    log.with_sync(sync.clone())
+                        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", redb_path.display()))?,
+                )
             }
             LogFormat::Segment => {
                 let open_error =
@@ -117,10 +124,11 @@ impl Consensus {
                     .map_err(open_error)?
                     .with_append_histogram(metrics.append_seconds.clone())
                     .with_fail_stop(fail_stop.clone());
-                Store::Segment(match &config.storage_faults {
+                let log = match &config.storage_faults {
                     Some(faults) => log.with_faults(faults.clone()).map_err(open_error)?,
                     None => log,
-                })
+                };
+                Store::Segment(log.with_sync(sync.clone()))
             }
         };
         let store = kind.name();
@@ -141,8 +149,10 @@ impl Consensus {
             observer.clone(),
             snapshots,
             expiry_wake.clone(),
+            sync.clone(),
         );
         let raft_config = Arc::new(raft_config(config)?);
+        let network = CommitClamp::new(network, sync.clone());
         let raft = match log_store {
             Store::Redb(log) => Raft::new(config.node_id, raft_config, network, log, state_machine).await?,
             Store::Segment(log) => {
@@ -169,8 +179,13 @@ impl Consensus {
             raft.initialize(members).await?;
         }
 
-        let leading =
-            super::leadership::start(raft.clone(), replica.clone(), clock.clone(), expiry_wake.clone());
+        let leading = super::leadership::start(
+            raft.clone(),
+            replica.clone(),
+            clock.clone(),
+            expiry_wake.clone(),
+            sync.clone(),
+        );
         let proposer =
             Proposer::start(raft.clone(), clock.clone(), replica.clone(), metrics.clone(), notifier);
         let consensus = Consensus {
@@ -183,6 +198,7 @@ impl Consensus {
             reads: ReadBarrier::new(),
             read_rounds: metrics.read_rounds.clone(),
             read_waits: metrics.read_barrier_waits.clone(),
+            sync,
         };
         Ok((consensus, Parts { clock, expiry_wake }))
     }
@@ -205,6 +221,12 @@ impl Consensus {
     /// The receiving end of the peer channel.
     pub fn peer_rpc(&self) -> &PeerRpc {
         &self.peer_rpc
+    }
+
+    /// What of this node's log is durable, for the simulation's scenarios only.
+    #[doc(hidden)]
+    pub fn log_sync(&self) -> &Arc<LogSync> {
+        &self.sync
     }
 
     /// The openraft handle, for the simulation's in-memory network and its observers only.

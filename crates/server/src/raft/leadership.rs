@@ -17,6 +17,7 @@ use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use crate::raft::clock::LeaderClock;
+use crate::raft::log_sync::LogSync;
 use crate::raft::replica::Replica;
 use crate::raft::Raft;
 
@@ -44,6 +45,7 @@ pub fn start(
     replica: Arc<Replica>,
     clock: Arc<LeaderClock>,
     expiry_wake: Arc<Notify>,
+    sync: Arc<LogSync>,
 ) -> watch::Receiver<Leading> {
     let (leading_tx, leading_rx) = watch::channel(None);
     let mut metrics = raft.metrics();
@@ -52,7 +54,11 @@ pub fn start(
         loop {
             let (leading, term) = {
                 let m = metrics.borrow_and_update();
-                (m.state == ServerState::Leader, m.current_term)
+                let leading = m.state == ServerState::Leader;
+                // A leader with other voters syncs its appends beside their replication (gate 5
+                // of `log_sync`); alone, it has nothing to overlap.
+                sync.set_overlap(leading && m.membership_config.membership().voter_ids().nth(1).is_some());
+                (leading, m.current_term)
             };
             let published = leading_tx.borrow().map(|b: Barrier| b.term);
             match (leading, published) {

@@ -19,6 +19,7 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::log_sync::LogSync;
 pub use super::storage_faults::StorageFaults;
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::failstop::FailStop;
@@ -48,6 +49,9 @@ pub struct LogStore {
     faults: Option<Arc<StorageFaults>>,
     /// Where the durable writes run.
     io: Arc<super::LogIo>,
+    /// Where the last durable log id is published (`log_sync`; every append here is durable
+    /// when it returns).
+    sync: Arc<LogSync>,
 }
 
 fn injected_fsync_error() -> redb::Error {
@@ -107,6 +111,7 @@ impl LogStore {
             fail_stop: None,
             faults: None,
             io: Arc::default(),
+            sync: LogSync::new(0),
         })
     }
 
@@ -125,6 +130,31 @@ impl LogStore {
         self
     }
 
+    /// Publishes the last durable log id to `sync` (`log_sync`): the last entry, since every
+    /// append here returns once durable.
+    ///
+    /// # Errors
+    /// When the log cannot be read.
+    pub fn with_sync(mut self, sync: Arc<LogSync>) -> Result<LogStore, StorageError> {
+        sync.set_durable(self.last_log_id()?);
+        self.sync = sync;
+        Ok(self)
+    }
+
+    fn last_log_id(&self) -> Result<Option<LogId>, StorageError> {
+        let last_purged_log_id = self.read_meta::<Option<LogId>>(LAST_PURGED)?.flatten();
+        let txn = self.db.begin_read().map_err(read_logs_error)?;
+        let table = txn.open_table(LOG).map_err(read_logs_error)?;
+        let last = match table.last().map_err(read_logs_error)? {
+            Some((_, value)) => {
+                let entry: Entry<TypeConfig> = decode(value.value()).map_err(read_logs_error)?;
+                Some(entry.log_id)
+            }
+            None => last_purged_log_id,
+        };
+        Ok(last)
+    }
+
     /// Injects `faults` (a simulation's); first drops the torn tail a power cut left, if any.
     ///
     /// # Errors
@@ -140,6 +170,8 @@ impl LogStore {
             txn.open_table(META)?.remove(COMMITTED)?;
             txn.commit()?;
         }
+        let last = self.last_log_id().map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
+        faults.opened(last.map_or(0, |id| id.index));
         self.faults = Some(faults);
         Ok(self)
     }
@@ -207,16 +239,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged_log_id = self.read_meta::<Option<LogId>>(LAST_PURGED)?.flatten();
-        let txn = self.db.begin_read().map_err(read_logs_error)?;
-        let table = txn.open_table(LOG).map_err(read_logs_error)?;
-        let last = match table.last().map_err(read_logs_error)? {
-            Some((_, value)) => {
-                let entry: Entry<TypeConfig> = decode(value.value()).map_err(read_logs_error)?;
-                Some(entry.log_id)
-            }
-            None => last_purged_log_id,
-        };
-        Ok(LogState { last_purged_log_id, last_log_id: last })
+        Ok(LogState { last_purged_log_id, last_log_id: self.last_log_id()? })
     }
 
     async fn get_log_reader(&mut self) -> LogStore {
@@ -252,6 +275,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let started = std::time::Instant::now();
         let injected = self.faults.as_ref().and_then(|faults| faults.take_append_failure());
         let mut span = None::<(u64, u64)>;
+        let mut last = None;
         let result = self.write("log append", || -> Result<(), redb::Error> {
             if injected == Some(false) {
                 return Err(injected_fsync_error());
@@ -263,6 +287,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 for entry in entries {
                     let index = entry.log_id.index;
                     span = Some(span.map_or((index, index), |(first, _)| (first, index)));
+                    last = Some(entry.log_id);
                     table.insert(index, encode(&entry).as_slice())?;
                 }
             }
@@ -278,6 +303,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         match result {
             Ok(()) => {
+                if last.is_some() {
+                    self.sync.set_durable(last);
+                }
                 StorageFaults::report_appended(self.faults.as_deref(), span, callback);
                 Ok(())
             }
@@ -296,7 +324,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             txn.commit()?;
             Ok(())
         })
-        .map_err(write_logs_error)
+        .map_err(write_logs_error)?;
+        self.sync.set_durable(self.last_log_id()?);
+        Ok(())
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {

@@ -31,6 +31,7 @@ pub mod clock;
 pub mod consensus;
 pub mod leadership;
 pub mod log_store;
+pub mod log_sync;
 pub mod membership;
 pub mod network;
 pub mod peer_rpc;

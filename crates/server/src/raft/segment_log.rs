@@ -50,6 +50,7 @@ use openraft::{AnyError, Entry, ErrorSubject, ErrorVerb, OptionalSend, StorageIO
 use serde::{Deserialize, Serialize};
 
 use super::log_store::{decode, encode, LOG_FORMAT_VERSION};
+use super::log_sync::{LogSync, SYNC_STALL};
 use super::storage_faults::StorageFaults;
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::failstop::FailStop;
@@ -61,6 +62,9 @@ pub const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
 pub const PREALLOCATE_BYTES: u64 = 1024 * 1024;
 
 const HEADER: usize = 8;
+/// The file that names the term in which this node, as leader, reported appends before their
+/// fsync (see `Inner::step_down_if_it_reported_early`).
+const EARLY: &str = "early";
 const KIND_ENTRY: u8 = 1;
 const KIND_COMMITTED: u8 = 2;
 /// Largest record accepted on open (a length above it is a torn or corrupt header).
@@ -109,6 +113,18 @@ struct Inner {
     segments: Vec<Segment>,
     /// Set after a failed write: nothing is written again.
     failed: bool,
+    /// The last entry known durable (an fdatasync ended after it was written); published to
+    /// `sync`. Behind the last entry only after a leader's append reported before its fsync.
+    durable: Option<LogId>,
+    /// A leader's appends not yet durable, oldest first: the last index of each, and when it
+    /// was written.
+    unsynced: std::collections::VecDeque<(u64, std::time::Instant)>,
+    /// Where `durable` is published (`log_sync`).
+    sync: Arc<LogSync>,
+    /// The term in which this node last reported appends before their fsync (`early`).
+    early_term: Option<u64>,
+    /// The simulation's faults (as `SegmentLog::faults`): told what becomes durable.
+    faults: Option<Arc<StorageFaults>>,
     /// `raft-log/lock`, held with an exclusive `flock` while the store is open: a second server
     /// on the same data dir is refused.
     _lock: File,
@@ -249,6 +265,11 @@ impl Inner {
             entries: BTreeMap::new(),
             segments: vec![],
             failed: false,
+            durable: None,
+            unsynced: std::collections::VecDeque::new(),
+            sync: LogSync::new(0),
+            early_term: None,
+            faults: None,
             _lock: lock,
         };
         let mut previous: Option<u64> = None;
@@ -334,6 +355,8 @@ impl Inner {
             inner.committed = None;
         }
         inner.sync_what_was_read()?;
+        inner.durable = inner.last_log_id();
+        inner.step_down_if_it_reported_early()?;
         Ok(inner)
     }
 
@@ -354,8 +377,96 @@ impl Inner {
         self.entries.values().next_back().map(|(e, _, _)| e.log_id).or(self.meta.last_purged)
     }
 
-    /// Starts a new preallocated segment and makes its directory entry durable.
+    /// A leader that reported appends before their fsync in its term may have sent its
+    /// followers entries that a power cut then took from its own log. openraft 0.9 restores a
+    /// node whose saved vote is its own committed one as leader of that term at once, and it
+    /// would write new entries under log ids its followers already hold for others: two entries
+    /// with one log id, which Raft's log matching cannot tell apart. So the open moves such a
+    /// vote on to the next term, voted for itself but not committed (what a candidate saves
+    /// before it campaigns): the node starts as a follower and a new term is elected, whose
+    /// leader holds every entry a majority has. `early` names the term in which this node reported early;
+    /// only the leader of that term writes it, so a committed vote of that term is its own.
+    fn step_down_if_it_reported_early(&mut self) -> io::Result<()> {
+        let early = match std::fs::read(self.dir.join(EARLY)) {
+            Ok(bytes) => decode::<u64>(&bytes)
+                .map_err(|e| io::Error::other(format!("{}: {e}", self.dir.join(EARLY).display())))?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if let Some(vote) =
+            self.meta.vote.filter(|vote| vote.is_committed() && vote.leader_id().get_term() == early)
+        {
+            // Not back to an uncommitted vote of the same term (a vote never goes back): on to
+            // the next term, voted for itself, as a candidate does before it campaigns.
+            let own = Vote::new(early + 1, vote.leader_id().voted_for().unwrap_or_default());
+            tracing::info!(
+                term = early,
+                "this node led its term with appends reported before their fsync: it starts as a follower"
+            );
+            self.meta.vote = Some(own);
+            self.save_meta()?;
+        }
+        Ok(())
+    }
+
+    /// Records, before the first append of term `term` is reported before its fsync, that this
+    /// node does so (see [`Inner::step_down_if_it_reported_early`]).
+    fn note_early_term(&mut self, term: u64) -> io::Result<()> {
+        if self.early_term == Some(term) {
+            return Ok(());
+        }
+        let tmp = self.dir.join("early.tmp");
+        let file = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        file.write_all_at(&encode(&term), 0)?;
+        fdatasync(&file)?;
+        std::fs::rename(&tmp, self.dir.join(EARLY))?;
+        sync_dir(&self.dir)?;
+        self.early_term = Some(term);
+        Ok(())
+    }
+
+    /// Records that everything written up to `upto` (an entry of the log) is durable.
+    fn mark_durable(&mut self, upto: Option<LogId>) {
+        let raises = upto.map(|id| id.index) > self.durable.map(|id| id.index);
+        if raises && self.faults.as_ref().is_some_and(|faults| faults.is_stalled()) {
+            // A simulated fsync that hangs never ends: nothing becomes durable meanwhile.
+            return;
+        }
+        if let Some(upto) = upto {
+            StorageFaults::report_synced(self.faults.as_deref(), upto.index);
+        }
+        self.durable = upto;
+        let last = self.last_log_id().map(|id| id.index);
+        let upto_index = upto.map(|id| id.index);
+        self.unsynced.retain(|(index, _)| Some(*index) > upto_index && Some(*index) <= last);
+        self.sync.set_durable(upto);
+    }
+
+    /// Syncs what was written and is not durable yet (a leader's appends reported before
+    /// their fsync; only the last segment can hold them, see [`Inner::roll`]). Gate 4 of
+    /// `log_sync`: every log write but a leader's append runs it first.
+    fn sync_written(&mut self) -> io::Result<()> {
+        if self.unsynced.is_empty() {
+            return Ok(());
+        }
+        if let Some(last) = self.segments.last() {
+            fdatasync(&last.file)?;
+        }
+        let upto = self.last_log_id();
+        self.mark_durable(upto);
+        Ok(())
+    }
+
+    /// Starts a new preallocated segment and makes its directory entry durable. The segment
+    /// before it is synced first (it may end with a leader's appends reported before their
+    /// fsync, or a commit index record), so that only the last segment ever holds records that
+    /// are not durable: the open and `tear` rely on it.
     fn roll(&mut self) -> io::Result<()> {
+        if let Some(last) = self.segments.last() {
+            fdatasync(&last.file)?;
+            let upto = self.last_log_id();
+            self.mark_durable(upto);
+        }
         let seq = self.segments.last().map_or(0, |s| s.seq + 1);
         let path = segment_path(&self.dir, seq);
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
@@ -432,6 +543,7 @@ impl Inner {
 
     /// Removes entries at and after `index`: zeroes their records and deletes later segments.
     fn truncate(&mut self, index: u64) -> io::Result<()> {
+        self.sync_written()?;
         let Some((_, (_, seq, offset))) = self.entries.range(index..).next() else { return Ok(()) };
         let (seq, offset) = (*seq, *offset);
         let mut removed = false;
@@ -454,12 +566,15 @@ impl Inner {
         if self.committed.is_some_and(|c| c.index >= index) {
             self.committed = self.entries.values().next_back().map(|(e, _, _)| e.log_id);
         }
+        let upto = self.last_log_id();
+        self.mark_durable(upto);
         Ok(())
     }
 
     /// Records `log_id` as purged (durably), forgets the entries up to it, and deletes every
     /// segment but the active one whose entries are all purged.
     fn purge(&mut self, log_id: LogId) -> io::Result<()> {
+        self.sync_written()?;
         self.meta.last_purged = Some(log_id);
         self.save_meta()?;
         self.entries = self.entries.split_off(&(log_id.index + 1));
@@ -536,10 +651,11 @@ impl SegmentLog {
         if let Some(from) = faults.take_torn_from() {
             let torn = tear(&self.lock(), from)?;
             let (append_seconds, fail_stop) = (self.append_seconds.take(), self.fail_stop.take());
+            let sync = self.lock().sync.clone();
             let dir = self.dir.clone();
             // The only handle: dropping it closes the files and lets go of the directory's lock.
             drop(self);
-            self = SegmentLog::open(&dir)?;
+            self = SegmentLog::open(&dir)?.with_sync(sync);
             (self.append_seconds, self.fail_stop) = (append_seconds, fail_stop);
             let mut inner = self.lock();
             let last = inner.entries.keys().next_back().copied();
@@ -556,6 +672,11 @@ impl SegmentLog {
                 fdatasync(&inner.segments.last().expect("written to").file)?;
             }
             drop(inner);
+        }
+        {
+            let mut inner = self.lock();
+            faults.opened(inner.last_log_id().map_or(0, |id| id.index));
+            inner.faults = Some(faults.clone());
         }
         self.faults = Some(faults);
         Ok(self)
@@ -576,6 +697,129 @@ impl SegmentLog {
         self
     }
 
+    /// Publishes what is durable to `sync`, and reports a leader's appends before their fsync
+    /// when `sync` allows it (see `log_sync`). Without it the log has a `LogSync` of its own
+    /// that never allows it.
+    pub fn with_sync(self, sync: Arc<LogSync>) -> SegmentLog {
+        {
+            let mut inner = self.lock();
+            sync.set_durable(inner.durable);
+            inner.sync = sync;
+        }
+        self
+    }
+
+    /// Whether an append of `entries` may be reported before its fsync: this node leads with
+    /// other voters (gate 5 of `log_sync`), the batch holds no membership entry (gate 3), and no
+    /// earlier sync has been pending for [`SYNC_STALL`] (gate 7).
+    fn may_report_early(&self, inner: &Inner, entries: &[Entry<TypeConfig>]) -> bool {
+        let leads = inner
+            .meta
+            .vote
+            .is_some_and(|vote| vote.is_committed() && vote.leader_id().voted_for() == Some(inner.sync.id()));
+        leads
+            && inner.sync.overlap()
+            && !inner.failed
+            && entries.iter().all(|entry| !matches!(entry.payload, openraft::EntryPayload::Membership(_)))
+            && inner.unsynced.front().is_none_or(|(_, since)| since.elapsed() < SYNC_STALL)
+    }
+
+    /// A leader's append: writes `entries` and reports them flushed at once; a task syncs them
+    /// beside the replication that the report lets openraft start (`log_sync`).
+    fn append_early(
+        &self,
+        entries: Vec<Entry<TypeConfig>>,
+        callback: LogFlushed<TypeConfig>,
+    ) -> io::Result<()> {
+        let (file, upto, started) = match self.write_early(entries) {
+            Ok(Some(written)) => written,
+            Ok(None) => {
+                callback.log_io_completed(Ok(()));
+                return Ok(());
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(io::Error::new(e.kind(), e.to_string())));
+                return Err(e);
+            }
+        };
+        StorageFaults::report_written(self.faults.as_deref(), upto.index, callback);
+        let log = self.clone();
+        tokio::spawn(async move {
+            // The append just woke the replication tasks: let them send first, so that this
+            // fsync runs while the followers write theirs.
+            tokio::task::yield_now().await;
+            log.sync_upto(&file, upto, started);
+        });
+        Ok(())
+    }
+
+    /// Writes `entries` without syncing them; returns the file to sync, the last log id written
+    /// and when. `None` for no entries.
+    fn write_early(
+        &self,
+        entries: Vec<Entry<TypeConfig>>,
+    ) -> io::Result<Option<(Arc<File>, LogId, std::time::Instant)>> {
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        let started = std::time::Instant::now();
+        self.write("log append", |inner| {
+            let term = inner.meta.vote.map(|vote| vote.leader_id().get_term()).unwrap_or_default();
+            inner.note_early_term(term)?;
+            let file = inner.append(entries)?;
+            let upto = inner.last_log_id();
+            if let Some(upto) = upto {
+                inner.unsynced.push_back((upto.index, started));
+            }
+            Ok(upto.map(|upto| (file, upto, started)))
+        })
+    }
+
+    /// Syncs `file`, the segment that ends with entry `upto`, and records `upto` durable unless
+    /// it is already, or no longer in the log. A failure is latched as any failed write is: the
+    /// node fail-stops, and what was not durable never becomes visible.
+    fn sync_upto(&self, file: &File, upto: LogId, written_at: std::time::Instant) {
+        if self.faults.as_ref().is_some_and(|faults| faults.is_stalled()) {
+            // A simulated fsync that hangs: it never ends, and a power cut tears what it held.
+            return;
+        }
+        let synced = |inner: &Inner| inner.durable.is_some_and(|durable| durable.index >= upto.index);
+        if synced(&self.lock()) {
+            return;
+        }
+        let result = self.io.run(|| {
+            fdatasync(file)?;
+            if crate::bugs::is(crate::bugs::Bug::SlowLogSync) {
+                std::thread::sleep(crate::bugs::SLOW_LOG_SYNC);
+            }
+            Ok(())
+        });
+        let mut inner = self.lock();
+        if inner.failed {
+            return;
+        }
+        if let Err(e) = result {
+            self.failed("log sync", &mut inner, &e);
+            return;
+        }
+        if let Some(histogram) = &self.append_seconds {
+            histogram.observe(written_at.elapsed().as_secs_f64());
+        }
+        let in_log = inner.entries.get(&upto.index).is_some_and(|(entry, _, _)| entry.log_id == upto);
+        if in_log && !synced(&inner) {
+            inner.mark_durable(Some(upto));
+        }
+    }
+
+    /// Under a simulated fsync that hangs, a write that must sync what is pending first (gate 4
+    /// of `log_sync`) hangs too, until a power cut ends the node.
+    async fn wait_if_stalled(&self) {
+        let stalled = self.faults.as_ref().is_some_and(|faults| faults.is_stalled());
+        if stalled && !self.lock().unsynced.is_empty() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Appends `entries` and returns once they are durable (written and fdatasynced).
     ///
     /// # Errors
@@ -589,17 +833,28 @@ impl SegmentLog {
         // (replication to followers) are not held up by the local fsync. openraft issues the
         // next append only after this one returned, so batches stay in order. Both run on
         // openraft's core task, which waits for them anyway ([`super::LogIo`]).
-        let result = self.write("log append", |inner| inner.append(entries)).and_then(|file| {
-            self.io
-                .run(|| {
-                    fdatasync(&file)?;
-                    if crate::bugs::is(crate::bugs::Bug::SlowLogSync) {
-                        std::thread::sleep(crate::bugs::SLOW_LOG_SYNC);
-                    }
-                    Ok(())
-                })
-                .inspect_err(|e| self.failed("log append", &mut self.lock(), e))
-        });
+        let result = self
+            .write("log append", |inner| {
+                inner.sync_written()?;
+                let file = inner.append(entries)?;
+                Ok((file, inner.last_log_id()))
+            })
+            .and_then(|(file, upto)| {
+                self.io
+                    .run(|| {
+                        fdatasync(&file)?;
+                        if crate::bugs::is(crate::bugs::Bug::SlowLogSync) {
+                            std::thread::sleep(crate::bugs::SLOW_LOG_SYNC);
+                        }
+                        Ok(())
+                    })
+                    .inspect_err(|e| self.failed("log append", &mut self.lock(), e))?;
+                let mut inner = self.lock();
+                if inner.durable.is_none_or(|durable| upto.is_some_and(|upto| durable.index < upto.index)) {
+                    inner.mark_durable(upto);
+                }
+                Ok(())
+            });
         if let Some(histogram) = &self.append_seconds {
             histogram.observe(started.elapsed().as_secs_f64());
         }
@@ -671,7 +926,9 @@ impl RaftLogStorage<TypeConfig> for SegmentLog {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
+        self.wait_if_stalled().await;
         self.write("vote save", |inner| {
+            inner.sync_written()?;
             let previous = inner.meta.vote.replace(*vote);
             let saved = inner.save_meta();
             if saved.is_err() {
@@ -708,6 +965,17 @@ impl RaftLogStorage<TypeConfig> for SegmentLog {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<_> = entries.into_iter().collect();
+        let early = {
+            let inner = self.lock();
+            self.may_report_early(&inner, &entries)
+        };
+        let armed = self.faults.as_ref().is_some_and(|faults| faults.append_failure_armed());
+        if early && !armed {
+            return self
+                .append_early(entries, callback)
+                .map_err(|e| io_storage_error(ErrorSubject::Logs, ErrorVerb::Write, &e));
+        }
+        self.wait_if_stalled().await;
         let span =
             entries.first().zip(entries.last()).map(|(first, last)| (first.log_id.index, last.log_id.index));
         match self.append_entries(entries) {
@@ -724,12 +992,100 @@ impl RaftLogStorage<TypeConfig> for SegmentLog {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.wait_if_stalled().await;
         self.write("log truncate", |inner| inner.truncate(log_id.index))
             .map_err(|e| io_storage_error(ErrorSubject::Logs, ErrorVerb::Write, &e))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.wait_if_stalled().await;
         self.write("log purge", |inner| inner.purge(log_id))
             .map_err(|e| io_storage_error(ErrorSubject::Logs, ErrorVerb::Write, &e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, EntryPayload, Membership};
+
+    use super::*;
+
+    fn blank(index: u64) -> Entry<TypeConfig> {
+        Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Blank }
+    }
+
+    fn durable(sync: &LogSync) -> Option<u64> {
+        sync.durable().map(|id| id.index)
+    }
+
+    /// Gates 4 and 3 of `log_sync`, and the roll: what a leader wrote without syncing is synced
+    /// before a vote, a truncation, a purge, an in-place append or a new segment; a membership
+    /// entry is never reported early.
+    #[tokio::test]
+    async fn writes_that_are_not_a_leaders_append_sync_what_is_pending_first() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let sync = LogSync::new(1);
+        let mut log = SegmentLog::open(dir.path()).expect("open").with_sync(sync.clone());
+        let batch = |indexes: std::ops::RangeInclusive<u64>| indexes.map(blank).collect::<Vec<_>>();
+
+        log.write_early(batch(1..=3)).expect("write");
+        assert_eq!(durable(&sync), None, "written, not synced");
+        log.save_vote(&Vote::new(2, 2)).await.expect("vote");
+        assert_eq!(durable(&sync), Some(3), "a vote syncs what a leader wrote first");
+        assert!(log.lock().unsynced.is_empty(), "nothing pending");
+
+        log.write_early(batch(4..=6)).expect("write");
+        assert_eq!(durable(&sync), Some(3));
+        log.truncate(LogId::new(CommittedLeaderId::new(1, 1), 6)).await.expect("truncate");
+        assert_eq!(durable(&sync), Some(5), "synced, then truncated back to the last entry kept");
+
+        log.write_early(batch(6..=7)).expect("write");
+        log.purge(LogId::new(CommittedLeaderId::new(1, 1), 2)).await.expect("purge");
+        assert_eq!(durable(&sync), Some(7), "a purge syncs first");
+
+        log.write_early(batch(8..=8)).expect("write");
+        log.append_entries(batch(9..=9)).expect("in-place append");
+        assert_eq!(durable(&sync), Some(9), "an in-place append syncs what was pending, then itself");
+
+        // A batch too big for the segment rolls to a new one; the old one is synced first.
+        log.write_early(batch(10..=10)).expect("write");
+        let big = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), 11),
+            payload: EntryPayload::Normal(permit_core::Batch {
+                now_ms: 0,
+                commands: vec![
+                    permit_core::Command::PutSemaphore {
+                        name: permit_core::Name::new(&"x".repeat(permit_core::limits::NAME_BYTES_MAX))
+                            .expect("name"),
+                        capacity: 1
+                    };
+                    SEGMENT_BYTES as usize / permit_core::limits::NAME_BYTES_MAX
+                ],
+            }),
+        };
+        log.write_early(vec![big]).expect("write a segment's worth");
+        assert_eq!(log.lock().segments.len(), 2, "rolled");
+        assert_eq!(durable(&sync), Some(10), "the segment before the roll is synced");
+
+        // Gate 3 and gate 5: only a leader's batch without a membership entry, with overlap on.
+        let inner = log.lock();
+        assert!(!log.may_report_early(&inner, &batch(12..=12)), "vote (2, 2) is not this node's");
+        drop(inner);
+        let mut own = Vote::new(3, 1);
+        own.commit();
+        log.save_vote(&own).await.expect("vote");
+        let inner = log.lock();
+        assert!(!log.may_report_early(&inner, &batch(12..=12)), "overlap is off");
+        sync.set_overlap(true);
+        assert!(log.may_report_early(&inner, &batch(12..=12)), "a leader with other voters");
+        let membership = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(3, 1), 12),
+            payload: EntryPayload::Membership(Membership::new(vec![[1, 2, 3].into()], None)),
+        };
+        assert!(!log.may_report_early(&inner, &[blank(12), membership]), "a membership entry syncs in place");
+        drop(inner);
+        log.lock().unsynced.push_back((12, std::time::Instant::now() - SYNC_STALL));
+        let inner = log.lock();
+        assert!(!log.may_report_early(&inner, &batch(12..=12)), "a sync pending too long (gate 7)");
     }
 }

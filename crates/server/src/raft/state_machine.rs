@@ -13,6 +13,7 @@ use permit_core::{Effect, State};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::log_sync::LogSync;
 use super::snapshot_store::{Meta, SnapshotStore};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::notify::Notifier;
@@ -29,6 +30,9 @@ pub struct StateMachine {
     snapshots: SnapshotStore,
     /// Poked when the expiry driver may need to re-arm its timer.
     expiry_wake: Arc<Notify>,
+    /// What of this node's log is durable: an entry is applied only once it is (gate 1 of
+    /// [`super::log_sync`]).
+    sync: Arc<LogSync>,
 }
 
 fn snapshot_error(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
@@ -43,8 +47,9 @@ impl StateMachine {
         observer: Arc<Observer>,
         snapshots: SnapshotStore,
         expiry_wake: Arc<Notify>,
+        sync: Arc<LogSync>,
     ) -> StateMachine {
-        StateMachine { replica, notifier, observer, snapshots, expiry_wake }
+        StateMachine { replica, notifier, observer, snapshots, expiry_wake, sync }
     }
 
     /// Replaces the state with a snapshot's, re-tracking every session from now.
@@ -135,6 +140,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + openraft::OptionalSend,
         I::IntoIter: openraft::OptionalSend,
     {
+        let entries: Vec<_> = entries.into_iter().collect();
+        if let Some(last) = entries.last() {
+            // A leader reports its appends before their fsync (`log_sync`): what they commit
+            // becomes visible only once this node's copy is durable too.
+            self.sync.wait_durable(last.log_id.index).await;
+        }
         let mut effects = Vec::new();
         let mut replies = Vec::new();
         {

@@ -17,10 +17,12 @@ use super::TypeConfig;
 ///   entries having reached the file first. The store reports it to the fail-stop latch and
 ///   openraft is told the append failed, so the entries are never acknowledged and the node
 ///   stops.
-/// - A torn tail: appends are written but their flush is never reported (an fsync that hangs,
-///   so openraft acknowledges none of them); a power cut then drops that withheld flush and the
-///   next open loses a suffix of the stalled entries, as a disk that never made them durable
-///   would. Entries acknowledged before the stall are never lost.
+/// - A torn tail: appends are written but never synced (an fsync that hangs). An append that
+///   waits for its fsync is never reported flushed, so openraft acknowledges none of them; a
+///   leader's append reported before its fsync (`log_sync`) is reported, but its sync never
+///   ends, so nothing it commits becomes visible. A power cut then drops what was withheld and
+///   the next open loses a suffix of the entries written since the last sync, as a disk that
+///   never made them durable would. Entries synced before the stall are never lost.
 #[derive(Default)]
 pub struct StorageFaults {
     /// The next append fails: `Some(true)` after its entries reached the file, `Some(false)`
@@ -32,8 +34,10 @@ pub struct StorageFaults {
     stalled: std::sync::Mutex<Option<(LogFlushed<TypeConfig>, u64, u64)>>,
     /// After a power cut: the index from which the next open drops the log.
     torn_from: std::sync::Mutex<Option<u64>>,
-    /// The last index appended (and acknowledged, unless stalled).
-    last_appended: std::sync::atomic::AtomicU64,
+    /// The last index written.
+    last_written: std::sync::atomic::AtomicU64,
+    /// The last index synced (durable).
+    last_synced: std::sync::atomic::AtomicU64,
     /// A disk that lies about fsync: the next power cut also loses this many acknowledged
     /// entries. Only the simulation's self-test sets it, to show that the checkers catch it.
     lie: std::sync::atomic::AtomicU64,
@@ -84,21 +88,31 @@ impl StorageFaults {
     pub fn power_cut(&self, keep: u64) -> Option<(u64, u64)> {
         self.disarm();
         let lie = self.lie.swap(0, std::sync::atomic::Ordering::Relaxed);
-        let stalled = self.stalled.lock().expect("faults lock").take();
-        let (first, last) = match stalled {
-            // Dropping the flush fails openraft's wait for it.
-            Some((_flushed, first, last)) => (first, last),
-            None => {
-                let last = self.last_appended.load(std::sync::atomic::Ordering::Relaxed);
-                (last.saturating_add(1), last)
-            }
-        };
+        // Dropping a withheld flush fails openraft's wait for it.
+        drop(self.stalled.lock().expect("faults lock").take());
+        // What was written since the last sync: an append whose flush was withheld, or a
+        // leader's appends reported before a sync that never ended.
+        let first = self.last_synced.load(std::sync::atomic::Ordering::Relaxed).saturating_add(1);
+        let last = self.last_written.load(std::sync::atomic::Ordering::Relaxed);
         let from = if lie > 0 { first.saturating_sub(lie).max(1) } else { first.saturating_add(keep) };
         if from > last {
             return None;
         }
         *self.torn_from.lock().expect("faults lock") = Some(from);
         Some((from, last))
+    }
+
+    /// A store opened with entries up to `last` (0 for none): the open made all of them durable
+    /// (`sync_what_was_read`), and a flush withheld from the process before is gone with it.
+    pub(super) fn opened(&self, last: u64) {
+        drop(self.stalled.lock().expect("faults lock").take());
+        self.last_written.store(last, std::sync::atomic::Ordering::Relaxed);
+        self.last_synced.store(last, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether an append failure is armed (see [`Self::fail_next_append`]).
+    pub(super) fn append_failure_armed(&self) -> bool {
+        self.fail_next_append.lock().expect("faults lock").is_some()
     }
 
     /// Whether the next append fails (`Some(written)`, see [`Self::fail_next_append`]); disarms it.
@@ -121,13 +135,35 @@ impl StorageFaults {
         flushed: LogFlushed<TypeConfig>,
     ) {
         if let (Some(faults), Some((first, last))) = (faults, span) {
-            faults.last_appended.store(last, std::sync::atomic::Ordering::Relaxed);
-            if faults.stall.load(std::sync::atomic::Ordering::Relaxed) {
+            faults.last_written.store(last, std::sync::atomic::Ordering::Relaxed);
+            if faults.is_stalled() {
                 // The fsync "hangs": the flush is withheld until a power cut drops it.
                 *faults.stalled.lock().expect("faults lock") = Some((flushed, first, last));
                 return;
             }
+            faults.last_synced.store(last, std::sync::atomic::Ordering::Relaxed);
         }
         flushed.log_io_completed(Ok(()));
+    }
+
+    /// A leader's append of entries up to `last` was written and is reported flushed before
+    /// its fsync (`log_sync`); [`Self::report_synced`] follows once the fsync ends.
+    pub(super) fn report_written(faults: Option<&StorageFaults>, last: u64, flushed: LogFlushed<TypeConfig>) {
+        if let Some(faults) = faults {
+            faults.last_written.store(last, std::sync::atomic::Ordering::Relaxed);
+        }
+        flushed.log_io_completed(Ok(()));
+    }
+
+    /// Everything written up to index `last` is synced.
+    pub(super) fn report_synced(faults: Option<&StorageFaults>, last: u64) {
+        if let Some(faults) = faults {
+            faults.last_synced.store(last, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Whether fsyncs hang (until a power cut).
+    pub(super) fn is_stalled(&self) -> bool {
+        self.stall.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
