@@ -82,6 +82,13 @@ pub struct SegmentLog {
     faults: Option<Arc<StorageFaults>>,
     /// Where the durable writes run.
     io: Arc<super::LogIo>,
+    /// Held around every write (and so every fdatasync) of the log and the recording of its
+    /// outcome, taken before `inner`. A leader's sync task fdatasyncs beside the core task's
+    /// writes; after a failed fdatasync the kernel may report a later one successful although
+    /// the pages the first one lost are gone, so no fdatasync may start until the outcome of
+    /// the one before it is recorded (a failure latches the store and nothing is marked
+    /// durable again).
+    gate: Arc<Mutex<()>>,
 }
 
 #[derive(Default, Serialize, Deserialize)]
@@ -636,6 +643,7 @@ impl SegmentLog {
             append_seconds: None,
             fail_stop: None,
             io: Arc::default(),
+            gate: Arc::default(),
             faults: None,
         })
     }
@@ -784,6 +792,8 @@ impl SegmentLog {
             return;
         }
         let synced = |inner: &Inner| inner.durable.is_some_and(|durable| durable.index >= upto.index);
+        // Held until the outcome is recorded (see `gate`).
+        let _gate = self.gate();
         if synced(&self.lock()) {
             return;
         }
@@ -833,8 +843,10 @@ impl SegmentLog {
         // (replication to followers) are not held up by the local fsync. openraft issues the
         // next append only after this one returned, so batches stay in order. Both run on
         // openraft's core task, which waits for them anyway ([`super::LogIo`]).
+        // The gate is held until the fdatasync's outcome is recorded.
+        let _gate = self.gate();
         let result = self
-            .write("log append", |inner| {
+            .write_gated("log append", |inner| {
                 inner.sync_written()?;
                 let file = inner.append(entries)?;
                 Ok((file, inner.last_log_id()))
@@ -888,6 +900,17 @@ impl SegmentLog {
     /// once a write failed, no write runs again (a failed fsync is never retried).
     /// It runs on the calling task ([`super::LogIo`]).
     fn write<R>(&self, operation: &str, f: impl FnOnce(&mut Inner) -> io::Result<R>) -> io::Result<R> {
+        let _gate = self.gate();
+        self.write_gated(operation, f)
+    }
+
+    /// The gate (see [`SegmentLog::gate`]); poisoning is ignored, as for `inner`.
+    fn gate(&self) -> MutexGuard<'_, ()> {
+        self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// [`SegmentLog::write`], for a caller that holds the gate.
+    fn write_gated<R>(&self, operation: &str, f: impl FnOnce(&mut Inner) -> io::Result<R>) -> io::Result<R> {
         self.io.run(|| {
             let mut inner = self.lock();
             if inner.failed || self.fail_stop.as_ref().is_some_and(|latch| latch.is_failed()) {
@@ -1055,7 +1078,7 @@ mod tests {
                 now_ms: 0,
                 commands: vec![
                     permit_core::Command::PutSemaphore {
-                        name: permit_core::Name::new(&"x".repeat(permit_core::limits::NAME_BYTES_MAX))
+                        name: permit_core::Name::new("x".repeat(permit_core::limits::NAME_BYTES_MAX))
                             .expect("name"),
                         capacity: 1
                     };
@@ -1068,24 +1091,21 @@ mod tests {
         assert_eq!(durable(&sync), Some(10), "the segment before the roll is synced");
 
         // Gate 3 and gate 5: only a leader's batch without a membership entry, with overlap on.
-        let inner = log.lock();
-        assert!(!log.may_report_early(&inner, &batch(12..=12)), "vote (2, 2) is not this node's");
-        drop(inner);
+        let early =
+            |log: &SegmentLog, entries: &[Entry<TypeConfig>]| log.may_report_early(&log.lock(), entries);
+        assert!(!early(&log, &batch(12..=12)), "vote (2, 2) is not this node's");
         let mut own = Vote::new(3, 1);
         own.commit();
         log.save_vote(&own).await.expect("vote");
-        let inner = log.lock();
-        assert!(!log.may_report_early(&inner, &batch(12..=12)), "overlap is off");
+        assert!(!early(&log, &batch(12..=12)), "overlap is off");
         sync.set_overlap(true);
-        assert!(log.may_report_early(&inner, &batch(12..=12)), "a leader with other voters");
+        assert!(early(&log, &batch(12..=12)), "a leader with other voters");
         let membership = Entry {
             log_id: LogId::new(CommittedLeaderId::new(3, 1), 12),
             payload: EntryPayload::Membership(Membership::new(vec![[1, 2, 3].into()], None)),
         };
-        assert!(!log.may_report_early(&inner, &[blank(12), membership]), "a membership entry syncs in place");
-        drop(inner);
+        assert!(!early(&log, &[blank(12), membership]), "a membership entry syncs in place");
         log.lock().unsynced.push_back((12, std::time::Instant::now() - SYNC_STALL));
-        let inner = log.lock();
-        assert!(!log.may_report_early(&inner, &batch(12..=12)), "a sync pending too long (gate 7)");
+        assert!(!early(&log, &batch(12..=12)), "a sync pending too long (gate 7)");
     }
 }
