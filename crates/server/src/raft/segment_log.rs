@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
-use openraft::{AnyError, Entry, ErrorSubject, ErrorVerb, OptionalSend, StorageIOError, Vote};
+use openraft::{AnyError, Entry, ErrorSubject, ErrorVerb, LeaderId, OptionalSend, StorageIOError, Vote};
 use serde::{Deserialize, Serialize};
 
 use super::log_store::{decode, encode, LOG_FORMAT_VERSION};
@@ -391,21 +391,22 @@ impl Inner {
     /// with one log id, which Raft's log matching cannot tell apart. So the open moves such a
     /// vote on to the next term, voted for itself but not committed (what a candidate saves
     /// before it campaigns): the node starts as a follower and a new term is elected, whose
-    /// leader holds every entry a majority has. `early` names the term in which this node reported early;
-    /// only the leader of that term writes it, so a committed vote of that term is its own.
+    /// leader holds every entry a majority has. `early` names the leader id (term and node) under
+    /// which this node reported early; only a vote committed to that same leader id is demoted
+    /// (openraft's leader ids are (term, node): a node that led a term may follow another
+    /// leader of the same term afterwards, whose committed vote it must keep).
     fn step_down_if_it_reported_early(&mut self) -> io::Result<()> {
-        let early = match std::fs::read(self.dir.join(EARLY)) {
-            Ok(bytes) => decode::<u64>(&bytes)
+        let (early, node) = match std::fs::read(self.dir.join(EARLY)) {
+            Ok(bytes) => decode::<(u64, NodeId)>(&bytes)
                 .map_err(|e| io::Error::other(format!("{}: {e}", self.dir.join(EARLY).display())))?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e),
         };
-        if let Some(vote) =
-            self.meta.vote.filter(|vote| vote.is_committed() && vote.leader_id().get_term() == early)
-        {
+        let led = LeaderId::new(early, node);
+        if self.meta.vote.is_some_and(|vote| vote.is_committed() && *vote.leader_id() == led) {
             // Not back to an uncommitted vote of the same term (a vote never goes back): on to
             // the next term, voted for itself, as a candidate does before it campaigns.
-            let own = Vote::new(early + 1, vote.leader_id().voted_for().unwrap_or_default());
+            let own = Vote::new(early + 1, node);
             tracing::info!(
                 term = early,
                 "this node led its term with appends reported before their fsync: it starts as a follower"
@@ -417,14 +418,15 @@ impl Inner {
     }
 
     /// Records, before the first append of term `term` is reported before its fsync, that this
-    /// node does so (see [`Inner::step_down_if_it_reported_early`]).
+    /// node does so as its leader (see [`Inner::step_down_if_it_reported_early`]).
     fn note_early_term(&mut self, term: u64) -> io::Result<()> {
         if self.early_term == Some(term) {
             return Ok(());
         }
+        let node = self.sync.id();
         let tmp = self.dir.join("early.tmp");
         let file = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-        file.write_all_at(&encode(&term), 0)?;
+        file.write_all_at(&encode(&(term, node)), 0)?;
         fdatasync(&file)?;
         std::fs::rename(&tmp, self.dir.join(EARLY))?;
         sync_dir(&self.dir)?;
@@ -1107,5 +1109,37 @@ mod tests {
         assert!(!early(&log, &[blank(12), membership]), "a membership entry syncs in place");
         log.lock().unsynced.push_back((12, std::time::Instant::now() - SYNC_STALL));
         assert!(!early(&log, &batch(12..=12)), "a sync pending too long (gate 7)");
+    }
+
+    /// A node that led a term with appends reported early starts its next run as a follower of
+    /// no one, its vote moved on to the next term (see `Inner::step_down_if_it_reported_early`);
+    /// a committed vote for another leader of that term is kept.
+    #[tokio::test]
+    async fn a_leader_that_reported_early_starts_again_as_a_follower() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let reopen =
+            |sync: &Arc<LogSync>| SegmentLog::open(dir.path()).expect("open").with_sync(sync.clone());
+        let sync = LogSync::new(2);
+        let mut log = reopen(&sync);
+        let mut led = Vote::new(4, 2);
+        led.commit();
+        log.save_vote(&led).await.expect("vote");
+        log.write_early(vec![blank(1)]).expect("write");
+        drop(log);
+        let mut log = reopen(&sync);
+        assert_eq!(
+            log.read_vote().await.expect("vote"),
+            Some(Vote::new(5, 2)),
+            "on to the next term, not led"
+        );
+        assert!(log.read_vote().await.expect("vote") > Some(led), "a vote never goes back");
+
+        // Node 2 led (4, 2) and then followed (4, 3), a leader of the same term with a higher id.
+        let mut followed = Vote::new(4, 3);
+        followed.commit();
+        log.save_vote(&followed).await.expect("vote");
+        drop(log);
+        let mut log = reopen(&sync);
+        assert_eq!(log.read_vote().await.expect("vote"), Some(followed), "another leader's vote is kept");
     }
 }
