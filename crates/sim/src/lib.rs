@@ -38,6 +38,7 @@ pub mod panics;
 pub mod recorder;
 mod report;
 pub mod router;
+pub mod scenario;
 pub mod seeds;
 pub mod simulation;
 pub mod traffic;

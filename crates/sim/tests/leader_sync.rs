@@ -21,13 +21,8 @@ use std::time::Duration;
 
 use permit_core::{Command, Name, Outcome};
 use permit_server::Node;
-use permit_sim::cluster::{Cluster, RaftSettings, NODE_IDS};
-use permit_sim::gateway::Gateway;
-use permit_sim::observer::Observer;
-use permit_sim::recorder::Recorder;
-use permit_sim::router::Router;
-use rand::rngs::StdRng;
-use rand::SeedableRng;
+use permit_sim::cluster::NODE_IDS;
+use permit_sim::scenario::Scenario;
 use tokio::time::{sleep, Instant};
 
 async fn wait_for(what: &str, patience: Duration, mut ready: impl FnMut() -> bool) {
@@ -55,19 +50,7 @@ fn put(node: &Arc<Node>, name: &str) -> tokio::task::JoinHandle<Option<Outcome>>
 /// Runs the scenario with ids seeded by `seed`; `None` when the leader's log store is not the
 /// segment log (the only store that reports appends early), so that the caller tries another.
 async fn scenario(seed: u64) -> Option<()> {
-    let recorder = Recorder::new();
-    let router = Router::new(seed);
-    let observer = Observer::new(recorder.clone());
-    let settings = RaftSettings {
-        heartbeat_ms: 100,
-        election_timeout_ms: (500, 1000),
-        snapshot_logs: 10_000,
-        id_seed: seed,
-    };
-    let cluster =
-        Cluster::start(router.clone(), observer, recorder.clone(), settings).await.expect("cluster");
-    let gateway = Gateway::new(cluster.clone(), recorder, 0);
-    let mut rng = StdRng::seed_from_u64(seed);
+    let Scenario { router, cluster, gateway, mut rng } = Scenario::start(seed).await;
     let leader = gateway.leader(&mut rng).await.expect("a leader");
     if !permit_sim::cluster::runs_segment_log(seed, leader.id) {
         cluster.shutdown().await;
@@ -120,11 +103,7 @@ async fn scenario(seed: u64) -> Option<()> {
 fn nothing_a_leader_commits_shows_before_its_own_copy_is_durable() {
     let mut ran = 0;
     for seed in 1..=8 {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .expect("runtime");
+        let runtime = Scenario::runtime();
         if runtime.block_on(scenario(seed)).is_some() {
             ran += 1;
         }

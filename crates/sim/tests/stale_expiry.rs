@@ -18,13 +18,8 @@ use std::time::Duration;
 use openraft::ServerState;
 use permit_core::{Command, Name, Outcome, SessionId};
 use permit_server::Node;
-use permit_sim::cluster::{Cluster, RaftSettings, NODE_IDS};
-use permit_sim::gateway::Gateway;
-use permit_sim::observer::Observer;
-use permit_sim::recorder::Recorder;
-use permit_sim::router::Router;
-use rand::rngs::StdRng;
-use rand::SeedableRng;
+use permit_sim::cluster::NODE_IDS;
+use permit_sim::scenario::Scenario;
 use tokio::time::{sleep, Instant};
 
 const TTL_MS: u64 = 1000;
@@ -65,19 +60,7 @@ async fn keepalive(node: &Node) -> bool {
 }
 
 async fn scenario(attempt: u64) -> Seen {
-    let recorder = Recorder::new();
-    let router = Router::new(attempt);
-    let observer = Observer::new(recorder.clone());
-    let settings = RaftSettings {
-        heartbeat_ms: 100,
-        election_timeout_ms: (500, 1000),
-        snapshot_logs: 10_000,
-        id_seed: attempt,
-    };
-    let cluster =
-        Cluster::start(router.clone(), observer, recorder.clone(), settings).await.expect("cluster");
-    let gateway = Gateway::new(cluster.clone(), recorder, 0);
-    let mut rng = StdRng::seed_from_u64(attempt);
+    let Scenario { router, cluster, gateway, mut rng } = Scenario::start(attempt).await;
     let leader = gateway.leader(&mut rng).await.expect("a leader");
     let created = gateway.create_session(&mut rng, SESSION, TTL_MS).await;
     assert_eq!(created, Some(Outcome::SessionCreated));
@@ -110,11 +93,7 @@ async fn scenario(attempt: u64) -> Seen {
 fn an_expiry_queued_before_a_reelection_never_expires_a_session_kept_alive_after_it() {
     let mut seen = Vec::new();
     for attempt in 1..=5 {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .expect("runtime");
+        let runtime = Scenario::runtime();
         seen.push(runtime.block_on(scenario(attempt)));
     }
     assert!(
