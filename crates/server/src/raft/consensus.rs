@@ -396,6 +396,9 @@ impl Consensus {
     /// Stops Raft (waiting at most five seconds).
     pub async fn shutdown(&self) {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.raft.shutdown()).await;
+        // Then a state machine still waiting for an entry to become durable (a disk that failed
+        // or hung under it) gives up, and drops its log reader (and the log's directory lock).
+        self.sync.close();
     }
 
     /// This node's id.

@@ -55,8 +55,9 @@ pub const SYNC_STALL: Duration = Duration::from_millis(200);
 #[derive(Debug)]
 pub struct LogSync {
     id: NodeId,
-    /// The last log id of this node's log known durable (an fsync ended after it was written).
-    durable: watch::Sender<Option<LogId>>,
+    /// The last log id of this node's log known durable (an fsync ended after it was written),
+    /// and whether the node stopped (see [`LogSync::close`]).
+    durable: watch::Sender<(Option<LogId>, bool)>,
     /// This node leads and has other voters: its appends may be reported before their fsync.
     overlap: AtomicBool,
 }
@@ -64,7 +65,7 @@ pub struct LogSync {
 impl LogSync {
     /// Node `id`'s: nothing durable yet (the log store sets what its open read), no overlap.
     pub fn new(id: NodeId) -> Arc<LogSync> {
-        Arc::new(LogSync { id, durable: watch::Sender::new(None), overlap: AtomicBool::new(false) })
+        Arc::new(LogSync { id, durable: watch::Sender::new((None, false)), overlap: AtomicBool::new(false) })
     }
 
     /// For a state machine driven without a log (openraft's storage suite applies entries that
@@ -83,13 +84,13 @@ impl LogSync {
 
     /// The last log id known durable.
     pub fn durable(&self) -> Option<LogId> {
-        *self.durable.borrow()
+        self.durable.borrow().0
     }
 
     /// Sets the last durable log id. Only the log store calls it, under its own lock, with the
     /// log id of an entry of its current log (lower than before after a truncation).
     pub(super) fn set_durable(&self, durable: Option<LogId>) {
-        self.durable.send_if_modified(|current| {
+        self.durable.send_if_modified(|(current, _)| {
             let changed = *current != durable;
             *current = durable;
             changed
@@ -97,10 +98,25 @@ impl LogSync {
     }
 
     /// Waits until the entry at `index` is durable (gate 1).
-    pub async fn wait_durable(&self, index: u64) {
+    ///
+    /// # Errors
+    /// [`Stopped`] when the node stops first ([`LogSync::close`]): an entry whose sync never
+    /// ended (a failed or hung disk) must not hold the state machine, and the log reader it
+    /// keeps, after the node is gone.
+    pub async fn wait_durable(&self, index: u64) -> Result<(), Stopped> {
+        let durable_at = |d: &Option<LogId>| d.is_some_and(|d| d.index >= index);
         let mut durable = self.durable.subscribe();
         // The sender lives as long as `self`: `wait_for` cannot fail while it is borrowed.
-        let _ = durable.wait_for(|d| d.is_some_and(|d| d.index >= index)).await;
+        let seen = durable.wait_for(|(d, closed)| *closed || durable_at(d)).await.map(|seen| *seen);
+        match seen {
+            Ok((d, _)) if durable_at(&d) => Ok(()),
+            _ => Err(Stopped),
+        }
+    }
+
+    /// The node stopped: every wait for durability ends with [`Stopped`].
+    pub fn close(&self) {
+        self.durable.send_modify(|(_, closed)| *closed = true);
     }
 
     /// Whether a leader's appends may be reported before their fsync (gate 5).
@@ -119,6 +135,11 @@ impl LogSync {
         leader_commit.min(self.durable())
     }
 }
+
+/// The node stopped before an entry it waited for was durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the node stopped before the entry was durable on it")]
+pub struct Stopped;
 
 /// A network factory whose clients clamp the commit index of every AppendEntries to the
 /// leader's durable log id (gate 2). It wraps the HTTP network and the simulation's alike.
@@ -204,7 +225,10 @@ mod tests {
     async fn waiting_for_durability_ends_once_the_index_is_durable() {
         let sync = LogSync::new(1);
         sync.set_durable(Some(log_id(1, 3)));
-        tokio::time::timeout(Duration::from_secs(5), sync.wait_durable(3)).await.expect("index 3 is durable");
+        tokio::time::timeout(Duration::from_secs(5), sync.wait_durable(3))
+            .await
+            .expect("index 3 is durable")
+            .expect("not stopped");
         let waiting = tokio::spawn({
             let sync = sync.clone();
             async move { sync.wait_durable(5).await }
@@ -215,6 +239,19 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "index 5 is not durable yet");
         sync.set_durable(Some(log_id(1, 5)));
-        tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("woken").expect("no panic");
+        let waited =
+            tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("woken").expect("no panic");
+        assert_eq!(waited, Ok(()));
+
+        let waiting = tokio::spawn({
+            let sync = sync.clone();
+            async move { sync.wait_durable(9).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "index 9 is not durable");
+        sync.close();
+        let waited =
+            tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("woken").expect("no panic");
+        assert_eq!(waited, Err(Stopped), "a stopped node's waits end");
     }
 }

@@ -824,12 +824,17 @@ impl SegmentLog {
     }
 
     /// Under a simulated fsync that hangs, a write that must sync what is pending first (gate 4
-    /// of `log_sync`) hangs too, until a power cut ends the node.
-    async fn wait_if_stalled(&self) {
-        let stalled = self.faults.as_ref().is_some_and(|faults| faults.is_stalled());
-        if stalled && !self.lock().unsynced.is_empty() {
-            std::future::pending::<()>().await;
+    /// of `log_sync`) hangs too: until the fault is disarmed (the disk answers again), or a
+    /// power cut, after which it fails and the node stops.
+    async fn wait_if_stalled(&self) -> io::Result<()> {
+        let Some(faults) = self.faults.as_ref() else { return Ok(()) };
+        if !faults.is_stalled() || self.lock().unsynced.is_empty() {
+            return Ok(());
         }
+        if faults.wait_while_stalled().await {
+            return Err(io::Error::other("power cut while an fsync hung (simulation)"));
+        }
+        Ok(())
     }
 
     /// Appends `entries` and returns once they are durable (written and fdatasynced).
@@ -951,7 +956,9 @@ impl RaftLogStorage<TypeConfig> for SegmentLog {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        self.wait_if_stalled().await;
+        self.wait_if_stalled()
+            .await
+            .map_err(|e| io_storage_error(ErrorSubject::Vote, ErrorVerb::Write, &e))?;
         self.write("vote save", |inner| {
             inner.sync_written()?;
             let previous = inner.meta.vote.replace(*vote);
@@ -1000,7 +1007,11 @@ impl RaftLogStorage<TypeConfig> for SegmentLog {
                 .append_early(entries, callback)
                 .map_err(|e| io_storage_error(ErrorSubject::Logs, ErrorVerb::Write, &e));
         }
-        self.wait_if_stalled().await;
+        if let Err(e) = self.wait_if_stalled().await {
+            let error = io_storage_error(ErrorSubject::Logs, ErrorVerb::Write, &e);
+            callback.log_io_completed(Err(e));
+            return Err(error);
+        }
         let span =
             entries.first().zip(entries.last()).map(|(first, last)| (first.log_id.index, last.log_id.index));
         match self.append_entries(entries) {
@@ -1017,13 +1028,17 @@ impl RaftLogStorage<TypeConfig> for SegmentLog {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.wait_if_stalled().await;
+        self.wait_if_stalled()
+            .await
+            .map_err(|e| io_storage_error(ErrorSubject::Logs, ErrorVerb::Write, &e))?;
         self.write("log truncate", |inner| inner.truncate(log_id.index))
             .map_err(|e| io_storage_error(ErrorSubject::Logs, ErrorVerb::Write, &e))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.wait_if_stalled().await;
+        self.wait_if_stalled()
+            .await
+            .map_err(|e| io_storage_error(ErrorSubject::Logs, ErrorVerb::Write, &e))?;
         self.write("log purge", |inner| inner.purge(log_id))
             .map_err(|e| io_storage_error(ErrorSubject::Logs, ErrorVerb::Write, &e))
     }

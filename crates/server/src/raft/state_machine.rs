@@ -144,7 +144,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if let Some(last) = entries.last() {
             // A leader reports its appends before their fsync (`log_sync`): what they commit
             // becomes visible only once this node's copy is durable too.
-            self.sync.wait_durable(last.log_id.index).await;
+            self.sync.wait_durable(last.log_id.index).await.map_err(|e| StorageError::IO {
+                source: StorageIOError::apply(last.log_id, AnyError::error(e)),
+            })?;
         }
         let mut effects = Vec::new();
         let mut replies = Vec::new();

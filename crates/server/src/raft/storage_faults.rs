@@ -41,6 +41,10 @@ pub struct StorageFaults {
     /// A disk that lies about fsync: the next power cut also loses this many acknowledged
     /// entries. Only the simulation's self-test sets it, to show that the checkers catch it.
     lie: std::sync::atomic::AtomicU64,
+    /// Woken when the stall ends (disarmed, or by a power cut).
+    released: tokio::sync::Notify,
+    /// Power cuts so far.
+    cuts: std::sync::atomic::AtomicU64,
 }
 
 impl Debug for StorageFaults {
@@ -73,6 +77,7 @@ impl StorageFaults {
     pub fn disarm(&self) {
         *self.fail_next_append.lock().expect("faults lock") = None;
         self.stall.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.released.notify_waiters();
     }
 
     /// Makes the disk lie about fsync: the next power cut also loses the last `entries`
@@ -86,6 +91,7 @@ impl StorageFaults {
     /// and the next open keeps only the first `keep` entries of the stalled append (and loses
     /// acknowledged ones too if the disk lies). Returns the indexes lost, if any.
     pub fn power_cut(&self, keep: u64) -> Option<(u64, u64)> {
+        self.cuts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.disarm();
         let lie = self.lie.swap(0, std::sync::atomic::Ordering::Relaxed);
         // Dropping a withheld flush fails openraft's wait for it.
@@ -160,6 +166,22 @@ impl StorageFaults {
         if let Some(faults) = faults {
             faults.last_synced.store(last, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+
+    /// Waits while fsyncs hang; true when the stall ended with a power cut (the node is going
+    /// down: the write that waited must fail, not go on), false when it was disarmed.
+    pub(super) async fn wait_while_stalled(&self) -> bool {
+        let cuts = self.cuts.load(std::sync::atomic::Ordering::Relaxed);
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if !self.is_stalled() {
+                break;
+            }
+            released.await;
+        }
+        self.cuts.load(std::sync::atomic::Ordering::Relaxed) != cuts
     }
 
     /// Whether fsyncs hang (until a power cut).
