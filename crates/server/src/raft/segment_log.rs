@@ -154,6 +154,17 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Replaces `dir/name` with `bytes` atomically and durably: written to `name.tmp`, fdatasynced,
+/// renamed over it, and the directory fsynced.
+fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let file = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+    file.write_all_at(bytes, 0)?;
+    fdatasync(&file)?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    sync_dir(dir)
+}
+
 /// Makes `file` at least `bytes` long, allocated (not sparse): the write that follows then
 /// changes no size, and a full disk fails here.
 fn preallocate(file: &File, bytes: u64) -> io::Result<()> {
@@ -423,13 +434,7 @@ impl Inner {
         if self.early_term == Some(term) {
             return Ok(());
         }
-        let node = self.sync.id();
-        let tmp = self.dir.join("early.tmp");
-        let file = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-        file.write_all_at(&encode(&(term, node)), 0)?;
-        fdatasync(&file)?;
-        std::fs::rename(&tmp, self.dir.join(EARLY))?;
-        sync_dir(&self.dir)?;
+        replace_file(&self.dir, EARLY, &encode(&(term, self.sync.id())))?;
         self.early_term = Some(term);
         Ok(())
     }
@@ -458,6 +463,12 @@ impl Inner {
         if self.unsynced.is_empty() {
             return Ok(());
         }
+        self.sync_last_segment()
+    }
+
+    /// Fdatasyncs the last segment, the only one that can hold records not yet durable, and
+    /// records the whole log durable.
+    fn sync_last_segment(&mut self) -> io::Result<()> {
         if let Some(last) = self.segments.last() {
             fdatasync(&last.file)?;
         }
@@ -471,10 +482,8 @@ impl Inner {
     /// fsync, or a commit index record), so that only the last segment ever holds records that
     /// are not durable: the open and `tear` rely on it.
     fn roll(&mut self) -> io::Result<()> {
-        if let Some(last) = self.segments.last() {
-            fdatasync(&last.file)?;
-            let upto = self.last_log_id();
-            self.mark_durable(upto);
+        if !self.segments.is_empty() {
+            self.sync_last_segment()?;
         }
         let seq = self.segments.last().map_or(0, |s| s.seq + 1);
         let path = segment_path(&self.dir, seq);
@@ -535,12 +544,7 @@ impl Inner {
     }
 
     fn save_meta(&self) -> io::Result<()> {
-        let tmp = self.dir.join("meta.tmp");
-        let file = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-        file.write_all_at(&encode(&self.meta), 0)?;
-        fdatasync(&file)?;
-        std::fs::rename(&tmp, self.dir.join("meta"))?;
-        sync_dir(&self.dir)
+        replace_file(&self.dir, "meta", &encode(&self.meta))
     }
 
     /// Appends a commit index record (no fsync of its own: durable with the next append).
