@@ -37,6 +37,21 @@ pub enum Clock {
     Rate(f64),
 }
 
+/// Where libfaketime's preload library is: `PERMIT_LIBFAKETIME`, else Debian's and the upstream
+/// install's paths. `None` when it is not installed; the clock scenarios then cannot run.
+pub fn faketime_library() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("PERMIT_LIBFAKETIME") {
+        return Some(PathBuf::from(path)).filter(|p| p.is_file());
+    }
+    let arch = format!("/usr/lib/{}-linux-gnu/faketime/libfaketime.so.1", std::env::consts::ARCH);
+    let found =
+        [arch.as_str(), "/usr/lib/faketime/libfaketime.so.1", "/usr/local/lib/faketime/libfaketime.so.1"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file());
+    found
+}
+
 /// One node process.
 pub struct NodeProcess {
     /// Node id.
@@ -156,19 +171,24 @@ impl Cluster {
         clock: Clock,
     ) -> anyhow::Result<NodeProcess> {
         let log = self.dir.join(format!("node-{id}.log"));
-        let mut command = match &clock {
-            Clock::Real => Command::new(&self.bin),
-            Clock::WallShift(offset) => {
-                let mut c = Command::new("faketime");
-                c.arg("-f").arg(offset).arg(&self.bin).env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-                c
-            }
-            Clock::Rate(rate) => {
-                let mut c = Command::new("faketime");
-                c.arg("-f").arg(format!("+0 x{rate}")).arg(&self.bin);
-                c
-            }
+        let mut command = Command::new(&self.bin);
+        // libfaketime is preloaded into the node itself, not run through the `faketime` wrapper:
+        // the wrapper forks, so the child we would signal (SIGSTOP, kill -9) is the wrapper while
+        // the node runs on, and a killed wrapper leaves a named semaphore that makes a later
+        // wrapper with the same PID exit with "sem_open: File exists".
+        let faked = match &clock {
+            Clock::Real => None,
+            Clock::WallShift(offset) => Some((offset.clone(), true)),
+            Clock::Rate(rate) => Some((format!("+0 x{rate}"), false)),
         };
+        if let Some((spec, monotonic_real)) = faked {
+            let library =
+                faketime_library().context("libfaketime is not installed (apt-get install faketime)")?;
+            command.env("LD_PRELOAD", library).env("FAKETIME", spec);
+            if monotonic_real {
+                command.env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+            }
+        }
         command
             .arg("serve")
             .arg("--id")
@@ -400,6 +420,28 @@ fn read_address(child: &mut Child, log: &Path) -> anyhow::Result<SocketAddr> {
             let _ = writeln!(err_file, "{line}");
         }
     });
-    let addr = rx.recv_timeout(START_TIMEOUT).context("the node did not print its address")?;
-    Ok(addr.parse()?)
+    match rx.recv_timeout(START_TIMEOUT) {
+        Ok(addr) => Ok(addr.parse()?),
+        Err(e) => {
+            // Say why: the node's exit status and the end of its log, once its pipes are drained.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let status = loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => break format!("exited ({status})"),
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                    Ok(None) => {
+                        // Every process we spawn ends by its PID, this one too.
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break "did not exit, so it was killed".to_owned();
+                    }
+                    Err(e) => break e.to_string(),
+                }
+            };
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!("the node did not print its address ({e}); it {status}; its log ends:\n{}", tail.join("\n"))
+        }
+    }
 }

@@ -36,7 +36,7 @@ async fn must_pass(scenario: Scenario) {
 }
 
 fn faketime_available() -> bool {
-    std::process::Command::new("faketime").arg("--version").output().is_ok()
+    permit_faults::cluster::faketime_library().is_some()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
