@@ -4,7 +4,8 @@
 //! openraft 0.9 replicates a leader's entries only after the leader's log store reports them
 //! flushed, so a 3-node write used to be two fsyncs in series: the leader's, then a follower's.
 //! A leader with other voters now reports its appends at once (the segment log writes them, and
-//! a task of their own fdatasyncs them beside the replication: `segment_log`), so openraft counts
+//! a blocking thread fdatasyncs them beside the replication while the node's worker goes on
+//! serving: `segment_log`), so openraft counts
 //! the leader in a quorum before its copy is durable. That is safe only while nothing such a
 //! commit decides becomes visible before the leader's fsync ends (Raft thesis §10.2.1: the leader
 //! may write its log in parallel with replicating it, as long as it counts itself only once
@@ -23,11 +24,11 @@
 //!    disk before it votes or accepts another leader's entries.
 //! 5. Only a leader with other voters reports appends early ([`LogSync::set_overlap`]): a single
 //!    node overlaps nothing and keeps the fsync in place.
-//! 6. The early path runs in the simulation too (the fsync is a task on its runtime), whose
-//!    storage faults tear what was written but not synced.
-//! 7. A sync that has not ended after [`SYNC_STALL`] sends the next append down the in-place path,
-//!    which waits for the disk on openraft's core task: the leader's heartbeats stop and the
-//!    followers elect another leader, as when an in-place fsync hangs.
+//! 6. The early path runs in the simulation too (the fsync is a task on its one thread, so runs
+//!    stay deterministic), whose storage faults tear what was written but not synced.
+//! 7. A sync that has not ended after [`SYNC_STALL`] is joined in place by the worker, and sends
+//!    the next append down the in-place path: the node waits for the disk, the leader's
+//!    heartbeats stop and the followers elect another leader, as when an in-place fsync hangs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -44,8 +45,8 @@ use tokio::sync::watch;
 
 use super::{LogId, NodeId, TypeConfig};
 
-/// How long a leader's early-reported appends may wait for their fsync before the next append
-/// waits for it in place (gate 7): well under the shortest election timeout (500 ms by default),
+/// How long a leader's early-reported appends may wait for their fsync before the worker and
+/// the next append wait for it in place (gate 7): well under the shortest election timeout (500 ms by default),
 /// far above a healthy fdatasync (0.1-0.3 ms here, 20 ms beside a snapshot flush).
 pub const SYNC_STALL: Duration = Duration::from_millis(200);
 

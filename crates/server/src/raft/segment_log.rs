@@ -48,6 +48,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{AnyError, Entry, ErrorSubject, ErrorVerb, LeaderId, OptionalSend, StorageIOError, Vote};
 use serde::{Deserialize, Serialize};
+use tokio::runtime::RuntimeFlavor;
 
 use super::log_store::{decode, encode, LOG_FORMAT_VERSION};
 use super::log_sync::{LogSync, SYNC_STALL};
@@ -83,8 +84,8 @@ pub struct SegmentLog {
     /// Where the durable writes run.
     io: Arc<super::LogIo>,
     /// Held around every write (and so every fdatasync) of the log and the recording of its
-    /// outcome, taken before `inner`. A leader's sync task fdatasyncs beside the core task's
-    /// writes; after a failed fdatasync the kernel may report a later one successful although
+    /// outcome, taken before `inner`. A leader's sync runs on a blocking thread beside the core
+    /// task's writes (a next write waits here for it); after a failed fdatasync the kernel may report a later one successful although
     /// the pages the first one lost are gone, so no fdatasync may start until the outcome of
     /// the one before it is recorded (a failure latches the store and nothing is marked
     /// durable again).
@@ -738,8 +739,8 @@ impl SegmentLog {
             && inner.unsynced.front().is_none_or(|(_, since)| since.elapsed() < SYNC_STALL)
     }
 
-    /// A leader's append: writes `entries` and reports them flushed at once; a task syncs them
-    /// beside the replication that the report lets openraft start (`log_sync`).
+    /// A leader's append: writes `entries` and reports them flushed at once; they are synced
+    /// beside the replication that the report lets openraft start ([`SegmentLog::sync_beside`]).
     fn append_early(
         &self,
         entries: Vec<Entry<TypeConfig>>,
@@ -757,14 +758,41 @@ impl SegmentLog {
             }
         };
         StorageFaults::report_written(self.faults.as_deref(), upto.index, callback);
-        let log = self.clone();
-        tokio::spawn(async move {
-            // The append just woke the replication tasks: let them send first, so that this
-            // fsync runs while the followers write theirs.
-            tokio::task::yield_now().await;
-            log.sync_upto(&file, upto, started);
-        });
+        self.sync_beside(file, upto, started);
         Ok(())
+    }
+
+    /// Syncs `file` up to `upto` (a leader's append, written at `started` and already reported)
+    /// beside openraft's core task. A sync still pending after [`SYNC_STALL`] is joined in
+    /// place (gate 7 of `log_sync`).
+    fn sync_beside(&self, file: Arc<File>, upto: LogId, started: std::time::Instant) {
+        let log = self.clone();
+        let on_threads = tokio::runtime::Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread;
+        tokio::spawn(async move {
+            if !on_threads {
+                // The simulation's one thread: the append just woke the replication tasks, so
+                // let them send first and then fsync in place, deterministically.
+                tokio::task::yield_now().await;
+                log.sync_upto(&file, upto, started);
+                return;
+            }
+            // On a blocking thread, so that the worker answers the followers and the clients
+            // meanwhile (one worker: an fsync in place stalled them all for its 0.1-0.3 ms).
+            let sync = tokio::task::spawn_blocking({
+                let log = log.clone();
+                move || log.sync_upto(&file, upto, started)
+            });
+            if tokio::time::timeout(SYNC_STALL, sync).await.is_err() {
+                // Gate 7 without a next append: a sync still pending after SYNC_STALL is
+                // joined in place, as an in-place fsync would be. The worker then waits for the
+                // disk, the heartbeats stop, and the followers elect another leader.
+                tracing::warn!(
+                    index = upto.index,
+                    "a log sync is pending for {SYNC_STALL:?}: waiting for the disk"
+                );
+                drop(log.gate());
+            }
+        });
     }
 
     /// Writes `entries` without syncing them; returns the file to sync, the last log id written
@@ -1050,6 +1078,8 @@ impl RaftLogStorage<TypeConfig> for SegmentLog {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use openraft::{CommittedLeaderId, EntryPayload, Membership};
 
     use super::*;
@@ -1060,6 +1090,50 @@ mod tests {
 
     fn durable(sync: &LogSync) -> Option<u64> {
         sync.durable().map(|id| id.index)
+    }
+
+    /// A leader's sync runs beside the worker, which answers meanwhile; one pending for
+    /// [`SYNC_STALL`] is joined in place, so a disk that hangs stalls the node as an in-place
+    /// fsync would (gate 7 of `log_sync`). The test holds the gate: to the sync, the disk hangs.
+    #[test]
+    fn a_leaders_sync_runs_beside_the_worker_until_it_stalls() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let sync = LogSync::new(1);
+        let log = SegmentLog::open(dir.path()).expect("open").with_sync(sync.clone());
+        // Whether a task spawned now runs on the one worker within `wait`. The test thread waits
+        // outside the runtime: while the worker is blocked, no timer of the runtime fires.
+        let worker_answers = |wait: Duration| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            runtime.spawn(async move { tx.send(()).ok() });
+            rx.recv_timeout(wait).is_ok()
+        };
+        let _runtime = runtime.enter();
+        let (file, upto, started) = log.write_early(vec![blank(1)]).expect("write").expect("written");
+        let hung_disk = log.gate();
+        log.sync_beside(file, upto, started);
+        for _ in 0..3 {
+            // Within SYNC_STALL all three: (40 + 5) ms each at most.
+            assert!(
+                worker_answers(Duration::from_millis(40)),
+                "the worker answers while the sync is pending"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(durable(&sync), None);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while worker_answers(Duration::from_millis(50)) {
+            assert!(std::time::Instant::now() < deadline, "the pending sync was never joined in place");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(durable(&sync), None, "the disk still hangs");
+        drop(hung_disk);
+        assert!(worker_answers(Duration::from_secs(10)), "the worker is free once the disk answers");
+        assert_eq!(durable(&sync), Some(1), "synced");
     }
 
     /// Gates 4 and 3 of `log_sync`, and the roll: what a leader wrote without syncing is synced
