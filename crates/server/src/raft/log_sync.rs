@@ -5,11 +5,10 @@
 //! flushed, so a 3-node write used to be two fsyncs in series: the leader's, then a follower's.
 //! A leader with other voters now reports its appends at once (the segment log writes them, and
 //! a blocking thread fdatasyncs them beside the replication while the node's worker goes on
-//! serving: `segment_log`), so openraft counts
-//! the leader in a quorum before its copy is durable. That is safe only while nothing such a
-//! commit decides becomes visible before the leader's fsync ends (Raft thesis §10.2.1: the leader
-//! may write its log in parallel with replicating it, as long as it counts itself only once
-//! durable). These are the gates, each with its test:
+//! serving: `segment_log`), so openraft counts the leader in a quorum before its copy is durable.
+//! That is safe only while nothing such a commit decides becomes visible before the leader's
+//! fsync ends (Raft thesis §10.2.1: the leader may write its log in parallel with replicating it,
+//! as long as it counts itself only once durable). These are the gates, each with its test:
 //!
 //! 1. The state machine applies an entry only once it is durable here ([`LogSync::wait_durable`]):
 //!    no client answer, read, lease or event depends on a non-durable entry.
@@ -46,8 +45,9 @@ use tokio::sync::watch;
 use super::{LogId, NodeId, TypeConfig};
 
 /// How long a leader's early-reported appends may wait for their fsync before the worker and
-/// the next append wait for it in place (gate 7): well under the shortest election timeout (500 ms by default),
-/// far above a healthy fdatasync (0.1-0.3 ms here, 20 ms beside a snapshot flush).
+/// the next append wait for it in place (gate 7): well under the shortest election timeout
+/// (500 ms by default), far above a healthy fdatasync (0.1-0.3 ms here, 20 ms beside a snapshot
+/// flush).
 pub const SYNC_STALL: Duration = Duration::from_millis(200);
 
 /// This node's durable log id and whether its appends may be synced beside replication. One

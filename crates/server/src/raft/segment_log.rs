@@ -85,10 +85,10 @@ pub struct SegmentLog {
     io: Arc<super::LogIo>,
     /// Held around every write (and so every fdatasync) of the log and the recording of its
     /// outcome, taken before `inner`. A leader's sync runs on a blocking thread beside the core
-    /// task's writes (a next write waits here for it); after a failed fdatasync the kernel may report a later one successful although
-    /// the pages the first one lost are gone, so no fdatasync may start until the outcome of
-    /// the one before it is recorded (a failure latches the store and nothing is marked
-    /// durable again).
+    /// task's writes (a next write waits here for it); after a failed fdatasync the kernel may
+    /// report a later one successful although the pages the first one lost are gone, so no
+    /// fdatasync may start until the outcome of the one before it is recorded (a failure
+    /// latches the store and nothing is marked durable again).
     gate: Arc<Mutex<()>>,
 }
 
