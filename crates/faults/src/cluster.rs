@@ -44,12 +44,10 @@ pub fn faketime_library() -> Option<PathBuf> {
         return Some(PathBuf::from(path)).filter(|p| p.is_file());
     }
     let arch = format!("/usr/lib/{}-linux-gnu/faketime/libfaketime.so.1", std::env::consts::ARCH);
-    let found =
-        [arch.as_str(), "/usr/lib/faketime/libfaketime.so.1", "/usr/local/lib/faketime/libfaketime.so.1"]
-            .into_iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_file());
-    found
+    [arch.as_str(), "/usr/lib/faketime/libfaketime.so.1", "/usr/local/lib/faketime/libfaketime.so.1"]
+        .map(PathBuf::from)
+        .into_iter()
+        .find(|p| p.is_file())
 }
 
 /// One node process.
@@ -439,9 +437,9 @@ fn read_address(child: &mut Child, log: &Path) -> anyhow::Result<SocketAddr> {
                 }
             };
             let text = std::fs::read_to_string(log).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(20).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            bail!("the node did not print its address ({e}); it {status}; its log ends:\n{}", tail.join("\n"))
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+            bail!("the node did not print its address ({e}); it {status}; its log ends:\n{tail}")
         }
     }
 }
