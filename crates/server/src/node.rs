@@ -52,6 +52,8 @@ pub struct Node {
     pub(crate) http: reqwest::Client,
     /// Connections for forwarding requests to the leader (`api/forward.rs`).
     pub(crate) forwarder: crate::peer_conn::PeerPool,
+    /// The headers every forwarded request carries.
+    pub(crate) forward_headers: crate::api::forward::ForwardHeaders,
     /// Open long-polls per token, for `--long-polls-per-token-max`.
     pub(crate) long_polls: Arc<crate::auth::LongPolls>,
     /// Becomes true when the node starts shutting down; long-polls return early.
@@ -167,6 +169,8 @@ impl Node {
             probe_peers,
         };
         tokio::spawn(removal.run());
+        let forward_headers =
+            crate::api::forward::ForwardHeaders::new(config.node_id, config.cluster_secret.as_ref());
         let node = Arc::new(Node {
             id: config.node_id,
             ids: IdSource::new(config.id_seed),
@@ -183,6 +187,7 @@ impl Node {
             config,
             http,
             forwarder,
+            forward_headers,
             long_polls: Arc::default(),
             shutdown,
             shutdown_tx,

@@ -108,6 +108,25 @@ fn forwarded_by_peer(node: &Node, headers: &HeaderMap) -> bool {
     }
 }
 
+/// The headers every request a node forwards carries: `permit-forwarded-by` and, with a
+/// cluster secret, the node's peer credential. Built once per node: the credential is an HMAC
+/// and its hex, the same for every request.
+pub(crate) struct ForwardHeaders(HeaderMap);
+
+impl ForwardHeaders {
+    /// The headers of node `id`, with its credential under `secret`.
+    pub(crate) fn new(id: NodeId, secret: Option<&crate::peer::ClusterSecret>) -> ForwardHeaders {
+        let mut headers = HeaderMap::new();
+        headers.insert(FORWARDED_HEADER, HeaderValue::from(id));
+        for (name, value) in secret.into_iter().flat_map(|secret| secret.headers(id)) {
+            let value =
+                HeaderValue::try_from(value).expect("a node id and a hex credential are header values");
+            headers.insert(name, value);
+        }
+        ForwardHeaders(headers)
+    }
+}
+
 /// Adds which node answered, its term and the leader it knows, unless a forwarded answer
 /// carries the leader's.
 fn stamp(node: &Node, headers: &mut HeaderMap) {
@@ -189,15 +208,7 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
     if long_poll {
         super::mark_long_poll();
     }
-    let mut headers = HeaderMap::new();
-    headers.insert(FORWARDED_HEADER, HeaderValue::from(node.id));
-    if let Some(secret) = &node.config.cluster_secret {
-        for (name, value) in secret.headers(node.id) {
-            if let Ok(value) = HeaderValue::try_from(value) {
-                headers.insert(name, value);
-            }
-        }
-    }
+    let mut headers = node.forward_headers.0.clone();
     // The client's credential travels with its request: the leader authorises it (`auth.rs`).
     for name in [axum::http::header::CONTENT_TYPE, axum::http::header::AUTHORIZATION] {
         if let Some(value) = parts.headers.get(&name) {
