@@ -7,7 +7,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use hmac::{Hmac, Mac};
 use permit_wire::{PEER_AUTH_HEADER, PEER_ID_HEADER};
 use sha2::Sha256;
@@ -110,6 +110,15 @@ impl ClusterSecret {
     pub fn headers(&self, node: NodeId) -> [(&'static str, String); 2] {
         [(PEER_ID_HEADER, node.to_string()), (PEER_AUTH_HEADER, self.credential(node))]
     }
+
+    /// Inserts the two headers that authenticate node `node`'s requests into `headers`.
+    pub fn insert_headers(&self, node: NodeId, headers: &mut HeaderMap) {
+        for (name, value) in self.headers(node) {
+            let value =
+                HeaderValue::try_from(value).expect("a node id and a hex credential are header values");
+            headers.insert(name, value);
+        }
+    }
 }
 
 /// The node whose valid credential `headers` carry, checked against `secret`.
@@ -142,7 +151,6 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::HeaderValue;
 
     fn secret() -> ClusterSecret {
         ClusterSecret::new(b"  0123456789abcdef-secret\n").unwrap()
@@ -163,9 +171,7 @@ mod tests {
     fn a_credential_authenticates_its_node_only() {
         let secret = secret();
         let mut headers = HeaderMap::new();
-        for (name, value) in secret.headers(2) {
-            headers.insert(name, HeaderValue::from_str(&value).unwrap());
-        }
+        secret.insert_headers(2, &mut headers);
         assert_eq!(authenticate(Some(&secret), &headers), Ok(2));
         assert_eq!(authenticate(None, &headers), Err(PeerAuthError::NoSecret));
         let other = ClusterSecret::new(b"another-cluster-secret").unwrap();

@@ -118,10 +118,8 @@ impl ForwardHeaders {
     pub(crate) fn new(id: NodeId, secret: Option<&crate::peer::ClusterSecret>) -> ForwardHeaders {
         let mut headers = HeaderMap::new();
         headers.insert(FORWARDED_HEADER, HeaderValue::from(id));
-        for (name, value) in secret.into_iter().flat_map(|secret| secret.headers(id)) {
-            let value =
-                HeaderValue::try_from(value).expect("a node id and a hex credential are header values");
-            headers.insert(name, value);
+        if let Some(secret) = secret {
+            secret.insert_headers(id, &mut headers);
         }
         ForwardHeaders(headers)
     }

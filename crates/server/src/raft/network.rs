@@ -72,8 +72,8 @@ impl Network {
             hyper::header::CONTENT_TYPE,
             hyper::header::HeaderValue::from_static("application/octet-stream"),
         );
-        for (name, value) in secret.into_iter().flat_map(|secret| secret.headers(id)) {
-            headers.insert(name, value.parse()?);
+        if let Some(secret) = secret {
+            secret.insert_headers(id, &mut headers);
         }
         Ok(Network { pool, headers: Arc::new(headers), sent })
     }
