@@ -289,3 +289,27 @@ async fn a_three_node_cluster_over_tls_elects_a_leader_and_replicates_a_write() 
         assert!(replicated, "node {} did not apply the write", node.url);
     }
 }
+
+/// Finding: `cluster add` could not work on a TLS cluster, since the leader probed the new
+/// node's health over `http://`. It probes with the cluster's scheme now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_grows_with_cluster_add() {
+    let pki = Pki::new();
+    let args = pki.serve_args(&["--tls-client-ca", &pki.path("ca.pem")]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cluster = Cluster::start_with(3, &args, pki.http(true)).await;
+    let leader = cluster.leader(PATIENCE).await.expect("a leader");
+    let joiner = cluster.start_joiner_with(4, &args);
+    let api = Api { http: pki.http(true), url: cluster.nodes[leader].url.clone() };
+    let body = serde_json::json!({ "id": 4, "addr": cluster.nodes[joiner].addr });
+    let added = api.send("POST", "/v1/cluster/members", Some(body)).await;
+    assert_eq!(added.status, 200, "{added:?}");
+    let put = api.send("PUT", "/v1/semaphores/tls.grown", Some(serde_json::json!({"capacity": 2}))).await;
+    assert!(put.status < 300, "{put:?}");
+    let new_node = Api { http: pki.http(true), url: cluster.nodes[joiner].url.clone() };
+    let replicated = eventually(PATIENCE, async || {
+        new_node.get("/v1/semaphores/tls.grown?stale=true").await.body["capacity"] == 2
+    })
+    .await;
+    assert!(replicated, "the added node applies the cluster's log");
+}

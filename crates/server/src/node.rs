@@ -14,7 +14,9 @@ use crate::failstop::FailStop;
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::observe::Observer;
+use crate::peer::{PeerSigner, PeerVerifier};
 use crate::raft::consensus::Consensus;
+use crate::raft::network::LocalView;
 use crate::raft::network::Network;
 use crate::raft::proposer::ProposeError;
 use crate::raft::replica::{Replica, ReplicaState};
@@ -52,8 +54,11 @@ pub struct Node {
     pub(crate) http: reqwest::Client,
     /// Connections for forwarding requests to the leader (`api/forward.rs`).
     pub(crate) forwarder: crate::peer_conn::PeerPool,
-    /// The headers every forwarded request carries.
-    pub(crate) forward_headers: crate::api::forward::ForwardHeaders,
+    /// Signs this node's peer messages (Raft RPCs and forwarded requests); none without a
+    /// cluster secret.
+    pub(crate) peer_signer: Option<Arc<PeerSigner>>,
+    /// Checks the peer messages this node receives; none without a cluster secret.
+    pub(crate) peer_verifier: Option<PeerVerifier>,
     /// Open long-polls per token, for `--long-polls-per-token-max`.
     pub(crate) long_polls: Arc<crate::auth::LongPolls>,
     /// Becomes true when the node starts shutting down; long-polls return early.
@@ -96,14 +101,19 @@ impl Node {
     /// When the data dir cannot be opened (or another server has it open) or Raft cannot start.
     pub async fn start(config: Config, addr: SocketAddr) -> anyhow::Result<Arc<Node>> {
         let metrics = Arc::new(Metrics::new());
+        let signer =
+            config.cluster_secret.clone().map(|secret| Arc::new(PeerSigner::new(secret, config.node_id)));
+        let view = Arc::new(LocalView::default());
         let network = Network::new(
             Some(addr.ip()),
-            config.node_id,
-            config.cluster_secret.as_ref(),
+            signer.clone(),
+            view.clone(),
             config.tls.as_ref(),
             metrics.peer_rpcs_sent.clone(),
         )?;
-        Node::assemble(config, addr, network, true, metrics).await
+        let node = Node::assemble(config, addr, network, signer, true, metrics).await?;
+        tokio::spawn(crate::raft::network::follow(node.consensus.raft().clone(), view));
+        Ok(node)
     }
 
     /// Like [`Node::start`], with another peer network (an in-memory one in simulations). Such
@@ -117,13 +127,16 @@ impl Node {
         addr: SocketAddr,
         network: N,
     ) -> anyhow::Result<Arc<Node>> {
-        Node::assemble(config, addr, network, false, Arc::new(Metrics::new())).await
+        let signer =
+            config.cluster_secret.clone().map(|secret| Arc::new(PeerSigner::new(secret, config.node_id)));
+        Node::assemble(config, addr, network, signer, false, Arc::new(Metrics::new())).await
     }
 
     async fn assemble<N: PeerNetwork>(
         config: Config,
         addr: SocketAddr,
         network: N,
+        peer_signer: Option<Arc<PeerSigner>>,
         probe_peers: bool,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Arc<Node>> {
@@ -164,13 +177,14 @@ impl Node {
             raft: consensus.raft().clone(),
             id: config.node_id,
             http: http.clone(),
+            scheme: crate::tls::peer_scheme(config.tls.as_ref()),
             election_timeout_max: Duration::from_millis(config.election_timeout_ms.1),
             removed: removed_tx,
             probe_peers,
         };
         tokio::spawn(removal.run());
-        let forward_headers =
-            crate::api::forward::ForwardHeaders::new(config.node_id, config.cluster_secret.as_ref());
+        let peer_verifier =
+            config.cluster_secret.clone().map(|secret| PeerVerifier::new(secret, config.node_id));
         let node = Arc::new(Node {
             id: config.node_id,
             ids: IdSource::new(config.id_seed),
@@ -187,7 +201,8 @@ impl Node {
             config,
             http,
             forwarder,
-            forward_headers,
+            peer_signer,
+            peer_verifier,
             long_polls: Arc::default(),
             shutdown,
             shutdown_tx,

@@ -1,16 +1,34 @@
-//! The peer channel's credential. Every node of a cluster is given the same cluster secret
-//! (`permit serve --cluster-secret-file FILE`); a node proves who it is with
-//! `permit-peer-id: ID` and `permit-peer-auth: hex(HMAC-SHA256(secret, "permit-peer-v1:" + ID))`
-//! on every Raft RPC and every forwarded request. See `docs/security.md`, "Peer channel".
+//! The peer channel's authentication. Every node of a cluster is given the same cluster secret
+//! (`permit serve --cluster-secret-file FILE`); every peer request (Raft RPCs and forwarded
+//! client requests) carries an authenticator of that one message:
+//!
+//! `permit-peer-auth: hex(HMAC-SHA256(secret, "permit-peer-v2" | sender | receiver |
+//! receiver nonce | sender nonce | counter | method path | SHA-256(body) | membership claim))`
+//!
+//! with the values it binds in `permit-peer-id`, `permit-peer-nonce`, `permit-peer-body` and
+//! `permit-peer-members`. So a captured message is good for nothing else:
+//! - not toward another node (the receiver's id is bound), nor with another body, route or
+//!   membership claim;
+//! - not twice: the receiver keeps a window of the counters it took from each sender nonce
+//!   (`ReplayWindow`) and refuses a nonce that sender has since replaced;
+//! - not after the receiver restarts: a node draws a new nonce at every start, and a message
+//!   made for an earlier one is refused with the current nonce in `permit-peer-nonce`, which
+//!   the sender learns and signs the message again with ([`PeerSigner::learn`]).
+//!
+//! No clock is involved: nodes whose wall clocks disagree (or jump) still talk. See
+//! `docs/security.md`, "Peer channel".
 
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use hmac::{Hmac, Mac};
-use permit_wire::{PEER_AUTH_HEADER, PEER_ID_HEADER};
-use sha2::Sha256;
+use permit_wire::{
+    PEER_AUTH_HEADER, PEER_BODY_HEADER, PEER_ID_HEADER, PEER_MEMBERS_HEADER, PEER_NONCE_HEADER,
+};
+use sha2::{Digest, Sha256};
 
 use crate::raft::NodeId;
 
@@ -18,9 +36,17 @@ use crate::raft::NodeId;
 pub const CLUSTER_SECRET_BYTES_MIN: usize = 16;
 /// Largest cluster secret file read, in bytes.
 const CLUSTER_SECRET_FILE_BYTES_MAX: u64 = 4096;
-/// What a credential authenticates, before the node id: a new credential scheme gets a new
-/// context so that old credentials cannot be replayed in it.
-const CREDENTIAL_CONTEXT: &str = "permit-peer-v1:";
+/// What an authenticator is over, first: a new scheme gets a new context so that messages of an
+/// old one cannot be replayed in it.
+const CONTEXT: &[u8] = b"permit-peer-v2";
+/// How many counters below the highest one taken from a sender are still accepted once (in any
+/// order): requests to one peer in flight at once are reordered by at most their number.
+pub const REPLAY_WINDOW: u64 = 1024;
+/// How many replaced nonces of one sender a node remembers (a sender draws a new one at each
+/// start). Beyond that the oldest is forgotten.
+const RETIRED_NONCES_MAX: usize = 64;
+/// Longest membership claim accepted, in bytes.
+pub const MEMBERS_CLAIM_BYTES_MAX: usize = 2048;
 /// How to make a secret, for error messages.
 pub const SECRET_HOWTO: &str = "make one with `head -c 32 /dev/urandom | base64 > cluster.secret` \
     and start every node with `--cluster-secret-file cluster.secret` (the same file on every node)";
@@ -33,23 +59,6 @@ impl fmt::Debug for ClusterSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("ClusterSecret(redacted)")
     }
-}
-
-/// Why a peer request is not authenticated.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PeerAuthError {
-    /// This node has no cluster secret, so it accepts no peer request.
-    #[error("this node has no cluster secret and accepts no peer requests")]
-    NoSecret,
-    /// A header is missing or not ASCII.
-    #[error("peer requests need the headers {PEER_ID_HEADER} and {PEER_AUTH_HEADER}")]
-    Missing,
-    /// The node id is not a number.
-    #[error("{PEER_ID_HEADER} is not a node id")]
-    BadId,
-    /// The credential does not match the id under this node's secret.
-    #[error("the peer credential is not valid for this cluster")]
-    BadCredential,
 }
 
 impl ClusterSecret {
@@ -85,57 +94,331 @@ impl ClusterSecret {
         ClusterSecret::new(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
     }
 
-    fn mac(&self, node: NodeId) -> Hmac<Sha256> {
+    /// The authenticator of one message.
+    fn mac(&self, message: &Signed<'_>) -> Hmac<Sha256> {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
-        mac.update(CREDENTIAL_CONTEXT.as_bytes());
-        mac.update(node.to_string().as_bytes());
+        mac.update(CONTEXT);
+        // Every field has a fixed size or is length-prefixed, so no two messages share an input.
+        mac.update(&message.from.to_be_bytes());
+        mac.update(&message.to.to_be_bytes());
+        mac.update(&message.nonce.receiver.to_be_bytes());
+        mac.update(&message.nonce.sender.to_be_bytes());
+        mac.update(&message.nonce.counter.to_be_bytes());
+        for field in [message.method.as_bytes(), message.path.as_bytes(), message.members.as_bytes()] {
+            mac.update(&(field.len() as u64).to_be_bytes());
+            mac.update(field);
+        }
+        mac.update(message.body_sha256);
         mac
     }
+}
 
-    /// The credential of node `node`: the value of `permit-peer-auth` (lowercase hex).
-    pub fn credential(&self, node: NodeId) -> String {
-        let tag = self.mac(node).finalize().into_bytes();
-        tag.iter().map(|byte| format!("{byte:02x}")).collect()
+/// What one authenticator binds.
+struct Signed<'a> {
+    from: NodeId,
+    to: NodeId,
+    nonce: Nonce,
+    method: &'a str,
+    path: &'a str,
+    body_sha256: &'a [u8; 32],
+    members: &'a str,
+}
+
+/// The value of `permit-peer-nonce`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Nonce {
+    /// The receiving node's nonce, as the sender knows it (0: not known yet).
+    receiver: u64,
+    /// The sending node's nonce.
+    sender: u64,
+    /// The sender's message counter toward this receiver.
+    counter: u64,
+}
+
+impl Nonce {
+    fn header(self) -> HeaderValue {
+        let text = format!("{:016x}.{:016x}.{:x}", self.receiver, self.sender, self.counter);
+        HeaderValue::try_from(text).expect("hex digits and dots are a header value")
     }
 
-    /// Whether `credential` (hex) is node `node`'s credential; compared in constant time.
-    pub fn verify(&self, node: NodeId, credential: &str) -> bool {
-        match decode_hex(credential) {
-            Some(tag) => self.mac(node).verify_slice(&tag).is_ok(),
-            None => false,
+    fn parse(text: &str) -> Option<Nonce> {
+        let mut parts = text.split('.');
+        let mut field = || u64::from_str_radix(parts.next()?, 16).ok();
+        let nonce = Nonce { receiver: field()?, sender: field()?, counter: field()? };
+        parts.next().is_none().then_some(nonce)
+    }
+}
+
+/// Why a peer request is not authenticated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerAuthError {
+    /// This node has no cluster secret, so it accepts no peer request.
+    #[error("this node has no cluster secret and accepts no peer requests")]
+    NoSecret,
+    /// A header is missing or malformed.
+    #[error("peer requests need the headers {PEER_ID_HEADER}, {PEER_NONCE_HEADER}, {PEER_BODY_HEADER} and {PEER_AUTH_HEADER}")]
+    Missing,
+    /// The message was signed for an earlier start of this node (or for none yet).
+    #[error("the peer message was made for another start of this node; sign it again with the nonce in {PEER_NONCE_HEADER}")]
+    StaleNonce,
+    /// The authenticator does not match the message under this node's secret and id.
+    #[error("the peer message is not authentic for this node of this cluster")]
+    BadCredential,
+    /// The message was taken before, or is older than the sender's window.
+    #[error("the peer message was received before (a replay)")]
+    Replayed,
+    /// The body is not the one the message was signed with.
+    #[error("the peer message's body is not the one it was signed with")]
+    BodyMismatch,
+}
+
+/// The sending side of the peer channel of one node: signs each message for its receiver.
+pub struct PeerSigner {
+    secret: ClusterSecret,
+    id: NodeId,
+    nonce: u64,
+    /// Per receiver: its nonce as last learnt, and the next counter.
+    receivers: Mutex<HashMap<NodeId, (u64, u64)>>,
+}
+
+impl fmt::Debug for PeerSigner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerSigner").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+impl PeerSigner {
+    /// The signer of node `id`, with a new random nonce.
+    pub fn new(secret: ClusterSecret, id: NodeId) -> PeerSigner {
+        PeerSigner { secret, id, nonce: new_nonce(), receivers: Mutex::default() }
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// Inserts into `headers` the peer headers of one message to node `to`: `method` on `path`
+    /// (with its query) with `body`, and the sender's membership claim (`""` for none). Returns
+    /// the receiver nonce it was signed for, for [`PeerSigner::learn`].
+    pub fn sign(
+        &self,
+        to: NodeId,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        members: &str,
+        headers: &mut HeaderMap,
+    ) -> u64 {
+        let nonce = {
+            let mut receivers = self.receivers.lock().unwrap_or_else(PoisonError::into_inner);
+            let (receiver, next) = receivers.entry(to).or_insert((0, 1));
+            let counter = *next;
+            *next += 1;
+            Nonce { receiver: *receiver, sender: self.nonce, counter }
+        };
+        let body_sha256: [u8; 32] = Sha256::digest(body).into();
+        let signed = Signed { from: self.id, to, nonce, method, path, body_sha256: &body_sha256, members };
+        let tag = self.secret.mac(&signed).finalize().into_bytes();
+        headers.insert(PEER_ID_HEADER, HeaderValue::from(self.id));
+        headers.insert(PEER_NONCE_HEADER, nonce.header());
+        headers.insert(PEER_BODY_HEADER, hex_value(&body_sha256));
+        headers.insert(PEER_AUTH_HEADER, hex_value(&tag));
+        if members.is_empty() {
+            headers.remove(PEER_MEMBERS_HEADER);
+        } else if let Ok(value) = HeaderValue::try_from(members) {
+            headers.insert(PEER_MEMBERS_HEADER, value);
         }
+        nonce.receiver
     }
 
-    /// The two headers that authenticate node `node`'s requests.
-    pub fn headers(&self, node: NodeId) -> [(&'static str, String); 2] {
-        [(PEER_ID_HEADER, node.to_string()), (PEER_AUTH_HEADER, self.credential(node))]
+    /// After node `to` refused a message signed for its nonce `used`: learns its current nonce
+    /// from the refusal's `permit-peer-nonce`. True when that is a new one, so that the message
+    /// (refused before anything of it was used) may be signed again and resent.
+    pub fn learn(&self, to: NodeId, answer: &HeaderMap, used: u64) -> bool {
+        let current = answer
+            .get(PEER_NONCE_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| u64::from_str_radix(text, 16).ok())
+            .filter(|nonce| *nonce != 0);
+        let Some(current) = current else { return false };
+        let mut receivers = self.receivers.lock().unwrap_or_else(PoisonError::into_inner);
+        let (known, _) = receivers.entry(to).or_insert((0, 1));
+        *known = current;
+        current != used
     }
+}
 
-    /// Inserts the two headers that authenticate node `node`'s requests into `headers`.
-    pub fn insert_headers(&self, node: NodeId, headers: &mut HeaderMap) {
-        for (name, value) in self.headers(node) {
-            let value =
-                HeaderValue::try_from(value).expect("a node id and a hex credential are header values");
-            headers.insert(name, value);
+/// The receiving side of the peer channel of one node: checks each message's authenticator
+/// and that it was not taken before.
+pub struct PeerVerifier {
+    secret: ClusterSecret,
+    id: NodeId,
+    nonce: u64,
+    senders: Mutex<HashMap<NodeId, ReplayWindow>>,
+}
+
+impl fmt::Debug for PeerVerifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerVerifier").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+/// A peer message whose headers are authentic; its body still has to match ([`PeerHead::check_body`]).
+#[derive(Debug, Clone)]
+pub struct PeerHead {
+    /// The node that sent it.
+    pub sender: NodeId,
+    body_sha256: [u8; 32],
+    /// The sender's membership claim (`permit-peer-members`), `""` when it sent none.
+    pub members: String,
+}
+
+impl PeerHead {
+    /// Whether `body` is the body the message was signed with.
+    ///
+    /// # Errors
+    /// [`PeerAuthError::BodyMismatch`] when it is not.
+    pub fn check_body(&self, body: &[u8]) -> Result<(), PeerAuthError> {
+        let digest: [u8; 32] = Sha256::digest(body).into();
+        if digest == self.body_sha256 {
+            Ok(())
+        } else {
+            Err(PeerAuthError::BodyMismatch)
         }
     }
 }
 
-/// The node whose valid credential `headers` carry, checked against `secret`.
-///
-/// # Errors
-/// [`PeerAuthError`] when there is no secret, or the headers are missing or do not match.
-pub fn authenticate(secret: Option<&ClusterSecret>, headers: &HeaderMap) -> Result<NodeId, PeerAuthError> {
-    let secret = secret.ok_or(PeerAuthError::NoSecret)?;
-    let id = headers.get(PEER_ID_HEADER).and_then(|v| v.to_str().ok()).ok_or(PeerAuthError::Missing)?;
-    let credential =
-        headers.get(PEER_AUTH_HEADER).and_then(|v| v.to_str().ok()).ok_or(PeerAuthError::Missing)?;
-    let id: NodeId = id.parse().map_err(|_| PeerAuthError::BadId)?;
-    if secret.verify(id, credential) {
-        Ok(id)
-    } else {
-        Err(PeerAuthError::BadCredential)
+impl PeerVerifier {
+    /// The verifier of node `id`, with a new random nonce.
+    pub fn new(secret: ClusterSecret, id: NodeId) -> PeerVerifier {
+        PeerVerifier { secret, id, nonce: new_nonce(), senders: Mutex::default() }
     }
+
+    /// This start's nonce, as the `permit-peer-nonce` header of a refusal.
+    pub fn nonce_header(&self) -> (HeaderName, HeaderValue) {
+        let value = HeaderValue::try_from(format!("{:016x}", self.nonce)).expect("hex digits");
+        (HeaderName::from_static(PEER_NONCE_HEADER), value)
+    }
+
+    /// Checks the peer headers of a request (`method` on `path`, with its query) before its body
+    /// is read: they must be authentic for this node, made for this start of it, and not taken
+    /// before. A message that passes is recorded, so that it is not taken again.
+    ///
+    /// # Errors
+    /// [`PeerAuthError`] saying which check failed.
+    pub fn verify_head(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &HeaderMap,
+    ) -> Result<PeerHead, PeerAuthError> {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let sender: NodeId =
+            text(PEER_ID_HEADER).and_then(|id| id.parse().ok()).ok_or(PeerAuthError::Missing)?;
+        let nonce = text(PEER_NONCE_HEADER).and_then(Nonce::parse).ok_or(PeerAuthError::Missing)?;
+        let body_sha256: [u8; 32] = text(PEER_BODY_HEADER)
+            .and_then(decode_hex)
+            .and_then(|bytes| bytes.try_into().ok())
+            .ok_or(PeerAuthError::Missing)?;
+        let tag = text(PEER_AUTH_HEADER).and_then(decode_hex).ok_or(PeerAuthError::Missing)?;
+        let members = match headers.get(PEER_MEMBERS_HEADER) {
+            None => "",
+            Some(value) => value
+                .to_str()
+                .ok()
+                .filter(|claim| claim.len() <= MEMBERS_CLAIM_BYTES_MAX)
+                .ok_or(PeerAuthError::Missing)?,
+        };
+        if nonce.receiver != self.nonce {
+            return Err(PeerAuthError::StaleNonce);
+        }
+        let signed =
+            Signed { from: sender, to: self.id, nonce, method, path, body_sha256: &body_sha256, members };
+        self.secret.mac(&signed).verify_slice(&tag).map_err(|_| PeerAuthError::BadCredential)?;
+        // Only an authentic message moves a window: forged ones cannot refuse good ones.
+        let mut senders = self.senders.lock().unwrap_or_else(PoisonError::into_inner);
+        let window = senders.entry(sender).or_insert_with(|| ReplayWindow::new(nonce.sender));
+        if !window.take(nonce.sender, nonce.counter) {
+            return Err(PeerAuthError::Replayed);
+        }
+        Ok(PeerHead { sender, body_sha256, members: members.to_owned() })
+    }
+}
+
+/// The counters taken from one sender: those of its current nonce within [`REPLAY_WINDOW`] of
+/// the highest, and the nonces it had before (a message of a replaced nonce is a replay).
+#[derive(Debug)]
+struct ReplayWindow {
+    sender_nonce: u64,
+    highest: u64,
+    /// Bit `c % REPLAY_WINDOW` is set when counter `c` (within the window) was taken.
+    taken: [u64; (REPLAY_WINDOW / 64) as usize],
+    retired: VecDeque<u64>,
+}
+
+impl ReplayWindow {
+    fn new(sender_nonce: u64) -> ReplayWindow {
+        ReplayWindow {
+            sender_nonce,
+            highest: 0,
+            taken: [0; (REPLAY_WINDOW / 64) as usize],
+            retired: VecDeque::new(),
+        }
+    }
+
+    fn bit(counter: u64) -> (usize, u64) {
+        let slot = counter % REPLAY_WINDOW;
+        ((slot / 64) as usize, 1 << (slot % 64))
+    }
+
+    /// Takes `counter` of `sender_nonce`; false when it was taken before or is too old.
+    fn take(&mut self, sender_nonce: u64, counter: u64) -> bool {
+        if sender_nonce != self.sender_nonce {
+            if self.retired.contains(&sender_nonce) {
+                return false;
+            }
+            // The sender restarted: its old nonce is retired for good.
+            if self.retired.len() == RETIRED_NONCES_MAX {
+                self.retired.pop_front();
+            }
+            self.retired.push_back(self.sender_nonce);
+            *self = ReplayWindow {
+                retired: std::mem::take(&mut self.retired),
+                ..ReplayWindow::new(sender_nonce)
+            };
+        }
+        if counter == 0 {
+            return false;
+        }
+        let (word, mask) = ReplayWindow::bit(counter);
+        if counter > self.highest {
+            let advance = counter - self.highest;
+            if advance >= REPLAY_WINDOW {
+                self.taken = [0; (REPLAY_WINDOW / 64) as usize];
+            } else {
+                for cleared in self.highest + 1..counter {
+                    let (word, mask) = ReplayWindow::bit(cleared);
+                    self.taken[word] &= !mask;
+                }
+            }
+            self.highest = counter;
+        } else if self.highest - counter >= REPLAY_WINDOW || self.taken[word] & mask != 0 {
+            return false;
+        }
+        self.taken[word] |= mask;
+        true
+    }
+}
+
+/// A nonce for this start of the node: random, never 0 (0 means "not known yet").
+fn new_nonce() -> u64 {
+    rand::random::<u64>() | 1
+}
+
+fn hex_value(bytes: &[u8]) -> HeaderValue {
+    let text: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    HeaderValue::try_from(text).expect("hex digits are a header value")
 }
 
 /// Bytes of an even-length hex string (either case), or `None`.
@@ -156,6 +439,19 @@ mod tests {
         ClusterSecret::new(b"  0123456789abcdef-secret\n").unwrap()
     }
 
+    /// A message from node 2 to `verifier`'s node, signed for its current nonce.
+    fn signed(signer: &PeerSigner, verifier: &PeerVerifier, to: NodeId, body: &[u8]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        let used = signer.sign(to, "POST", "/raft/append", body, "1.1.0:1,2", &mut headers);
+        let mut refusal = HeaderMap::new();
+        let (name, value) = verifier.nonce_header();
+        refusal.insert(name, value);
+        if signer.learn(to, &refusal, used) {
+            signer.sign(to, "POST", "/raft/append", body, "1.1.0:1,2", &mut headers);
+        }
+        headers
+    }
+
     #[test]
     fn short_secrets_are_refused_after_trimming() {
         assert!(ClusterSecret::new(b"   short secret   \n").is_err());
@@ -168,20 +464,84 @@ mod tests {
     }
 
     #[test]
-    fn a_credential_authenticates_its_node_only() {
-        let secret = secret();
+    fn a_message_is_good_once_for_its_receiver_route_and_body() {
+        let signer = PeerSigner::new(secret(), 2);
+        let node1 = PeerVerifier::new(secret(), 1);
+        let node3 = PeerVerifier::new(secret(), 3);
+        let headers = signed(&signer, &node1, 1, b"body");
+        let head = node1.verify_head("POST", "/raft/append", &headers).unwrap();
+        assert_eq!((head.sender, head.members.as_str()), (2, "1.1.0:1,2"));
+        assert_eq!(head.check_body(b"body"), Ok(()));
+        assert_eq!(head.check_body(b"another body"), Err(PeerAuthError::BodyMismatch));
+        // Once only.
+        assert_eq!(node1.verify_head("POST", "/raft/append", &headers).unwrap_err(), PeerAuthError::Replayed);
+        // Not toward another node, even one whose nonce it was made for.
+        let mut to_node3 = headers.clone();
+        let value = HeaderValue::try_from(format!(
+            "{:016x}.{}",
+            node3.nonce,
+            headers[PEER_NONCE_HEADER].to_str().unwrap().split_once('.').unwrap().1
+        ))
+        .unwrap();
+        to_node3.insert(PEER_NONCE_HEADER, value);
+        assert_eq!(
+            node3.verify_head("POST", "/raft/append", &to_node3).unwrap_err(),
+            PeerAuthError::BadCredential
+        );
+        // Not on another route, nor with another membership claim.
+        let fresh = signed(&signer, &node1, 1, b"body");
+        assert_eq!(
+            node1.verify_head("POST", "/raft/vote", &fresh).unwrap_err(),
+            PeerAuthError::BadCredential
+        );
+        let mut claimed = fresh.clone();
+        claimed.insert(PEER_MEMBERS_HEADER, HeaderValue::from_static("9.9.9:2"));
+        assert_eq!(
+            node1.verify_head("POST", "/raft/append", &claimed).unwrap_err(),
+            PeerAuthError::BadCredential
+        );
+        assert!(node1.verify_head("POST", "/raft/append", &fresh).is_ok());
+    }
+
+    #[test]
+    fn a_message_for_another_start_or_secret_is_refused() {
+        let signer = PeerSigner::new(secret(), 2);
+        let node1 = PeerVerifier::new(secret(), 1);
         let mut headers = HeaderMap::new();
-        secret.insert_headers(2, &mut headers);
-        assert_eq!(authenticate(Some(&secret), &headers), Ok(2));
-        assert_eq!(authenticate(None, &headers), Err(PeerAuthError::NoSecret));
-        let other = ClusterSecret::new(b"another-cluster-secret").unwrap();
-        assert_eq!(authenticate(Some(&other), &headers), Err(PeerAuthError::BadCredential));
-        headers.insert(PEER_ID_HEADER, HeaderValue::from_static("3"));
-        assert_eq!(authenticate(Some(&secret), &headers), Err(PeerAuthError::BadCredential));
-        headers.insert(PEER_AUTH_HEADER, HeaderValue::from_static("zz"));
-        assert_eq!(authenticate(Some(&secret), &headers), Err(PeerAuthError::BadCredential));
-        headers.remove(PEER_AUTH_HEADER);
-        assert_eq!(authenticate(Some(&secret), &headers), Err(PeerAuthError::Missing));
+        signer.sign(1, "POST", "/raft/vote", b"", "", &mut headers);
+        assert_eq!(node1.verify_head("POST", "/raft/vote", &headers).unwrap_err(), PeerAuthError::StaleNonce);
+        let restarted = PeerVerifier::new(secret(), 1);
+        let headers = signed(&signer, &node1, 1, b"");
+        assert_eq!(
+            restarted.verify_head("POST", "/raft/vote", &headers).unwrap_err(),
+            PeerAuthError::StaleNonce
+        );
+        let other = PeerSigner::new(ClusterSecret::new(b"another-cluster-secret").unwrap(), 2);
+        let forged = signed(&other, &node1, 1, b"");
+        assert_eq!(
+            node1.verify_head("POST", "/raft/vote", &forged).unwrap_err(),
+            PeerAuthError::BadCredential
+        );
+        let mut missing = headers.clone();
+        missing.remove(PEER_BODY_HEADER);
+        assert_eq!(node1.verify_head("POST", "/raft/vote", &missing).unwrap_err(), PeerAuthError::Missing);
+    }
+
+    #[test]
+    fn the_window_takes_each_counter_once_in_any_order_and_retires_old_nonces() {
+        let mut window = ReplayWindow::new(7);
+        for counter in [5, 3, 4, 1, 2] {
+            assert!(window.take(7, counter), "{counter}");
+        }
+        assert!(!window.take(7, 3));
+        assert!(window.take(7, 5 + REPLAY_WINDOW));
+        assert!(!window.take(7, 5), "older than the window");
+        assert!(window.take(7, 6 + 5), "a gap inside the window is still open");
+        assert!(!window.take(7, 0));
+        // The sender restarted with nonce 8: nonce 7 is retired for good.
+        assert!(window.take(8, 1));
+        assert!(!window.take(7, 10_000));
+        assert!(window.take(8, 2));
     }
 
     #[test]

@@ -24,9 +24,21 @@ pub const INDEX_HEADER: &str = "permit-index";
 pub const FORWARDED_HEADER: &str = "permit-forwarded-by";
 /// Peer request header: the id of the node sending a Raft RPC or forwarding a request.
 pub const PEER_ID_HEADER: &str = "permit-peer-id";
-/// Peer request header: the sender's credential, hex HMAC-SHA256 of `permit-peer-v1:<node id>`
-/// under the cluster secret (`permit serve --cluster-secret-file`).
+/// Peer request header: the message's authenticator, hex HMAC-SHA256 under the cluster secret
+/// (`permit serve --cluster-secret-file`) over the sender, the receiver, the receiver's nonce,
+/// the sender's nonce and counter, the method and path, the body's SHA-256 and the sender's
+/// membership claim (see `docs/security.md`, "Peer channel").
 pub const PEER_AUTH_HEADER: &str = "permit-peer-auth";
+/// Peer request header: `RECEIVER.SENDER.COUNTER` in hex: the receiving node's nonce (it
+/// changes on every start of that node; a refusal names the current one in this header), the
+/// sending node's nonce, and the sender's message counter toward that receiver.
+pub const PEER_NONCE_HEADER: &str = "permit-peer-nonce";
+/// Peer request header: lowercase hex SHA-256 of the request body.
+pub const PEER_BODY_HEADER: &str = "permit-peer-body";
+/// Peer request header on Raft RPCs: the sender's membership, `TERM.NODE.INDEX:ID,ID,...` (the
+/// log id of its membership entry and every member), so that a node that missed membership
+/// changes can accept the leader it does not know yet.
+pub const PEER_MEMBERS_HEADER: &str = "permit-peer-members";
 /// Response header naming the node that answered (after forwarding, the leader).
 pub const NODE_HEADER: &str = "permit-node";
 /// Response header with the URL (`http://host:port`, `https://` on a TLS cluster) of the node

@@ -242,10 +242,16 @@ impl Cluster {
 
     /// Starts one more node with `--join` (not yet a member), returning its index in `nodes`.
     pub fn start_joiner(&mut self, id: u64) -> usize {
+        self.start_joiner_with(id, &[])
+    }
+
+    /// Like [`Cluster::start_joiner`], with extra arguments (the TLS flags of a TLS cluster).
+    pub fn start_joiner_with(&mut self, id: u64, extra: &[&str]) -> usize {
         let id_arg = id.to_string();
         let dir = self._temp.path().join(format!("n{id}"));
         let secret_arg = self.secret_file.display().to_string();
-        let args = ["--id", &id_arg, "--join", "--cluster-secret-file", &secret_arg];
+        let mut args = vec!["--id", &id_arg, "--join", "--cluster-secret-file", &secret_arg];
+        args.extend_from_slice(extra);
         self.nodes.push(Server::start_in(&dir, "127.0.0.1:0", &args));
         self.nodes.len() - 1
     }

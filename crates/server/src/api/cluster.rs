@@ -129,7 +129,7 @@ async fn check_new_member(node: &Node, request: &AddMemberRequest) -> Result<(),
             return invalid(format!("node {id} is a member at {}; remove it first", member.addr));
         }
     }
-    let url = format!("http://{}/v1/health", request.addr);
+    let url = format!("{}://{}/v1/health", node.peer_scheme(), request.addr);
     let probe = node.http.get(url).timeout(NEW_MEMBER_PROBE_TIMEOUT).send();
     let health = match probe.await {
         Ok(answer) => answer.json::<Health>().await.ok(),

@@ -6,9 +6,12 @@
 //! A forwarded request carries `permit-forwarded-by`; a node that receives one and is not the
 //! leader answers `no_leader` rather than forwarding again, so requests never loop.
 //!
-//! The forwarding node adds its peer credential (`permit-peer-id`, `permit-peer-auth`). A request
-//! whose `permit-forwarded-by` comes without a valid credential for that same node id is served
-//! as any client's: the header is removed first.
+//! The forwarding node signs each forwarded request for the leader ([`crate::peer::PeerSigner`]:
+//! its method, path and body). A request whose `permit-forwarded-by` comes without a valid
+//! signature of that same node is served as any client's: the header is removed first. One
+//! whose signature is valid but whose body is not the one signed is refused (`401`), and one
+//! signed for another start of this node is refused with this start's nonce, which the
+//! forwarding node signs it again with (nothing of it was used, so it is sent once more).
 //!
 //! Every answer names the leader's URL in `permit-leader` when the node knows one, so that a
 //! client given several endpoints can send its requests there and save the forwarding hop
@@ -61,8 +64,11 @@ fn served_locally(request: &Request) -> bool {
 /// Runs the request here if this node leads (or the route is local), else forwards it; either
 /// way the answer is stamped.
 pub(super) async fn forward(node: &Node, mut request: Request, next: Next) -> Response {
-    if request.headers().contains_key(FORWARDED_HEADER) && !forwarded_by_peer(node, request.headers()) {
-        request.headers_mut().remove(FORWARDED_HEADER);
+    if request.headers().contains_key(FORWARDED_HEADER) {
+        request = match forwarded_by_peer(node, request).await {
+            Ok(request) => request,
+            Err(refusal) => return refusal,
+        };
     }
     let mut response = if served_locally(&request) || node.consensus.leads() {
         next.run(request).await
@@ -99,30 +105,40 @@ fn forwards_long_poll(path: &str, body: &[u8]) -> bool {
             .is_some_and(|wait_ms| wait_ms > 0)
 }
 
-/// Whether `permit-forwarded-by` names the node whose valid peer credential the request carries.
-fn forwarded_by_peer(node: &Node, headers: &HeaderMap) -> bool {
-    let claimed = headers.get(FORWARDED_HEADER).and_then(|v| v.to_str().ok());
-    match crate::peer::authenticate(node.config.cluster_secret.as_ref(), headers) {
-        Ok(peer) => claimed == Some(peer.to_string().as_str()),
-        Err(_) => false,
-    }
-}
-
-/// The headers every request a node forwards carries: `permit-forwarded-by` and, with a
-/// cluster secret, the node's peer credential. Built once per node: the credential is an HMAC
-/// and its hex, the same for every request.
-pub(crate) struct ForwardHeaders(HeaderMap);
-
-impl ForwardHeaders {
-    /// The headers of node `id`, with its credential under `secret`.
-    pub(crate) fn new(id: NodeId, secret: Option<&crate::peer::ClusterSecret>) -> ForwardHeaders {
-        let mut headers = HeaderMap::new();
-        headers.insert(FORWARDED_HEADER, HeaderValue::from(id));
-        if let Some(secret) = secret {
-            secret.insert_headers(id, &mut headers);
+/// A request with `permit-forwarded-by`, checked: kept as forwarded when that names the node
+/// whose valid signature it carries (its body read and checked against it), else served as any
+/// client's with the header removed.
+///
+/// # Errors
+/// The `401` answer when the signature is valid but not the body, or was made for another start
+/// of this node.
+async fn forwarded_by_peer(node: &Node, mut request: Request) -> Result<Request, Response> {
+    let claimed = request.headers().get(FORWARDED_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let path = request.uri().path_and_query().map_or("", |p| p.as_str()).to_owned();
+    let verified = match node.peer_verifier.as_ref() {
+        Some(verifier) => verifier.verify_head(request.method().as_str(), &path, request.headers()),
+        None => Err(crate::peer::PeerAuthError::NoSecret),
+    };
+    let head = match verified {
+        Ok(head) if claimed == Some(head.sender.to_string()) => head,
+        Err(error @ crate::peer::PeerAuthError::StaleNonce) => {
+            return Err(super::raft::refuse_peer(node, &error))
         }
-        ForwardHeaders(headers)
-    }
+        _ => {
+            request.headers_mut().remove(FORWARDED_HEADER);
+            return Ok(request);
+        }
+    };
+    let (parts, body) = request.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, BODY_BYTES_MAX).await else {
+        return Err(ApiError::new(
+            ErrorCode::BodyTooLarge,
+            format!("bodies are at most {BODY_BYTES_MAX} bytes"),
+        )
+        .into_response());
+    };
+    head.check_body(&body).map_err(|error| super::raft::refuse_peer(node, &error))?;
+    Ok(Request::from_parts(parts, Body::from(body)))
 }
 
 /// Adds which node answered, its term and the leader it knows, unless a forwarded answer
@@ -206,18 +222,43 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
     if long_poll {
         super::mark_long_poll();
     }
-    let mut headers = node.forward_headers.0.clone();
+    let mut headers = HeaderMap::new();
+    headers.insert(FORWARDED_HEADER, HeaderValue::from(node.id));
     // The client's credential travels with its request: the leader authorises it (`auth.rs`).
     for name in [axum::http::header::CONTENT_TYPE, axum::http::header::AUTHORIZATION] {
         if let Some(value) = parts.headers.get(&name) {
             headers.insert(name, value.clone());
         }
     }
-    // A write may have been applied even if its answer was lost: never sent twice.
-    let request =
-        PeerRequest { method: parts.method.clone(), path, headers: &headers, body, resend: Resend::Never };
     let started = std::time::Instant::now();
-    let answer = match tokio::time::timeout(FORWARD_TIMEOUT, node.forwarder.send(addr, request)).await {
+    let mut resent = false;
+    let sent = loop {
+        let signed_for = node
+            .peer_signer
+            .as_ref()
+            .map(|signer| signer.sign(leader, parts.method.as_str(), path, &body, "", &mut headers));
+        // A write may have been applied even if its answer was lost: never sent twice, but for
+        // a refusal of its signature, which the leader gives before using anything of it.
+        let request = PeerRequest {
+            method: parts.method.clone(),
+            path,
+            headers: &headers,
+            body: body.clone(),
+            resend: Resend::Never,
+        };
+        let sent = tokio::time::timeout(FORWARD_TIMEOUT, node.forwarder.send(addr, request)).await;
+        if let (Ok(Ok(answer)), Some(signer), Some(used)) = (&sent, &node.peer_signer, signed_for) {
+            if answer.status() == axum::http::StatusCode::UNAUTHORIZED
+                && !resent
+                && signer.learn(leader, answer.headers(), used)
+            {
+                resent = true;
+                continue;
+            }
+        }
+        break sent;
+    };
+    let answer = match sent {
         Ok(Ok(answer)) => answer,
         Ok(Err(PeerError::Connect(e))) => {
             tracing::debug!(leader, %addr, error = %e, "no connection to the leader");

@@ -2,10 +2,14 @@
 //!
 //! Served only by a node with a cluster secret. A request is checked in this order, and refused
 //! at the first failure:
-//! 1. the peer credential in the headers (`401 unauthenticated`), before any of the body is read;
-//! 2. the sender may send this route ([`PeerRpc::accepts`]: votes only from members;
-//!    `403 permission_denied`);
-//! 3. the body fits the route's limit (`413 body_too_large`);
+//! 1. the message's peer headers ([`crate::peer::PeerVerifier::verify_head`]): authentic for this
+//!    node and this start of it, and not taken before (`401 unauthenticated`; a message made for
+//!    another start gets this start's nonce in `permit-peer-nonce`), before any of the body is
+//!    read;
+//! 2. the sender may send this route ([`PeerRpc::accepts`]: members, and a leader this node does
+//!    not know yet under its conditions; `403 permission_denied`);
+//! 3. the body fits the route's limit (`413 body_too_large`), arrives within the body timeout,
+//!    and is the one the message was signed with (`401 unauthenticated`);
 //! 4. the message itself ([`crate::raft::peer_rpc`]): it decodes and carries sane terms
 //!    (`400 invalid_argument`), and names the credential's node (`403 permission_denied`).
 
@@ -17,40 +21,55 @@ use permit_wire::ErrorCode;
 
 use super::error::ApiError;
 use crate::node::Node;
-use crate::peer::{authenticate, PeerAuthError};
+use crate::peer::PeerAuthError;
 use crate::raft::peer_rpc::{PeerRoute, PeerRpc, Refusal};
 
 /// Checks a peer request (steps 1-3 of the module docs), then hands its body to the peer channel.
-async fn serve(node: &Node, route: PeerRoute, request: Request) -> Result<Vec<u8>, ApiError> {
-    let peer = authenticate(node.config.cluster_secret.as_ref(), request.headers()).map_err(|e| match e {
-        PeerAuthError::NoSecret => ApiError::new(ErrorCode::NotFound, "no such route"),
-        other => ApiError::new(ErrorCode::Unauthenticated, other.to_string()),
-    })?;
+async fn serve(node: &Node, route: PeerRoute, request: Request) -> Result<Vec<u8>, Response> {
+    let Some(verifier) = node.peer_verifier.as_ref() else {
+        return Err(ApiError::new(ErrorCode::NotFound, "no such route").into_response());
+    };
+    let path = request.uri().path_and_query().map_or("", |p| p.as_str());
+    let head = verifier
+        .verify_head(request.method().as_str(), path, request.headers())
+        .map_err(|e| refuse_peer(node, &e))?;
     let rpc: &PeerRpc = node.consensus.peer_rpc();
-    if !rpc.accepts(route, peer) {
-        return Err(ApiError::new(
-            ErrorCode::PermissionDenied,
-            format!("node {peer} is not a member of this cluster"),
-        ));
-    }
+    rpc.accepts(route, head.sender, &head.members)
+        .map_err(|message| ApiError::new(ErrorCode::PermissionDenied, message).into_response())?;
     let limit = route.body_limit();
     let body = axum::body::to_bytes(request.into_body(), limit).await.map_err(|_| {
         ApiError::new(
             ErrorCode::BodyTooLarge,
             format!("this peer route takes bodies of at most {limit} bytes"),
         )
+        .into_response()
     })?;
-    rpc.handle(route, peer, &body).await.map_err(|refusal| match refusal {
-        Refusal::Forbidden(message) => ApiError::new(ErrorCode::PermissionDenied, message),
-        Refusal::Invalid(message) => ApiError::new(ErrorCode::InvalidArgument, message),
-        Refusal::Internal(message) => ApiError::internal(message),
+    head.check_body(&body).map_err(|e| refuse_peer(node, &e))?;
+    rpc.handle(route, head.sender, &body).await.map_err(|refusal| {
+        match refusal {
+            Refusal::Forbidden(message) => ApiError::new(ErrorCode::PermissionDenied, message),
+            Refusal::Invalid(message) => ApiError::new(ErrorCode::InvalidArgument, message),
+            Refusal::Internal(message) => ApiError::internal(message),
+        }
+        .into_response()
     })
 }
 
-fn answer(result: Result<Vec<u8>, ApiError>) -> Response {
+/// The `401 unauthenticated` answer to a peer message that failed `error`; a message made for
+/// another start of this node gets the nonce of this one, to sign it again with.
+pub(crate) fn refuse_peer(node: &Node, error: &PeerAuthError) -> Response {
+    let mut response = ApiError::new(ErrorCode::Unauthenticated, error.to_string()).into_response();
+    if let (PeerAuthError::StaleNonce, Some(verifier)) = (error, node.peer_verifier.as_ref()) {
+        let (name, value) = verifier.nonce_header();
+        response.headers_mut().insert(name, value);
+    }
+    response
+}
+
+fn answer(result: Result<Vec<u8>, Response>) -> Response {
     match result {
         Ok(bytes) => bytes.into_response(),
-        Err(refusal) => refusal.into_response(),
+        Err(refusal) => refusal,
     }
 }
 

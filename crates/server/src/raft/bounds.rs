@@ -1,12 +1,17 @@
-//! Bounds on what peers send: the largest Raft term accepted, and the body limits of the peer
+//! Bounds on what peers send: how far a Raft term may jump, and the body limits of the peer
 //! routes.
 //!
 //! openraft 0.9 computes the next term as `term + 1` without a check when a node starts an
 //! election (`Engine::elect` in `engine/engine_impl.rs`), and the vote it then builds is
 //! unwrapped: a node that once accepted a term of `u64::MAX` panics on its next election and on
-//! every restart. Permit therefore refuses any peer message (and any peer answer) carrying a term
-//! above [`RAFT_TERM_MAX`] before openraft sees it. At one election per 100 ms the bound lasts
-//! for more than 13 years of continuous elections.
+//! every restart. A fixed bound alone is no cure: a cluster pushed to the bound itself could
+//! never elect again, since the next election's term would be refused everywhere. So a node
+//! refuses any peer message (and any peer answer) carrying a term more than [`TERM_STEP_MAX`]
+//! above its own current term, or above [`RAFT_TERM_CEILING`]: one message moves a cluster at
+//! most 2^32 terms forward, the next election is always within reach, and reaching the ceiling
+//! takes 2^30 such messages, each one authenticated with the cluster secret (`crate::peer`).
+//! At one election per 100 ms, 2^32 terms are more than 13 years of continuous elections, so a
+//! node partitioned away for any real time still rejoins.
 
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
@@ -16,8 +21,16 @@ use openraft::{RaftLogId, Vote};
 
 use super::{LogId, NodeId, TypeConfig};
 
-/// The largest Raft term a node accepts from a peer (2^32). See the module docs.
-pub const RAFT_TERM_MAX: u64 = 1 << 32;
+/// How far above its own current term a node accepts a term from a peer (2^32). See the module
+/// docs.
+pub const TERM_STEP_MAX: u64 = 1 << 32;
+/// The largest Raft term a node accepts at all (2^62), far from `u64::MAX`.
+pub const RAFT_TERM_CEILING: u64 = 1 << 62;
+
+/// The largest term a node whose current term is `current` accepts from a peer.
+pub fn term_limit(current: u64) -> u64 {
+    current.saturating_add(TERM_STEP_MAX).min(RAFT_TERM_CEILING)
+}
 
 /// Largest body of `/raft/vote` (a vote request is a few dozen bytes).
 pub const VOTE_BODY_BYTES_MAX: usize = 64 * 1024;
@@ -40,10 +53,10 @@ const _: () = assert!(APPEND_ENTRIES_MAX >= 8);
 
 /// A Raft message between peers: who sent it and the largest term it names.
 pub trait PeerMessage {
-    /// Whether only a leader sends it (AppendEntries, InstallSnapshot). Such messages are taken
-    /// from any authenticated peer, member or not, and openraft's term rules decide: a member
-    /// that was down while the membership changed does not know the new leader, and must hear
-    /// from it to learn the new membership. A vote is taken only from a member.
+    /// Whether only a leader sends it (AppendEntries, InstallSnapshot). A member that was down
+    /// while the membership changed does not know the new leader, and must hear from it to learn
+    /// the new membership: such a message may come from a node that is not a member yet, under
+    /// the conditions of `PeerRpc::accepts`. A vote is taken only from a member.
     const FROM_LEADER: bool;
     /// The node the message says it is from.
     fn sender(&self) -> NodeId;
@@ -132,6 +145,17 @@ impl PeerAnswer for InstallSnapshotResponse<NodeId> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_term_may_step_ahead_by_a_bounded_amount_below_the_ceiling() {
+        assert_eq!(term_limit(0), 1 << 32);
+        assert_eq!(term_limit(5), 5 + (1 << 32));
+        // After the worst message a node accepts, the next election's term is accepted too.
+        let worst = term_limit(7);
+        assert!(worst < term_limit(worst));
+        assert_eq!(term_limit(RAFT_TERM_CEILING - 3), RAFT_TERM_CEILING);
+        assert_eq!(term_limit(u64::MAX), RAFT_TERM_CEILING);
+    }
 
     #[test]
     fn a_vote_names_its_candidate_and_term() {

@@ -190,7 +190,11 @@ impl Consensus {
             Proposer::start(raft.clone(), clock.clone(), replica.clone(), metrics.clone(), notifier);
         let consensus = Consensus {
             id: config.node_id,
-            peer_rpc: PeerRpc::new(raft.clone(), metrics.peer_rpcs_received.clone()),
+            peer_rpc: PeerRpc::new(
+                raft.clone(),
+                metrics.peer_rpcs_received.clone(),
+                Duration::from_millis(config.election_timeout_ms.1),
+            ),
             raft,
             replica,
             proposer,

@@ -1,12 +1,15 @@
 //! Raft RPCs between nodes: HTTP POSTs of postcard bodies to `/raft/{append,vote,snapshot}` on
-//! the peer's address (the same address as its client API), each with this node's peer
-//! credential (`permit-peer-id`, `permit-peer-auth`; see [`crate::peer`]), over a connection
-//! that the sending task drives itself ([`crate::peer_conn`]).
+//! the peer's address (the same address as its client API), each signed for its receiver with
+//! this node's [`PeerSigner`] (see [`crate::peer`]) and carrying this node's membership claim,
+//! over a connection that the sending task drives itself ([`crate::peer_conn`]).
 //!
 //! A peer that cannot be reached is reported as `Unreachable`, so that openraft backs off instead
-//! of retrying in a tight loop. Every RPC has openraft's deadline as its HTTP timeout.
+//! of retrying in a tight loop. Every RPC has openraft's deadline as its HTTP timeout. A message
+//! the peer refused because it was signed for another start of that peer is signed again with
+//! the peer's current nonce and sent once more: the peer used none of it.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -19,10 +22,10 @@ use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::bounds::{PeerAnswer, RAFT_TERM_MAX};
-use super::{NodeId, TypeConfig};
+use super::bounds::{term_limit, PeerAnswer};
+use super::{NodeId, Raft, TypeConfig};
 use crate::metrics::{PeerRpcCounts, PeerRpcKind};
-use crate::peer::ClusterSecret;
+use crate::peer::PeerSigner;
 use crate::peer_conn::{PeerPool, PeerPoolConfig, PeerRequest, Resend};
 
 /// Path prefix of the peer RPC routes.
@@ -35,27 +38,58 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 const IDLE_PER_PEER_MAX: usize = 4;
 /// The largest answer a peer may send to an RPC (they are a few dozen bytes).
 const ANSWER_BYTES_MAX: usize = 1 << 20;
+/// The `content-type` of every RPC.
+static CONTENT_TYPE: hyper::header::HeaderValue =
+    hyper::header::HeaderValue::from_static("application/octet-stream");
+
+/// What this node says of itself on its Raft RPCs: its membership claim; and its current term,
+/// which bounds the terms it takes from answers. Kept up to date by [`follow`].
+#[derive(Debug, Default)]
+pub struct LocalView {
+    term: AtomicU64,
+    members: RwLock<Arc<str>>,
+}
+
+/// Keeps `view` up to date with `raft`'s term and membership until the Raft core stops.
+pub async fn follow(raft: Raft, view: Arc<LocalView>) {
+    let mut metrics = raft.metrics();
+    loop {
+        let (term, claim) = {
+            let current = metrics.borrow_and_update();
+            (current.current_term, super::peer_rpc::claim_of(&current.membership_config))
+        };
+        view.term.store(term, Ordering::Relaxed);
+        if *view.members.read().unwrap_or_else(PoisonError::into_inner).as_ref() != *claim {
+            *view.members.write().unwrap_or_else(PoisonError::into_inner) = claim.into();
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
 
 /// Creates the clients openraft sends peer RPCs with; they share one [`PeerPool`].
 #[derive(Clone)]
 pub struct Network {
     pool: PeerPool,
-    /// `content-type` and the peer credential, on every RPC.
-    headers: Arc<hyper::HeaderMap>,
+    /// Signs every RPC (none without a cluster secret: peers refuse them).
+    signer: Option<Arc<PeerSigner>>,
+    view: Arc<LocalView>,
     sent: PeerRpcCounts,
 }
 
 impl Network {
     /// A network dialling from `local` when it is a specific address (so peers and
-    /// fault-injecting proxies see which node connects), over HTTPS when `tls` is set. Requests carry node `id`'s credential under `secret` (none without a
-    /// secret: peers refuse them). Every RPC sent is counted in `sent`.
+    /// fault-injecting proxies see which node connects), over HTTPS when `tls` is set. RPCs are
+    /// signed by `signer` with the claim in `view` (kept up to date by [`follow`]). Every RPC
+    /// sent is counted in `sent`.
     ///
     /// # Errors
     /// When a TLS file cannot be read.
     pub fn new(
         local: Option<std::net::IpAddr>,
-        id: NodeId,
-        secret: Option<&ClusterSecret>,
+        signer: Option<Arc<PeerSigner>>,
+        view: Arc<LocalView>,
         tls: Option<&crate::tls::TlsConfig>,
         sent: PeerRpcCounts,
     ) -> anyhow::Result<Network> {
@@ -67,15 +101,7 @@ impl Network {
             idle_max: IDLE_PER_PEER_MAX,
             answer_max: ANSWER_BYTES_MAX,
         });
-        let mut headers = hyper::HeaderMap::new();
-        headers.insert(
-            hyper::header::CONTENT_TYPE,
-            hyper::header::HeaderValue::from_static("application/octet-stream"),
-        );
-        if let Some(secret) = secret {
-            secret.insert_headers(id, &mut headers);
-        }
-        Ok(Network { pool, headers: Arc::new(headers), sent })
+        Ok(Network { pool, signer, view, sent })
     }
 }
 
@@ -84,7 +110,8 @@ pub struct PeerConnection {
     pool: PeerPool,
     /// `host:port` of the peer, as in the membership.
     addr: String,
-    headers: Arc<hyper::HeaderMap>,
+    signer: Option<Arc<PeerSigner>>,
+    view: Arc<LocalView>,
     target: NodeId,
     sent: PeerRpcCounts,
     /// The commit index in the last AppendEntries sent to this peer.
@@ -98,7 +125,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         PeerConnection {
             pool: self.pool.clone(),
             addr: node.addr.clone(),
-            headers: self.headers.clone(),
+            signer: self.signer.clone(),
+            view: self.view.clone(),
             target,
             sent: self.sent.clone(),
             commit_sent: None,
@@ -122,18 +150,40 @@ impl PeerConnection {
         self.sent.count(kind);
         let body = postcard::to_allocvec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let path = format!("{RAFT_PATH_PREFIX}/{route}");
-        let request = PeerRequest {
-            method: hyper::Method::POST,
-            path: &path,
-            headers: &self.headers,
-            body: body.into(),
-            resend: Resend::Once,
+        let body = hyper::body::Bytes::from(body);
+        let members = self.view.members.read().unwrap_or_else(PoisonError::into_inner).clone();
+        let mut resent = false;
+        let (status, bytes) = loop {
+            let mut headers = hyper::HeaderMap::new();
+            headers.insert(hyper::header::CONTENT_TYPE, CONTENT_TYPE.clone());
+            let signed_for = self
+                .signer
+                .as_ref()
+                .map(|signer| signer.sign(self.target, "POST", &path, &body, &members, &mut headers));
+            let request = PeerRequest {
+                method: hyper::Method::POST,
+                path: &path,
+                headers: &headers,
+                body: body.clone(),
+                resend: Resend::Once,
+            };
+            let answer = tokio::time::timeout(option.hard_ttl(), self.pool.send(&self.addr, request))
+                .await
+                .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?
+                .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+            let status = answer.status();
+            // Refused unread because it was signed for another start of the peer: once more.
+            if let (Some(signer), Some(used)) = (&self.signer, signed_for) {
+                if status == hyper::StatusCode::UNAUTHORIZED
+                    && !resent
+                    && signer.learn(self.target, answer.headers(), used)
+                {
+                    resent = true;
+                    continue;
+                }
+            }
+            break (status, answer.into_body());
         };
-        let answer = tokio::time::timeout(option.hard_ttl(), self.pool.send(&self.addr, request))
-            .await
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
-        let (status, bytes) = (answer.status(), answer.into_body());
         if !status.is_success() {
             let error = std::io::Error::other(format!("peer answered HTTP {status}"));
             return Err(RPCError::Unreachable(Unreachable::new(&error)));
@@ -141,8 +191,9 @@ impl PeerConnection {
         let result: Result<Resp, E> =
             postcard::from_bytes(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let answer = result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))?;
-        if answer.max_term() > RAFT_TERM_MAX {
-            let error = std::io::Error::other(format!("peer answered a term above {RAFT_TERM_MAX}"));
+        let limit = term_limit(self.view.term.load(Ordering::Relaxed));
+        if answer.max_term() > limit {
+            let error = std::io::Error::other(format!("peer answered a term above {limit}"));
             return Err(RPCError::Network(NetworkError::new(&error)));
         }
         Ok(answer)

@@ -35,6 +35,8 @@ pub struct RemovalWatch {
     pub id: NodeId,
     /// Client for probing the other members.
     pub http: reqwest::Client,
+    /// The URL scheme the members are reached with (`https` on a TLS cluster).
+    pub scheme: &'static str,
     /// The longest election timeout.
     pub election_timeout_max: Duration,
     /// Set to true while this node is removed.
@@ -108,7 +110,7 @@ impl RemovalWatch {
     /// `Some(false)` when one lists it, `None` when no ready member answered.
     async fn ask(&self, peers: &[String]) -> Option<bool> {
         let probes = peers.iter().map(|addr| {
-            let request = self.http.get(format!("http://{addr}/v1/health")).timeout(PROBE_TIMEOUT);
+            let request = self.http.get(format!("{}://{addr}/v1/health", self.scheme)).timeout(PROBE_TIMEOUT);
             async move {
                 let answer = request.send().await.ok()?;
                 if !answer.status().is_success() {
