@@ -15,6 +15,7 @@ Example::
 from ._common import Holder, Leader, SemaphoreInfo, Waiter
 from ._errors import (
     CODES,
+    AlreadyHeld,
     AuthError,
     ClusterUnavailable,
     Conflict,
@@ -46,6 +47,7 @@ __all__ = [
     "NotFound",
     "Conflict",
     "Unavailable",
+    "AlreadyHeld",
     "LimitExceeded",
     "AuthError",
     "ClusterUnavailable",

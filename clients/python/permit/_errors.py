@@ -77,6 +77,23 @@ class Unavailable(Conflict):
     """
 
 
+class AlreadyHeld(Conflict):
+    """This session already holds (or is acquiring) that semaphore or election through another
+    :class:`Permit` or :class:`Leadership` (``already_held``, found on this side; nothing was
+    sent). The server answers a repeated acquire with the grant the session has, so a second
+    guard would share the first one's hold, and its exit would release the hold the first one
+    still guards. Use the guard you have, or another session.
+
+    Example::
+
+        with session.acquire("migrations"):
+            try:
+                session.acquire("migrations")
+            except permit.AlreadyHeld:
+                pass   # the outer hold is untouched
+    """
+
+
 class LimitExceeded(PermitError):
     """A documented server limit was reached (``limit_exceeded``); ``retry_after`` is the
     server's ``Retry-After`` in seconds, if it sent one.

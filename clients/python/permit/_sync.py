@@ -44,7 +44,7 @@ from ._common import (
     transport_failure,
     wait_slice,
 )
-from ._errors import ClusterUnavailable, PermitError, SessionLost, Timeout, Unavailable
+from ._errors import AlreadyHeld, ClusterUnavailable, PermitError, SessionLost, Timeout, Unavailable
 
 log = logging.getLogger("permit")
 
@@ -294,6 +294,9 @@ class Session:
         self._jeopardy = False
         self._closed = False
         self._holds: Set[_Hold] = set()
+        # (kind, name) of every hold a guard of this session has or an acquire is waiting for:
+        # one guard per hold (see ``_claim``).
+        self._claims: Set[Tuple[str, str]] = set()
         # A pool of its own: the session's long-polls and keepalives never queue behind (or
         # make the client's pool scan) other sessions' connections.
         self._http = client._new_pool()
@@ -365,9 +368,7 @@ class Session:
                 do_work(p.token)
         """
         body = lambda wait: acquire_body(self.id, permits, wait, capacity, max_hold, ephemeral)  # noqa: E731
-        granted = self._wait("semaphores", name, body, timeout)
-        if granted is None:
-            raise Unavailable("unavailable", 409, f"semaphore {name}: not enough free permits now")
+        granted = self._wait_claimed("semaphores", name, body, timeout)
         answer, not_before = granted
         hold = Permit(self, name, answer["permits"], answer["token"], on_lost)
         if max_hold is not None:
@@ -414,13 +415,48 @@ class Session:
             with session.campaign("scheduler", value="host-a") as leadership:
                 run_scheduler(leadership.token)
         """
-        granted = self._wait("elections", election, lambda wait: {"session": self.id, "value": value, "wait_ms": ms(wait)}, timeout)
-        if granted is None:
-            raise Unavailable("unavailable", 409, f"election {election}: another session leads")
+        granted = self._wait_claimed(
+            "elections", election, lambda wait: {"session": self.id, "value": value, "wait_ms": ms(wait)}, timeout
+        )
         answer, _ = granted
         hold = Leadership(self, election, value, answer["token"], on_lost)
         self._adopt(hold)
         return hold
+
+    def _wait_claimed(
+        self, kind: str, name: str, body: Callable[[float], Dict[str, Any]], timeout: Optional[float]
+    ) -> Tuple[Dict[str, Any], float]:
+        # One guard per hold: the server answers a repeated acquire with the grant this session
+        # has (that makes retries safe), so a second guard would share the first one's hold and
+        # its exit would release it under the first. The name stays claimed from here until the
+        # guard made of the grant is released, or the wait left nothing on the server.
+        self._check()
+        self._claim(kind, name)
+        granted = None
+        try:
+            granted = self._wait(kind, name, body, timeout)
+        finally:
+            if granted is None:
+                self._unclaim(kind, name)
+        if granted is None:
+            what = "not enough free permits now" if kind == "semaphores" else "another session leads"
+            raise Unavailable("unavailable", 409, f"{kind[:-1]} {name}: {what}")
+        return granted
+
+    def _claim(self, kind: str, name: str) -> None:
+        with self._lock:
+            if (kind, name) in self._claims:
+                raise AlreadyHeld(
+                    "already_held",
+                    0,
+                    f"session {self.id} already holds or is acquiring {kind[:-1]} {name}; "
+                    "use the guard you have, or another session",
+                )
+            self._claims.add((kind, name))
+
+    def _unclaim(self, kind: str, name: str) -> None:
+        with self._lock:
+            self._claims.discard((kind, name))
 
     def _wait(
         self, kind: str, name: str, body: Callable[[float], Dict[str, Any]], timeout: Optional[float]
@@ -779,14 +815,18 @@ class _Hold:
         check_pid(self.session._pid, self.session.id)
         self._released = True
         self.session._forget(self)
-        if self.lost.is_set() or self.session.lost.is_set() or self.session._closed:
-            return
         try:
-            self.session._request(
-                "POST", f"/v1/{self._kind}/{segment(self.name)}/{self._action}", json={"session": self.session.id}
-            )
-        except SessionLost as error:
-            self.session._lose(error)
+            if self.lost.is_set() or self.session.lost.is_set() or self.session._closed:
+                return
+            try:
+                self.session._request(
+                    "POST", f"/v1/{self._kind}/{segment(self.name)}/{self._action}", json={"session": self.session.id}
+                )
+            except SessionLost as error:
+                self.session._lose(error)
+        finally:
+            # Only once the release is answered: an acquire before that would get this grant.
+            self.session._unclaim(self._kind, self.name)
 
     def __exit__(
         self, kind: Optional[Type[BaseException]], value: Optional[BaseException], tb: Optional[TracebackType]

@@ -422,3 +422,34 @@ def test_background_keepalives_fall_back_to_one_per_session_on_an_older_server(n
             run(main)
         finally:
             node.kill9()
+
+
+def test_a_second_acquire_of_a_held_name_fails_and_never_frees_the_outer_hold(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            async with await client.session() as session, await client.session() as other:
+                async with await session.acquire(name, capacity=1) as outer:
+                    with pytest.raises(permit.AlreadyHeld):
+                        await session.acquire(name)
+                    with pytest.raises(permit.AlreadyHeld):
+                        await session.try_acquire(name)
+                    outer.check()
+                    assert await other.try_acquire(name) is None, "the outer hold is intact"
+                    # An acquire in flight claims its name too.
+                    waiting = asyncio.ensure_future(other.acquire(name, timeout=10.0))
+                    assert await until(async_waiters(client, name, 1))
+                    with pytest.raises(permit.AlreadyHeld):
+                        await other.try_acquire(name)
+                async with await waiting as taken:
+                    assert taken.token > outer._token
+                async with await session.acquire(name) as again:
+                    assert again.token > taken._token
+
+    run(main)
+
+
+def async_waiters(client: "permit.aio.Client", name: str, count: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return len((await client.semaphore(name)).waiters) == count
+
+    return check

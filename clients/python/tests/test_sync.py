@@ -443,3 +443,39 @@ def test_background_keepalives_fall_back_to_one_per_session_on_an_older_server(n
                     s.close()
         finally:
             node.kill9()
+
+
+def test_a_second_acquire_of_a_held_name_fails_and_never_frees_the_outer_hold(server: Server, name: str) -> None:
+    # The server answers a repeated acquire with the grant the session has; a second guard for it
+    # would release the outer hold on its exit, and another session would take the lock.
+    with permit.Client(server.url) as client, client.session() as session, client.session() as other:
+        with session.acquire(name, capacity=1) as outer:
+            with pytest.raises(permit.AlreadyHeld) as raised:
+                with session.acquire(name):
+                    pass
+            assert raised.value.code == "already_held" and name in raised.value.message
+            with pytest.raises(permit.AlreadyHeld):
+                session.try_acquire(name)
+            outer.check()
+            assert other.try_acquire(name) is None, "the outer hold is intact"
+            assert client.validate(name, outer.token)
+        with session.campaign(name + ".leader", "a"):
+            with pytest.raises(permit.AlreadyHeld):
+                session.campaign(name + ".leader", "b")
+        # Released: the name can be acquired again on the same session.
+        with session.acquire(name) as again:
+            assert again.token > outer._token
+
+
+def test_an_acquire_in_flight_claims_its_name(server: Server, name: str) -> None:
+    with permit.Client(server.url) as client, client.session() as session, client.session() as other:
+        blocker = other.acquire(name, capacity=1)
+        granted: List[int] = []
+        waiter = threading.Thread(target=lambda: granted.append(session.acquire(name, timeout=10.0).token))
+        waiter.start()
+        assert eventually(lambda: len(client.semaphore(name).waiters) == 1)
+        with pytest.raises(permit.AlreadyHeld):
+            session.try_acquire(name)
+        blocker.release()
+        waiter.join(10.0)
+        assert len(granted) == 1 and granted[0] > 0

@@ -83,6 +83,17 @@ pub enum Error {
     /// local deadline passed before a keepalive was acknowledged.
     #[error("the session expired or was closed")]
     SessionExpired,
+    /// This session already holds (or is acquiring) that semaphore or election through another
+    /// guard; nothing was sent. A second guard would share the first one's hold, and releasing
+    /// it would end the hold the first one still guards. Use the guard you have, or another
+    /// session.
+    #[error("this session already holds or is acquiring {object} {name:?}; use the guard you have, or another session")]
+    AlreadyHeld {
+        /// `"semaphore"` or `"election"`.
+        object: &'static str,
+        /// Its name.
+        name: String,
+    },
 }
 
 impl Error {

@@ -1,19 +1,60 @@
 //! A hold as the guards see it: what it is on, its token, its conservative deadline, and the
 //! release on drop shared by [`Permit`](crate::Permit) and [`Leadership`](crate::Leadership).
 
+use std::collections::HashSet;
 use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::time::Instant;
 
 use crate::client::Client;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::session::{Session, SessionState};
 
 /// What a hold is on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Object {
     Semaphore,
     Election,
+}
+
+/// The names a session holds or is acquiring, one guard each.
+pub(crate) type Claims = Arc<Mutex<HashSet<(Object, String)>>>;
+
+/// A session's claim on one name, from the moment an acquire (or campaign) starts until the
+/// guard it made is released, or the acquire left nothing behind on the server. While it lives,
+/// a second acquire of that name on that session fails at once with [`Error::AlreadyHeld`]: the
+/// server answers a repeated acquire with the grant the session has (that makes retries safe),
+/// so a second guard would share the first one's hold, and its release would end the hold the
+/// first one still guards.
+#[derive(Debug)]
+pub(crate) struct Claim {
+    claims: Claims,
+    key: (Object, String),
+}
+
+impl Claim {
+    /// Claims `name` in `claims`.
+    ///
+    /// # Errors
+    /// [`Error::AlreadyHeld`] when the session holds or is acquiring it already.
+    pub fn new(claims: &Claims, object: Object, name: &str) -> Result<Claim> {
+        let key = (object, name.to_owned());
+        if !claims.lock().unwrap_or_else(PoisonError::into_inner).insert(key.clone()) {
+            let object = match object {
+                Object::Semaphore => "semaphore",
+                Object::Election => "election",
+            };
+            return Err(Error::AlreadyHeld { object, name: name.to_owned() });
+        }
+        Ok(Claim { claims: claims.clone(), key })
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.claims.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.key);
+    }
 }
 
 impl Object {
@@ -27,14 +68,16 @@ impl Object {
     }
 }
 
-/// Releases in a spawned task, best effort; the task keeps the session open until it is done.
+/// Releases in a spawned task, best effort; the task keeps the session open, and the name
+/// claimed (`claim`), until it is done, so that no new guard shares the hold being released.
 /// Outside a tokio runtime nothing is sent, and the session's expiry frees the hold.
-pub(crate) fn release_in_background(session: Session, object: Object, name: String) {
+pub(crate) fn release_in_background(session: Session, object: Object, name: String, claim: Option<Claim>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(%name, "no runtime to release on; the session's end frees the hold");
         return;
     };
     runtime.spawn(async move {
+        let _claim = claim;
         if session.liveness().state() == SessionState::Expired {
             return;
         }
@@ -55,6 +98,8 @@ pub(crate) struct Hold {
     /// When `max_hold` releases the hold at the earliest, counted from before the grant.
     pub max_hold_deadline: Option<Instant>,
     pub released: bool,
+    /// The session's claim on the name, given back once the hold is released.
+    pub claim: Option<Claim>,
 }
 
 impl Hold {
@@ -97,7 +142,8 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         if !self.released {
-            release_in_background(self.session.clone(), self.object, std::mem::take(&mut self.name));
+            let claim = self.claim.take();
+            release_in_background(self.session.clone(), self.object, std::mem::take(&mut self.name), claim);
         }
     }
 }

@@ -235,7 +235,9 @@ impl Session {
         value: &str,
         timeout: Option<Duration>,
     ) -> Result<Option<Leadership>> {
-        let Some(granted) = wait_for_grant(self, election, &Ask::Campaign { value }, timeout).await? else {
+        let claim = self.claim(Object::Election, election)?;
+        let ask = Ask::Campaign { value };
+        let Some((granted, claim)) = wait_for_grant(self, election, claim, &ask, timeout).await? else {
             return Ok(None);
         };
         let hold = Hold {
@@ -246,6 +248,7 @@ impl Session {
             token: granted.token,
             max_hold_deadline: None,
             released: false,
+            claim: Some(claim),
         };
         Ok(Some(Leadership { hold, value: value.to_owned() }))
     }

@@ -43,8 +43,11 @@ pub struct AcquireOptions {
 ///
 /// Dropping the guard releases the permits in the background (best effort: if that fails, they
 /// come back when the session ends); [`Permit::release`] releases them and reports the outcome.
-/// A session holds at most one grant per semaphore: acquiring the same semaphore again on the same
-/// session returns the same grant, and releasing either guard releases it.
+/// A session holds at most one grant per semaphore, and this client hands out one guard for it:
+/// acquiring a semaphore again on a session that holds it (or is acquiring it) fails at once with
+/// [`Error::AlreadyHeld`](crate::Error::AlreadyHeld), until the first guard is released or
+/// dropped (and its release answered). So an inner scope can never release a hold an outer one
+/// still guards. Use another session for a second, independent hold.
 ///
 /// The hold can be lost while the guard lives: when the session expires, or when `max_hold`
 /// passes. [`Permit::lost`] resolves then, counted conservatively from when requests were sent,
@@ -347,7 +350,8 @@ impl Session {
             max_hold: options.max_hold,
             ephemeral: options.ephemeral,
         };
-        let Some(granted) = wait_for_grant(self, name, &ask, options.timeout).await? else {
+        let claim = self.claim(Object::Semaphore, name)?;
+        let Some((granted, claim)) = wait_for_grant(self, name, claim, &ask, options.timeout).await? else {
             return Ok(None);
         };
         let hold = Hold {
@@ -361,6 +365,7 @@ impl Session {
                 .max_hold
                 .map(|max_hold| granted.not_before + Duration::from_millis(duration_ms(max_hold))),
             released: false,
+            claim: Some(claim),
         };
         Ok(Some(Permit { hold }))
     }

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
+use crate::hold::{Claim, Claims, Object};
 use crate::keepalive::{self, Stop};
 use crate::semaphores::duration_ms;
 
@@ -100,6 +101,8 @@ struct Inner {
     liveness: Arc<Liveness>,
     /// Tells the keepalive task to stop; dropping it (with the last handle) stops it too.
     stop: Mutex<Option<oneshot::Sender<Stop>>>,
+    /// The names this session holds or is acquiring (one guard each).
+    claims: Claims,
 }
 
 impl Drop for Inner {
@@ -203,8 +206,20 @@ impl Session {
             acknowledged_sent: sent,
         };
         tokio::spawn(task.run(stopped));
-        let inner = Inner { client, id: created.id, ttl, liveness, stop: Mutex::new(Some(stop)) };
+        let inner = Inner {
+            client,
+            id: created.id,
+            ttl,
+            liveness,
+            stop: Mutex::new(Some(stop)),
+            claims: Claims::default(),
+        };
         Ok(Session { inner: Arc::new(inner) })
+    }
+
+    /// Claims `name` for one guard (see [`Claim`]).
+    pub(crate) fn claim(&self, object: Object, name: &str) -> Result<Claim> {
+        Claim::new(&self.inner.claims, object, name)
     }
 
     /// The session id (32 hex digits), as the server and `permit show` print it.

@@ -7,7 +7,7 @@ use permit_wire::{AcquireRequest, AcquireResponse, CampaignRequest, CampaignResp
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::hold::{release_in_background, Object};
+use crate::hold::{release_in_background, Claim, Object};
 use crate::semaphores::duration_ms;
 use crate::session::{Session, SessionState};
 
@@ -92,18 +92,22 @@ impl Ask<'_> {
 /// queueing). On timeout the wait is cancelled on the server (a grant that raced with the
 /// cancel is released) and the answer is `None`. Dropping the future does the same in the
 /// background.
+///
+/// `claim` is the session's claim on `name`: it comes back with the grant, goes with a place
+/// given up in the background until that is done, and is given back otherwise.
 pub(crate) async fn wait_for_grant(
     session: &Session,
     name: &str,
+    claim: Claim,
     ask: &Ask<'_>,
     timeout: Option<Duration>,
-) -> Result<Option<Granted>> {
+) -> Result<Option<(Granted, Claim)>> {
     if session.state() == SessionState::Expired {
         return Err(Error::SessionExpired);
     }
     let try_once = timeout == Some(Duration::ZERO);
     let deadline = timeout.map(|timeout| Instant::now() + timeout);
-    let mut place = QueuePlace { session, object: ask.object(), name, armed: true };
+    let mut place = QueuePlace { session, object: ask.object(), name, armed: true, claim: Some(claim) };
     let mut last_waiting_sent = None;
     loop {
         let wait = match deadline {
@@ -122,7 +126,8 @@ pub(crate) async fn wait_for_grant(
             Ok(Answer::Granted { permits, token }) => {
                 place.armed = false;
                 let not_before = last_waiting_sent.unwrap_or(sent);
-                return Ok(Some(Granted { permits, token, not_before }));
+                let claim = place.claim.take().expect("the claim stays with the place until granted");
+                return Ok(Some((Granted { permits, token, not_before }, claim)));
             }
             Ok(Answer::Waiting) => {}
             Err(error) if try_once && error.code() == Some(ErrorCode::Unavailable) => {
@@ -155,12 +160,14 @@ struct QueuePlace<'a> {
     object: Object,
     name: &'a str,
     armed: bool,
+    claim: Option<Claim>,
 }
 
 impl Drop for QueuePlace<'_> {
     fn drop(&mut self) {
         if self.armed {
-            release_in_background(self.session.clone(), self.object, self.name.to_owned());
+            let claim = self.claim.take();
+            release_in_background(self.session.clone(), self.object, self.name.to_owned(), claim);
         }
     }
 }

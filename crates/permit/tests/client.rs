@@ -447,3 +447,57 @@ async fn sessions_fall_back_to_one_keepalive_each_on_a_server_without_the_batch_
         "{batched} batch requests: the client gave the route up after its 405"
     );
 }
+
+/// Finding (issue 29): the server answers a repeated acquire with the grant the session has, so
+/// a client that made a second guard for it let the inner guard's release end the hold the outer
+/// one still guarded, and another session took the lock. A second acquire (or campaign) of a
+/// name the session holds, or is acquiring, now fails at once; the outer hold is never freed by
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_acquire_of_a_held_name_fails_and_never_frees_the_outer_hold() {
+    let server = Server::start();
+    let client = client(&server);
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let other = client.session(Duration::from_secs(10)).await.unwrap();
+    for name in ["lock.reentry", "lock.queued"] {
+        client.put_semaphore(name, 1).await.unwrap();
+    }
+    let outer = bounded("outer acquire", session.acquire("lock.reentry", 1)).await.unwrap();
+    for attempt in [
+        bounded("inner acquire", session.acquire("lock.reentry", 1)).await.map(|_| ()),
+        bounded("inner try", session.try_acquire("lock.reentry", 1)).await.map(|_| ()),
+    ] {
+        assert!(
+            matches!(attempt, Err(Error::AlreadyHeld { ref name, .. }) if name == "lock.reentry"),
+            "{attempt:?}"
+        );
+    }
+    // The outer hold is intact: nobody else gets the lock, and its token is still current.
+    assert!(bounded("other try", other.try_acquire("lock.reentry", 1)).await.unwrap().is_none());
+    assert_eq!(occupancy(&client, "lock.reentry").await.0, 1);
+    // An acquire in flight claims the name too: a concurrent second one fails at once.
+    let blocker = bounded("blocker", other.acquire("lock.queued", 1)).await.unwrap();
+    let queued = {
+        let session = session.clone();
+        tokio::spawn(async move { session.acquire("lock.queued", 1).await.map(|permit| permit.token()) })
+    };
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    while occupancy(&client, "lock.queued").await.1 == 0 {
+        assert!(Instant::now() < deadline, "the first acquire queues");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let second = bounded("second while queued", session.try_acquire("lock.queued", 1)).await;
+    assert!(matches!(second, Err(Error::AlreadyHeld { .. })), "{second:?}");
+    blocker.release().await.unwrap();
+    let token = bounded("queued grant", queued).await.unwrap().unwrap();
+    assert!(token > 0);
+    // Elections too.
+    let leading = bounded("campaign", session.campaign("lead.reentry", "a")).await.unwrap();
+    let again = bounded("campaign again", session.campaign("lead.reentry", "b")).await;
+    assert!(matches!(again, Err(Error::AlreadyHeld { .. })), "{again:?}");
+    drop(leading);
+    // Once the outer guard is released, the name can be acquired again on the session.
+    outer.release().await.unwrap();
+    let next = bounded("acquire after release", session.acquire("lock.reentry", 1)).await.unwrap();
+    next.release().await.unwrap();
+}
