@@ -270,6 +270,14 @@ impl State {
         Ok(Outcome::TokenDeleted { sessions_closed: owned.len() as u64 })
     }
 
+    /// Sets the token salt of a state that has none, as [`crate::Command::SetTokenSalt`] would
+    /// (without a root); false if it has one. Not a command: only for a state that starts a new
+    /// cluster (`permit serve --restore` of a backup made before salts, so that the configured
+    /// root secret is stored salted), before any replica shares it.
+    pub fn install_token_salt(&mut self, salt: [u8; 32]) -> bool {
+        self.token_salt.is_none() && self.set_token_salt(salt, None).is_ok()
+    }
+
     /// Makes `secret_hash` the root token's secret: the root token keeps its place with this
     /// secret, or is made again (with the root's rules) if the state has none. Not a command:
     /// only for a state that starts a new cluster (`permit serve --restore` applying the
@@ -580,6 +588,9 @@ mod tests {
                 crate::Command::CreateToken { id: other, token: other_token },
             ],
         );
+        assert!(state.install_token_salt([8; 32]));
+        assert!(!state.install_token_salt([9; 32]), "a salt is set once");
+        assert_eq!(state.token_salt(), Some(&[8; 32]));
         state.install_root_secret([4; 32]).unwrap();
         assert!(state.token_by_secret(&[1; 32]).is_none(), "the backup's root secret no longer works");
         assert_eq!(state.token_by_secret(&[4; 32]).map(|(id, _)| id), Some(ROOT_TOKEN_ID));

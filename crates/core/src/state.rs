@@ -638,7 +638,11 @@ impl State {
         }
     }
 
-    fn set_token_salt(&mut self, salt: [u8; 32], root: Option<&Token>) -> Result<Outcome, Refusal> {
+    pub(crate) fn set_token_salt(
+        &mut self,
+        salt: [u8; 32],
+        root: Option<&Token>,
+    ) -> Result<Outcome, Refusal> {
         if self.token_salt.is_some() {
             return Err(Refusal::TokenExists);
         }

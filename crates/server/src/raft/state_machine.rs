@@ -307,6 +307,11 @@ pub fn restore(
         snapshot_id: format!("restored-{}", log_id.index),
     };
     if let Some(secret) = root_secret {
+        // A backup made before salts gets its salt here, so that the root secret is stored
+        // salted (its other tokens keep their plain SHA-256).
+        if state.install_token_salt(rand::random()) {
+            tracing::info!("restore: token salt created");
+        }
         let hash = crate::auth::secret_hash(state.token_salt(), secret);
         state.install_root_secret(hash).map_err(|refusal| {
             anyhow::anyhow!("the configured root secret cannot become the root token's: {refusal}")
