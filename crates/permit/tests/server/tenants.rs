@@ -290,3 +290,85 @@ async fn a_restore_applies_the_configured_root_secret_and_names_every_token_it_b
     assert_eq!(root.send("DELETE", &format!("/v1/acl/tokens/{revived_id}"), None).await.status, 204);
     assert_eq!(Api::with_token(&server.url, &revived).get("/v1/acl/tokens/self").await.status, 401);
 }
+
+/// A backup as a cluster made before token salts wrote it: snapshot format 2, every token
+/// stored under the plain SHA-256 of its secret, no salt. Built from a backup of `url` whose
+/// tokens' secrets are `secrets` (by token name).
+async fn backup_before_salts(url: &str, secrets: &[(&str, &str)]) -> Vec<u8> {
+    use permit_core::{Kind, State};
+    use permit_server::raft::snapshot_store;
+    let (meta, bytes) = snapshot_store::decode(&backup(url).await).unwrap();
+    let state = State::decode_snapshot(&bytes).unwrap();
+    let objects: Vec<_> = [Kind::Semaphore, Kind::Election]
+        .into_iter()
+        .flat_map(|kind| state.objects_after(kind, None).map(|(key, object)| (key.clone(), object.clone())))
+        .collect();
+    let tokens: Vec<_> = state
+        .tokens()
+        .map(|(id, token)| {
+            let secret = secrets.iter().find(|(name, _)| *name == token.name).expect("a known token").1;
+            let mut token = token.clone();
+            token.secret_hash = permit_server::auth::secret_hash(None, secret);
+            (*id, token)
+        })
+        .collect();
+    let ephemeral: Vec<_> =
+        objects.iter().map(|(key, _)| key.clone()).filter(|key| state.is_ephemeral(key)).collect();
+    // Version 2's fields, one after the other: sessions, objects, last token, time, applied
+    // index, tokens, whether the root was created, ephemeral semaphores.
+    let v2 = (
+        state.sessions().map(|(id, session)| (*id, session.clone())).collect::<Vec<_>>(),
+        objects,
+        state.last_token(),
+        state.now_ms(),
+        state.applied_index(),
+        tokens,
+        state.root_created(),
+        ephemeral,
+    );
+    let state_bytes = postcard::to_extend(&v2, vec![2]).unwrap();
+    snapshot_store::encode(&meta, &state_bytes).unwrap()
+}
+
+/// Whether the server's replicated state (as a backup shows it) has a token salt.
+async fn has_salt(url: &str) -> bool {
+    let (_, state) = permit_server::raft::snapshot_store::decode(&backup(url).await).unwrap();
+    assert_eq!(state[0], permit_core::SNAPSHOT_FORMAT_VERSION);
+    permit_core::State::decode_snapshot(&state).unwrap().token_salt().is_some()
+}
+
+#[tokio::test]
+async fn tokens_stored_unsalted_before_the_upgrade_keep_working_and_new_ones_are_salted() {
+    let (mut old, temp) = secured(&[]).await;
+    let root = Api::with_token(&old.url, ROOT);
+    let (ci, _) = root.create_token("ci", &["semaphore:=admin"]).await;
+    assert_eq!(put(&Api::with_token(&old.url, &ci), "db").await, 201);
+    let file = temp.path().join("old.backup");
+    std::fs::write(&file, backup_before_salts(&old.url, &[("root", ROOT), ("ci", &ci)]).await).unwrap();
+    old.kill9();
+
+    // Restored without a configured root secret: every old token keeps its plain hash and
+    // authenticates by it; the new leader gives the cluster a salt, and tokens made from then
+    // on are stored under it.
+    let restore = file.to_str().unwrap();
+    let data = temp.path().join("upgraded");
+    let server = Logged::start(
+        &["--auth", "--restore", restore, "--data-dir", data.to_str().unwrap()],
+        &[],
+        temp.path().join("upgraded.log"),
+    );
+    let root = Api::with_token(&server.url, ROOT);
+    assert_eq!(root.get("/v1/acl/tokens/self").await.body["name"], "root", "{}", server.stderr());
+    let ci = Api::with_token(&server.url, &ci);
+    assert_eq!(ci.get("/v1/semaphores/db").await.status, 200);
+    let salted = eventually(Duration::from_secs(10), async || has_salt(&server.url).await).await;
+    assert!(salted, "the upgraded cluster got no salt");
+    let (fresh, _) = root.create_token("fresh", &["semaphore:=read"]).await;
+    assert_eq!(Api::with_token(&server.url, &fresh).get("/v1/semaphores/db").await.status, 200);
+    let plain = permit_server::auth::secret_hash(None, &fresh);
+    let bytes = backup(&server.url).await;
+    assert!(!bytes.windows(32).any(|window| window == plain), "a token made after the upgrade is unsalted");
+    // The old tokens still authenticate once the salt is there.
+    assert_eq!(ci.get("/v1/semaphores/db").await.status, 200);
+    assert_eq!(root.get("/v1/acl/tokens/self").await.status, 200);
+}
