@@ -1,8 +1,11 @@
 //! Access control: tokens, their rules, and the question "may this token do that to this name?".
 //!
 //! Tokens live in the replicated [`crate::State`], so every node agrees on them and a change needs
-//! no restart. A token stores only the SHA-256 of its secret: secrets are 256 random bits drawn
-//! by the server (or given by the operator for the root token), so a plain hash is enough. The
+//! no restart. A token stores only a hash of its secret: HMAC-SHA256 keyed with the cluster's
+//! token salt ([`crate::Command::SetTokenSalt`], drawn once per cluster), so that the stored
+//! hashes in a data dir or a backup match no precomputed table and no other cluster's. Tokens
+//! created before their cluster had a salt keep the plain SHA-256 they were stored with (the
+//! secret is not known afterwards to rehash it); the shell looks a secret up under both. The
 //! hashing itself happens in the shell; this module only compares hashes.
 
 use std::fmt;
@@ -132,8 +135,9 @@ pub struct Rule {
 pub struct Token {
     /// A name for humans (`ci`, `scheduler-hosts`).
     pub name: String,
-    /// SHA-256 of the secret.
-    pub secret_sha256: [u8; 32],
+    /// The hash of the secret: HMAC-SHA256 keyed with the cluster's token salt, or, for a token
+    /// created before the cluster had a salt, the plain SHA-256 of the secret.
+    pub secret_hash: [u8; 32],
     /// The grants. For a resource and name, the rule with the longest matching prefix decides
     /// (as Consul's policies do); no matching rule means no access.
     pub rules: Vec<Rule>,
@@ -149,7 +153,7 @@ impl Token {
     /// let rule = |prefix: &str, access| Rule { resource: Resource::Semaphore, prefix: prefix.into(), access };
     /// let token = Token {
     ///     name: "ci".into(),
-    ///     secret_sha256: [0; 32],
+    ///     secret_hash: [0; 32],
     ///     rules: vec![rule("db.", Access::Write), rule("db.prod.", Access::Read)],
     /// };
     /// assert_eq!(token.access(Resource::Semaphore, "db.orders"), Some(Access::Write));
@@ -221,7 +225,7 @@ impl State {
         let root_again = id == ROOT_TOKEN_ID && self.root_created;
         if root_again
             || self.tokens.contains_key(&id)
-            || self.token_ids_by_secret.contains_key(&token.secret_sha256)
+            || self.token_ids_by_secret.contains_key(&token.secret_hash)
         {
             return Err(Refusal::TokenExists);
         }
@@ -229,13 +233,16 @@ impl State {
             return Err(Refusal::LimitExceeded(Limit::Tokens));
         }
         self.root_created |= id == ROOT_TOKEN_ID;
-        self.token_ids_by_secret.insert(token.secret_sha256, id);
+        self.token_ids_by_secret.insert(token.secret_hash, id);
         self.tokens.insert(id, token.clone());
         Ok(Outcome::TokenCreated)
     }
 
     /// Deletes the token, then closes its sessions: their holds are released and their waits
-    /// cancelled as if each session had been closed by its client.
+    /// cancelled as if each session had been closed by its client. Then the objects it created
+    /// that nobody holds or waits on any more are deleted; those still in use stay, and no
+    /// longer count against any token (they belong to whoever uses them, as objects created
+    /// with auth off do).
     pub(crate) fn delete_token(
         &mut self,
         index: u64,
@@ -243,7 +250,7 @@ impl State {
         effects: &mut Vec<Effect>,
     ) -> Result<Outcome, Refusal> {
         let token = self.tokens.remove(&id).ok_or(Refusal::TokenNotFound)?;
-        self.token_ids_by_secret.remove(&token.secret_sha256);
+        self.token_ids_by_secret.remove(&token.secret_hash);
         let owned: Vec<SessionId> = if self.sessions_per_owner.contains_key(&id) {
             self.sessions.iter().filter(|(_, s)| s.owner == Some(id)).map(|(sid, _)| *sid).collect()
         } else {
@@ -252,7 +259,50 @@ impl State {
         for session in &owned {
             self.remove_session(index, *session, false, effects);
         }
+        // The sessions closed above may have removed some of its objects already (idle
+        // elections and ephemeral semaphores), which took them out of this index.
+        for key in self.created_by.remove(&id).unwrap_or_default() {
+            self.creators.remove(&key);
+            if self.objects.get(&key).is_some_and(|object| object.is_idle()) {
+                self.remove_object(&key, effects);
+            }
+        }
         Ok(Outcome::TokenDeleted { sessions_closed: owned.len() as u64 })
+    }
+
+    /// Sets the token salt of a state that has none, as [`crate::Command::SetTokenSalt`] would
+    /// (without a root); false if it has one. Not a command: only for a state that starts a new
+    /// cluster (`permit serve --restore` of a backup made before salts, so that the configured
+    /// root secret is stored salted), before any replica shares it.
+    pub fn install_token_salt(&mut self, salt: [u8; 32]) -> bool {
+        self.token_salt.is_none() && self.set_token_salt(salt, None).is_ok()
+    }
+
+    /// Makes `secret_hash` the root token's secret: the root token keeps its place with this
+    /// secret, or is made again (with the root's rules) if the state has none. Not a command:
+    /// only for a state that starts a new cluster (`permit serve --restore` applying the
+    /// configured root secret to a backup), before any replica shares it.
+    ///
+    /// # Errors
+    /// [`Refusal::TokenExists`] when another token has this secret; [`Refusal::LimitExceeded`]
+    /// when the root must be made again and the state has as many tokens as it may.
+    pub fn install_root_secret(&mut self, secret_hash: [u8; 32]) -> Result<(), Refusal> {
+        match self.token_ids_by_secret.get(&secret_hash) {
+            Some(id) if *id != ROOT_TOKEN_ID => return Err(Refusal::TokenExists),
+            _ => {}
+        }
+        let root = match self.tokens.get(&ROOT_TOKEN_ID) {
+            Some(root) => {
+                self.token_ids_by_secret.remove(&root.secret_hash);
+                Token { secret_hash, ..root.clone() }
+            }
+            None if self.tokens.len() >= TOKENS_MAX => return Err(Refusal::LimitExceeded(Limit::Tokens)),
+            None => Token { name: "root".to_owned(), secret_hash, rules: root_rules() },
+        };
+        self.token_ids_by_secret.insert(secret_hash, ROOT_TOKEN_ID);
+        self.tokens.insert(ROOT_TOKEN_ID, root);
+        self.root_created = true;
+        Ok(())
     }
 
     /// The token with this id.
@@ -260,9 +310,9 @@ impl State {
         self.tokens.get(&id)
     }
 
-    /// The token whose secret has this SHA-256, with its id.
-    pub fn token_by_secret(&self, secret_sha256: &[u8; 32]) -> Option<(TokenId, &Token)> {
-        let id = *self.token_ids_by_secret.get(secret_sha256)?;
+    /// The token whose stored secret hash is this, with its id.
+    pub fn token_by_secret(&self, secret_hash: &[u8; 32]) -> Option<(TokenId, &Token)> {
+        let id = *self.token_ids_by_secret.get(secret_hash)?;
         Some((id, self.tokens.get(&id).expect("the secret index names live tokens")))
     }
 
@@ -287,7 +337,7 @@ mod tests {
     use super::*;
 
     fn token(rules: Vec<Rule>) -> Token {
-        Token { name: "t".into(), secret_sha256: [1; 32], rules }
+        Token { name: "t".into(), secret_hash: [1; 32], rules }
     }
 
     #[test]
@@ -319,7 +369,7 @@ mod tests {
         let mut state = State::default();
         let (alice, bob) = (TokenId::from_bytes([1; 16]), TokenId::from_bytes([2; 16]));
         let mut bob_token = token(root_rules());
-        bob_token.secret_sha256 = [2; 32];
+        bob_token.secret_hash = [2; 32];
         let key = Key::semaphore(Name::new("db").unwrap());
         let acquire = |session: u8| Command::Acquire(acquire_one(&key, session));
         let outcomes = apply(
@@ -363,7 +413,7 @@ mod tests {
         assert_eq!(outcomes[3], Outcome::Refused(Refusal::LimitExceeded(Limit::SessionsPerToken)));
         apply(&mut state, vec![crate::Command::DeleteToken { id: ROOT_TOKEN_ID }]);
         let mut again = token(root_rules());
-        again.secret_sha256 = [9; 32];
+        again.secret_hash = [9; 32];
         let outcomes =
             apply(&mut state, vec![crate::Command::CreateToken { id: ROOT_TOKEN_ID, token: again }]);
         assert_eq!(outcomes[0], Outcome::Refused(Refusal::TokenExists));
@@ -393,5 +443,162 @@ mod tests {
         assert!(validate_token("ci", &[rule]).is_err());
         let many = vec![root_rules()[0].clone(); TOKEN_RULES_MAX + 1];
         assert!(validate_token("ci", &many).is_err());
+    }
+
+    #[test]
+    fn a_token_creates_at_most_its_cap_of_objects_and_its_deletion_frees_the_unused_ones() {
+        use crate::{Command, Creator, Key, Name};
+        let mut state = State::default();
+        let (alice, bob) = (TokenId::from_bytes([1; 16]), TokenId::from_bytes([2; 16]));
+        let mut bob_token = token(root_rules());
+        bob_token.secret_hash = [2; 32];
+        let name = |text: &str| Name::new(text).unwrap();
+        let by = |token, objects_max| Creator { token, objects_max };
+        let put = |text: &str, creator| Command::PutSemaphoreBy { name: name(text), capacity: 1, creator };
+        let acquire = |key: Key, session: u8, creator, ephemeral| Command::AcquireBy {
+            acquire: acquire_one(&key, session),
+            ephemeral,
+            creator,
+        };
+        let sem = |text: &str| Key::semaphore(name(text));
+        let outcomes = apply(
+            &mut state,
+            vec![
+                Command::CreateToken { id: alice, token: token(root_rules()) },
+                Command::CreateToken { id: bob, token: bob_token },
+                owned_session(1, alice, 10),
+                owned_session(2, bob, 10),
+                put("a1", by(alice, 3)),
+                put("a2", by(alice, 3)),
+                acquire(sem("a3"), 1, by(alice, 3), false),
+                // The cap is reached: a fourth creation of any kind is refused...
+                put("a4", by(alice, 3)),
+                acquire(sem("a4"), 1, by(alice, 3), true),
+                acquire(Key::election(name("e")), 1, by(alice, 3), false),
+                // ...but using objects that exist is not a creation, nor is setting a capacity.
+                put("a1", by(alice, 3)),
+                acquire(sem("a1"), 1, by(alice, 3), false),
+                // Another token has a cap of its own.
+                put("b1", by(bob, 3)),
+                acquire(sem("a1"), 2, by(bob, 3), true),
+                acquire(sem("a2"), 2, by(bob, 3), true),
+            ],
+        );
+        let limit = Outcome::Refused(Refusal::LimitExceeded(Limit::ObjectsPerToken));
+        assert_eq!(outcomes[4..6], [Outcome::SemaphoreCreated, Outcome::SemaphoreCreated]);
+        assert!(matches!(outcomes[6], Outcome::Acquired { .. }), "{:?}", outcomes[6]);
+        assert_eq!(outcomes[7..10], [limit.clone(), limit.clone(), limit.clone()]);
+        assert_eq!(outcomes[10], Outcome::SemaphoreUpdated);
+        assert!(matches!(outcomes[11], Outcome::Acquired { .. }));
+        assert_eq!(outcomes[12], Outcome::SemaphoreCreated);
+        assert!(state.object(&Key::election(name("e"))).is_none() && state.object(&sem("a4")).is_none());
+        assert_eq!((state.objects_created_by(alice), state.objects_created_by(bob)), (3, 1));
+        // A cap smaller than what the token has: refused too (the flag was lowered).
+        let outcomes = apply(&mut state, vec![put("a5", by(alice, 1))]);
+        assert_eq!(outcomes[0], limit);
+        // Deleting one of its objects frees a place.
+        apply(&mut state, vec![Command::Release { key: sem("a2"), session: SessionId::from_bytes([2; 16]) }]);
+        let outcomes =
+            apply(&mut state, vec![Command::DeleteSemaphore { name: name("a2") }, put("a4", by(alice, 3))]);
+        assert_eq!(outcomes, [Outcome::SemaphoreDeleted, Outcome::SemaphoreCreated]);
+        let bytes = state.encode_snapshot();
+        assert_eq!(State::decode_snapshot(&bytes).unwrap(), state, "creators survive a snapshot");
+
+        // Alice goes: her session's holds end (a3 and a1 held by session 1), then what she made
+        // that nobody uses goes (a3, a4); a1, which bob's session holds (granted from the queue
+        // when alice's hold ended), stays and counts against nobody.
+        let outcomes = apply(&mut state, vec![Command::DeleteToken { id: alice }]);
+        assert_eq!(outcomes[0], Outcome::TokenDeleted { sessions_closed: 1 });
+        assert!(state.object(&sem("a3")).is_none() && state.object(&sem("a4")).is_none());
+        let a1 = state.object(&sem("a1")).expect("in use: kept");
+        assert!(a1.holders.contains_key(&SessionId::from_bytes([2; 16])));
+        assert_eq!((state.creator_of(&sem("a1")), state.creator_of(&sem("b1"))), (None, Some(bob)));
+        assert_eq!((state.objects_created_by(alice), state.objects_created_by(bob)), (0, 1));
+        // A deleted token creates nothing.
+        assert_eq!(
+            apply(&mut state, vec![put("a9", by(alice, 3))])[0],
+            Outcome::Refused(Refusal::TokenNotFound)
+        );
+        state.verify().unwrap();
+        assert_eq!(State::decode_snapshot(&state.encode_snapshot()).unwrap(), state);
+    }
+
+    #[test]
+    fn the_token_salt_is_set_once_with_the_root_token_or_not_at_all() {
+        use crate::{Command, Creator, Name};
+        let mut state = State::default();
+        let mut clash = token(vec![]);
+        clash.secret_hash = [6; 32];
+        let mut root = token(root_rules());
+        root.secret_hash = [6; 32];
+        let salt = |salt, root| Command::SetTokenSalt { salt, root };
+        let by_root = Creator { token: ROOT_TOKEN_ID, objects_max: 1 };
+        let put = |name: &str| Command::PutSemaphoreBy {
+            name: Name::new(name).unwrap(),
+            capacity: 1,
+            creator: by_root,
+        };
+        let outcomes = apply(
+            &mut state,
+            vec![
+                // Before the bootstrap the configured root creates freely, counted against nobody.
+                put("early.1"),
+                put("early.2"),
+                Command::CreateToken { id: TokenId::from_bytes([5; 16]), token: clash },
+                // The root cannot be created (its secret is taken): the salt is not set either.
+                salt([9; 32], Some(root.clone())),
+            ],
+        );
+        assert_eq!(outcomes[..2], [Outcome::SemaphoreCreated, Outcome::SemaphoreCreated]);
+        assert_eq!(outcomes[3], Outcome::Refused(Refusal::TokenExists));
+        assert_eq!((state.token_salt(), state.root_created()), (None, false));
+        assert_eq!(state.objects_created_by(ROOT_TOKEN_ID), 0);
+        root.secret_hash = [4; 32];
+        let outcomes = apply(
+            &mut state,
+            vec![salt([7; 32], Some(root)), salt([8; 32], None), put("late.1"), put("late.2")],
+        );
+        let limit = Outcome::Refused(Refusal::LimitExceeded(Limit::ObjectsPerToken));
+        assert_eq!(
+            outcomes,
+            [Outcome::TokenSaltSet, Outcome::Refused(Refusal::TokenExists), Outcome::SemaphoreCreated, limit]
+        );
+        assert_eq!(state.token_salt(), Some(&[7; 32]));
+        assert_eq!(state.token_by_secret(&[4; 32]).map(|(id, _)| id), Some(ROOT_TOKEN_ID));
+        assert_eq!(State::decode_snapshot(&state.encode_snapshot()).unwrap(), state);
+        // A cluster with a root but no salt (made before salts) gets one without a root.
+        let mut old = State::default();
+        let outcomes = apply(
+            &mut old,
+            vec![Command::CreateToken { id: ROOT_TOKEN_ID, token: token(root_rules()) }, salt([3; 32], None)],
+        );
+        assert_eq!(outcomes, [Outcome::TokenCreated, Outcome::TokenSaltSet]);
+    }
+
+    #[test]
+    fn a_restore_installs_the_root_secret_in_place_or_makes_the_root_again() {
+        let mut state = State::default();
+        let other = TokenId::from_bytes([3; 16]);
+        let mut other_token = token(vec![]);
+        other_token.secret_hash = [3; 32];
+        apply(
+            &mut state,
+            vec![
+                crate::Command::CreateToken { id: ROOT_TOKEN_ID, token: token(root_rules()) },
+                crate::Command::CreateToken { id: other, token: other_token },
+            ],
+        );
+        assert!(state.install_token_salt([8; 32]));
+        assert!(!state.install_token_salt([9; 32]), "a salt is set once");
+        assert_eq!(state.token_salt(), Some(&[8; 32]));
+        state.install_root_secret([4; 32]).unwrap();
+        assert!(state.token_by_secret(&[1; 32]).is_none(), "the backup's root secret no longer works");
+        assert_eq!(state.token_by_secret(&[4; 32]).map(|(id, _)| id), Some(ROOT_TOKEN_ID));
+        assert_eq!(state.install_root_secret([3; 32]), Err(Refusal::TokenExists), "another token's secret");
+        apply(&mut state, vec![crate::Command::DeleteToken { id: ROOT_TOKEN_ID }]);
+        state.install_root_secret([5; 32]).unwrap();
+        let (_, root) = state.token_by_secret(&[5; 32]).unwrap();
+        assert_eq!(root.rules, root_rules());
+        state.verify().unwrap();
     }
 }

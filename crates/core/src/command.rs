@@ -109,6 +109,50 @@ pub enum Command {
         /// The session whose hold or wait ends.
         session: SessionId,
     },
+    /// Like [`Command::PutSemaphore`], on behalf of an access token: a semaphore it creates
+    /// counts against the token's cap of objects. (Commands made with auth off, and logs
+    /// written before the cap existed, use `PutSemaphore`.)
+    PutSemaphoreBy {
+        /// The semaphore.
+        name: Name,
+        /// Its capacity in permits.
+        capacity: u64,
+        /// The token on whose behalf, and its cap.
+        creator: Creator,
+    },
+    /// Like [`Command::Acquire`] (or [`Command::AcquireEphemeral`]), on behalf of an access
+    /// token: an object it creates counts against the token's cap of objects.
+    AcquireBy {
+        /// The acquire or campaign.
+        acquire: Acquire,
+        /// Whether a semaphore it creates is ephemeral, as with [`Command::AcquireEphemeral`].
+        ephemeral: bool,
+        /// The token on whose behalf, and its cap.
+        creator: Creator,
+    },
+    /// Sets the cluster's token salt, once: the key of the HMAC-SHA256 under which token secrets
+    /// are stored from then on. Drawn at random by the leader that bootstraps the root token (or,
+    /// for a cluster made before salts, by the first leader that finds none). A second one is
+    /// refused, so that every replica keeps the first.
+    SetTokenSalt {
+        /// 256 random bits.
+        salt: [u8; 32],
+        /// The root token, its secret hashed under `salt`, to create in the same step when the
+        /// cluster never had one: the bootstrap is one entry, so no moment exists with a salt
+        /// and no root. If it cannot be created, nothing changes.
+        root: Option<Token>,
+    },
+}
+
+/// The access token on whose behalf a command may create a semaphore or an election, with the
+/// most objects it may have created that still exist (the server's `--objects-per-token-max`,
+/// carried as a value so that every replica decides alike).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Creator {
+    /// The token.
+    pub token: TokenId,
+    /// Refuse a creation when the token has created this many objects that still exist.
+    pub objects_max: u64,
 }
 
 /// An acquire or a campaign.

@@ -53,6 +53,11 @@ impl Name {
         Name(String::new())
     }
 
+    /// Any text as a name, for range bounds only. Never stored.
+    pub(crate) fn bound(text: String) -> Name {
+        Name(text)
+    }
+
     /// The name as text.
     pub fn as_str(&self) -> &str {
         &self.0

@@ -53,6 +53,8 @@ pub enum Outcome {
         /// Sessions closed with it.
         sessions_closed: u64,
     },
+    /// The cluster's token salt is set.
+    TokenSaltSet,
 }
 
 /// Why a command changed nothing. Every variant is something a client can cause; bugs are
@@ -105,7 +107,7 @@ pub enum Refusal {
     #[error("access token not found")]
     TokenNotFound,
     /// An access token with this id or secret exists already, or the root token was created
-    /// before.
+    /// before (or, for [`crate::Command::SetTokenSalt`], the salt was set before).
     #[error("access token already exists")]
     TokenExists,
 }
@@ -174,6 +176,9 @@ pub enum Limit {
     /// The per-token session cap the server carried in the command (`--sessions-per-token-max`).
     #[error("this token has as many live sessions as it may")]
     SessionsPerToken,
+    /// The per-token object cap the server carried in the command (`--objects-per-token-max`).
+    #[error("this token has created as many semaphores and elections as it may")]
+    ObjectsPerToken,
 }
 
 /// A change the shell must react to: wake a long-poll, arm an expiry timer.

@@ -15,7 +15,7 @@ use crate::{Key, SessionId, State, Token, TokenId};
 
 /// The first byte of every snapshot. Bump it when the layout changes and keep a decoder for
 /// every older version that may sit on a disk.
-pub const SNAPSHOT_FORMAT_VERSION: u8 = 2;
+pub const SNAPSHOT_FORMAT_VERSION: u8 = 3;
 
 /// Why bytes are not a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -45,10 +45,12 @@ pub struct SnapshotView {
     tokens: OrdMap<TokenId, Token>,
     root_created: bool,
     ephemeral: OrdSet<Key>,
+    creators: OrdMap<Key, TokenId>,
+    token_salt: Option<[u8; 32]>,
 }
 
 /// A map serialized as a map in key order, exactly as serde serializes a `BTreeMap`: postcard
-/// writes the length, then the pairs, so the bytes are those of version 2 written from
+/// writes the length, then the pairs, so the bytes are those of the snapshot written from
 /// `BTreeMap`s (the test `maps_decode_from_the_bytes_of_sorted_pairs` holds them to it).
 struct InOrder<'a, K, V>(&'a OrdMap<K, V>);
 
@@ -88,9 +90,9 @@ impl<K: Serialize + Ord + Clone> Serialize for SetInOrder<'_, K> {
     }
 }
 
-/// Version 2's layout, borrowed from a [`SnapshotView`].
+/// Version 3's layout, borrowed from a [`SnapshotView`].
 #[derive(Serialize)]
-struct SnapshotV2Ref<'a> {
+struct SnapshotV3Ref<'a> {
     sessions: InOrder<'a, SessionId, Session>,
     objects: ObjectsInOrder<'a>,
     last_token: u64,
@@ -99,13 +101,15 @@ struct SnapshotV2Ref<'a> {
     tokens: InOrder<'a, TokenId, Token>,
     root_created: bool,
     ephemeral: SetInOrder<'a, Key>,
+    creators: InOrder<'a, Key, TokenId>,
+    token_salt: Option<[u8; 32]>,
 }
 
 impl SnapshotView {
     /// Encodes the view: the bytes [`State::encode_snapshot`] gives for the state it was taken
     /// from. Equal states give equal bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let view = SnapshotV2Ref {
+        let view = SnapshotV3Ref {
             sessions: InOrder(&self.sessions),
             objects: ObjectsInOrder(&self.objects),
             last_token: self.last_token,
@@ -114,6 +118,8 @@ impl SnapshotView {
             tokens: InOrder(&self.tokens),
             root_created: self.root_created,
             ephemeral: SetInOrder(&self.ephemeral),
+            creators: InOrder(&self.creators),
+            token_salt: self.token_salt,
         };
         postcard::to_extend(&view, vec![SNAPSHOT_FORMAT_VERSION]).expect("encoding to memory cannot fail")
     }
@@ -144,8 +150,8 @@ struct SessionV1 {
 }
 
 impl SnapshotV1 {
-    /// The sessions, with no owner, and the rest of version 2's fields, with no tokens.
-    fn upgrade(self) -> (Vec<(SessionId, Session)>, SnapshotV2Rest) {
+    /// The sessions, with no owner, and the rest of version 3's fields, with no tokens.
+    fn upgrade(self) -> (Vec<(SessionId, Session)>, SnapshotV3Rest) {
         let sessions = self
             .sessions
             .into_iter()
@@ -154,7 +160,7 @@ impl SnapshotV1 {
                 (id, Session { name, ttl_ms, created_index, owner: None, holds, waits })
             })
             .collect();
-        let rest = SnapshotV2Rest {
+        let rest = SnapshotV3Rest {
             objects: self.objects,
             last_token: self.last_token,
             now_ms: self.now_ms,
@@ -162,6 +168,8 @@ impl SnapshotV1 {
             tokens: Vec::new(),
             root_created: false,
             ephemeral: Vec::new(),
+            creators: Vec::new(),
+            token_salt: None,
         };
         (sessions, rest)
     }
@@ -194,6 +202,8 @@ impl State {
             tokens: self.tokens.clone(),
             root_created: self.root_created,
             ephemeral: self.ephemeral.clone(),
+            creators: self.creators.clone(),
+            token_salt: self.token_salt,
         }
     }
 
@@ -251,38 +261,48 @@ impl State {
 
     fn decode_unchecked(bytes: &[u8]) -> Result<State, SnapshotError> {
         let (&version, body) = bytes.split_first().ok_or(SnapshotError::UnsupportedVersion(0))?;
-        let ((sessions, sessions_per_owner), v2) = match version {
+        let ((sessions, sessions_per_owner), v3) = match version {
             1 => {
                 let (sessions, rest) = postcard::from_bytes::<SnapshotV1>(body)?.upgrade();
                 (build_sessions([sessions])?, rest)
             }
-            SNAPSHOT_FORMAT_VERSION => decode_v2_streamed(body)?,
+            2 => {
+                let (sessions, rest) = decode_streamed::<SnapshotV2Rest>(body)?;
+                (sessions, rest.upgrade())
+            }
+            SNAPSHOT_FORMAT_VERSION => decode_streamed::<SnapshotV3Rest>(body)?,
             other => return Err(SnapshotError::UnsupportedVersion(other)),
         };
         let mut state = State {
             sessions,
             objects: sorted_map(
-                v2.objects.into_iter().map(|(key, object)| (key, Arc::new(object))).collect(),
+                v3.objects.into_iter().map(|(key, object)| (key, Arc::new(object))).collect(),
                 "object",
             )?,
             hold_deadlines: Default::default(),
-            last_token: v2.last_token,
-            now_ms: v2.now_ms,
-            applied_index: v2.applied_index,
-            tokens: sorted_map(v2.tokens, "token")?,
+            last_token: v3.last_token,
+            now_ms: v3.now_ms,
+            applied_index: v3.applied_index,
+            tokens: sorted_map(v3.tokens, "token")?,
             token_ids_by_secret: Default::default(),
             sessions_per_owner,
-            root_created: v2.root_created,
+            root_created: v3.root_created,
             ephemeral: Default::default(),
+            creators: sorted_map(v3.creators, "creator")?,
+            created_by: Default::default(),
+            token_salt: v3.token_salt,
         };
-        if let Some(pair) = v2.ephemeral.windows(2).find(|pair| pair[0] >= pair[1]) {
+        if let Some(pair) = v3.ephemeral.windows(2).find(|pair| pair[0] >= pair[1]) {
             return Err(
                 InvariantViolation(format!("ephemeral {} out of order in the snapshot", pair[1])).into()
             );
         }
-        state.ephemeral = v2.ephemeral.into_iter().collect();
+        state.ephemeral = v3.ephemeral.into_iter().collect();
         for (id, token) in &state.tokens {
-            state.token_ids_by_secret.insert(token.secret_sha256, *id);
+            state.token_ids_by_secret.insert(token.secret_hash, *id);
+        }
+        for (key, token) in &state.creators {
+            state.created_by.entry(*token).or_default().insert(key.clone());
         }
         // Freshly decoded, every object is unshared: `make_mut` does not copy.
         let keys: Vec<Key> = state.objects.keys().cloned().collect();
@@ -356,18 +376,20 @@ fn build_sessions(
     }
 }
 
-/// Decodes version 2 with the sessions streamed to a second thread in chunks, which builds their
-/// persistent map while this one goes on decoding: `imbl` has no bulk build from sorted pairs,
-/// so the map costs one insert per session, and this overlaps those inserts with the decoding
-/// of the sessions after them.
-fn decode_v2_streamed(body: &[u8]) -> Result<(SessionsBuilt, SnapshotV2Rest), SnapshotError> {
+/// Decodes version 2 or 3 (whose fields after the sessions are `Rest`) with the sessions
+/// streamed to a second thread in chunks, which builds their persistent map while this one goes
+/// on decoding: `imbl` has no bulk build from sorted pairs, so the map costs one insert per
+/// session, and this overlaps those inserts with the decoding of the sessions after them.
+fn decode_streamed<Rest: for<'de> Deserialize<'de>>(
+    body: &[u8],
+) -> Result<(SessionsBuilt, Rest), SnapshotError> {
     let (sender, receiver) = std::sync::mpsc::sync_channel::<Vec<(SessionId, Session)>>(8);
     let (built, rest) = std::thread::scope(|scope| {
         let builder = scope.spawn(move || build_sessions(receiver));
         let mut deserializer = postcard::Deserializer::from_bytes(body);
         let decoded = SessionsInto(sender)
             .deserialize(&mut deserializer)
-            .and_then(|()| SnapshotV2Rest::deserialize(&mut deserializer));
+            .and_then(|()| Rest::deserialize(&mut deserializer));
         // The sender was moved into the visitor and dropped with it: the builder's loop ends.
         let built = match builder.join() {
             Ok(built) => built,
@@ -392,6 +414,42 @@ struct SnapshotV2Rest {
     tokens: Vec<(TokenId, Token)>,
     root_created: bool,
     ephemeral: Vec<Key>,
+}
+
+impl SnapshotV2Rest {
+    /// Version 3's fields: no object has a recorded creator (none counts against a token's
+    /// cap), and the cluster has no token salt yet (its tokens keep their plain SHA-256).
+    fn upgrade(self) -> SnapshotV3Rest {
+        let SnapshotV2Rest { objects, last_token, now_ms, applied_index, tokens, root_created, ephemeral } =
+            self;
+        SnapshotV3Rest {
+            objects,
+            last_token,
+            now_ms,
+            applied_index,
+            tokens,
+            root_created,
+            ephemeral,
+            creators: Vec::new(),
+            token_salt: None,
+        }
+    }
+}
+
+/// Version 3 after the sessions: version 2's fields, then the creator of each object created on
+/// behalf of a token (in key order) and the cluster's token salt.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct SnapshotV3Rest {
+    objects: Vec<(Key, Semaphore)>,
+    last_token: u64,
+    now_ms: u64,
+    applied_index: u64,
+    tokens: Vec<(TokenId, Token)>,
+    root_created: bool,
+    ephemeral: Vec<Key>,
+    creators: Vec<(Key, TokenId)>,
+    token_salt: Option<[u8; 32]>,
 }
 
 /// Decodes the sessions sequence (encoded as a map: its length, then the pairs) and sends the
@@ -462,7 +520,7 @@ mod tests {
         // A tuple is encoded as its fields one after the other, like the snapshot's struct.
         let raw = (
             sessions,
-            SnapshotV2Rest {
+            SnapshotV3Rest {
                 objects: state.objects.iter().map(|(k, o)| (k.clone(), (**o).clone())).collect(),
                 last_token: state.last_token,
                 now_ms: state.now_ms,
@@ -470,6 +528,8 @@ mod tests {
                 tokens: state.tokens.iter().map(|(id, t)| (*id, t.clone())).collect(),
                 root_created: state.root_created,
                 ephemeral: state.ephemeral.iter().cloned().collect(),
+                creators: state.creators.iter().map(|(k, t)| (k.clone(), *t)).collect(),
+                token_salt: state.token_salt,
             },
         );
         postcard::to_extend(&raw, vec![SNAPSHOT_FORMAT_VERSION]).unwrap()
@@ -509,6 +569,89 @@ mod tests {
         assert_eq!(decoded, state);
         assert!(decoded.sessions().all(|(_, s)| s.owner.is_none()));
         assert!(matches!(State::decode_snapshot(&[9]), Err(SnapshotError::UnsupportedVersion(9))));
+    }
+
+    /// A state with a token, a session it owns and an object that session holds, as a cluster
+    /// made before version 3 had it: no creators recorded, no token salt.
+    fn state_with_a_token() -> State {
+        let owner = TokenId::from_bytes([4; 16]);
+        let token = Token { name: "old".into(), secret_hash: [5; 32], rules: crate::root_rules() };
+        let session = SessionId::from_bytes([6; 16]);
+        let mut state = State::default();
+        let commands = vec![
+            Command::CreateToken { id: owner, token },
+            Command::CreateOwnedSession {
+                id: session,
+                ttl_ms: 1000,
+                name: None,
+                owner,
+                owner_sessions_max: 9,
+            },
+            Command::Acquire(crate::Acquire {
+                key: Key::semaphore(crate::Name::new("db").unwrap()),
+                session,
+                permits: 1,
+                wait: false,
+                capacity: Some(2),
+                max_hold_ms: None,
+                value: None,
+            }),
+            Command::PutSemaphore { name: crate::Name::new("idle").unwrap(), capacity: 3 },
+        ];
+        state.apply(1, 1, &Batch { now_ms: 5, commands }, &mut Vec::new());
+        state
+    }
+
+    #[test]
+    fn a_version_2_snapshot_still_decodes_without_creators_or_salt() {
+        let state = state_with_a_token();
+        // Version 2's bytes, as a data dir or backup written before version 3 holds them.
+        let v2 = (
+            state.sessions.iter().map(|(id, s)| (*id, s.clone())).collect::<Vec<_>>(),
+            SnapshotV2Rest {
+                objects: state.objects.iter().map(|(k, o)| (k.clone(), (**o).clone())).collect(),
+                last_token: state.last_token,
+                now_ms: state.now_ms,
+                applied_index: state.applied_index,
+                tokens: state.tokens.iter().map(|(id, t)| (*id, t.clone())).collect(),
+                root_created: state.root_created,
+                ephemeral: state.ephemeral.iter().cloned().collect(),
+            },
+        );
+        let bytes = postcard::to_extend(&v2, vec![2]).unwrap();
+        let decoded = State::decode_snapshot(&bytes).unwrap();
+        assert_eq!(decoded, state);
+        assert_eq!(decoded.token_salt(), None);
+        assert_eq!(decoded.objects_created_by(TokenId::from_bytes([4; 16])), 0);
+        assert!(decoded.token_by_secret(&[5; 32]).is_some(), "the old token's plain hash still finds it");
+        // Written again, it is version 3, and reads back the same.
+        let v3 = decoded.encode_snapshot();
+        assert_eq!(v3[0], SNAPSHOT_FORMAT_VERSION);
+        assert_ne!(v3, bytes);
+        assert_eq!(State::decode_snapshot(&v3).unwrap(), state);
+    }
+
+    #[test]
+    fn a_creator_that_names_a_missing_object_or_a_deleted_token_is_a_corrupt_snapshot() {
+        let mut state = state_with_a_token();
+        let db = Key::semaphore(crate::Name::new("db").unwrap());
+        let owner = TokenId::from_bytes([4; 16]);
+        for (key, token) in [
+            (db.clone(), TokenId::from_bytes([8; 16])),
+            (Key::semaphore(crate::Name::new("gone").unwrap()), owner),
+        ] {
+            let mut bad = state.clone();
+            bad.creators.insert(key.clone(), token);
+            bad.created_by.entry(token).or_default().insert(key);
+            assert!(matches!(
+                State::decode_snapshot(&bad.encode_snapshot()),
+                Err(SnapshotError::Inconsistent(_))
+            ));
+        }
+        state.creators.insert(db.clone(), owner);
+        state.created_by.entry(owner).or_default().insert(db);
+        state.token_salt = Some([3; 32]);
+        assert_eq!(State::decode_snapshot(&state.encode_snapshot()).unwrap(), state);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use imbl::{OrdMap, OrdSet};
 
-use crate::command::{Acquire, Batch, Command};
+use crate::command::{Acquire, Batch, Command, Creator};
 use crate::limits::*;
 use crate::outcome::{Effect, Event, EventKind, Field, Limit, Outcome, Refusal, WaitEndReason};
 use crate::semaphore::{Hold, Semaphore, Waiter};
@@ -68,6 +68,15 @@ pub struct State {
     /// Semaphores created by an ephemeral acquire and not made permanent by a put since: each is
     /// deleted when it becomes idle.
     pub(crate) ephemeral: OrdSet<Key>,
+    /// The token that created each object, for objects created on behalf of a token that still
+    /// exists ([`Command::PutSemaphoreBy`], [`Command::AcquireBy`]). An object leaves it when it
+    /// is deleted, or when its creator is deleted while the object is in use.
+    pub(crate) creators: OrdMap<Key, TokenId>,
+    /// Derived index of `creators`: the objects each token created that still exist, to cap
+    /// them and to find them when the token is deleted (tokens with none are absent).
+    pub(crate) created_by: BTreeMap<TokenId, BTreeSet<Key>>,
+    /// The key under which token secrets are stored (HMAC-SHA256), once the cluster has one.
+    pub(crate) token_salt: Option<[u8; 32]>,
 }
 
 /// Debug builds check every invariant ([`State::verify`]) after a batch; the check walks the
@@ -148,19 +157,24 @@ impl State {
                 Ok(self.expire_sessions(index, ids, effects))
             }
             Command::ExpireSessions { .. } => Ok(Outcome::SessionsExpired { expired: 0 }),
-            Command::PutSemaphore { name, capacity } => self.put_semaphore(index, name, *capacity, effects),
-            Command::DeleteSemaphore { name } => self.delete_semaphore(name, effects),
-            Command::Acquire(acquire) => self.acquire(index, acquire, effects),
-            Command::AcquireEphemeral(acquire) => {
-                let created = acquire.key.kind == Kind::Semaphore && !self.objects.contains_key(&acquire.key);
-                let outcome = self.acquire(index, acquire, effects);
-                if created && self.objects.contains_key(&acquire.key) {
-                    self.ephemeral.insert(acquire.key.clone());
-                }
-                outcome
+            Command::PutSemaphore { name, capacity } => {
+                self.put_semaphore(index, name, *capacity, None, effects)
             }
+            Command::DeleteSemaphore { name } => self.delete_semaphore(name, effects),
+            Command::Acquire(acquire) => self.acquire(index, acquire, None, effects),
+            Command::AcquireEphemeral(acquire) => self.acquire_ephemeral(index, acquire, None, effects),
             Command::Release { key, session } => self.release(index, key, *session, false, effects),
             Command::ExpireHolds => Ok(self.expire_holds(index, effects)),
+            Command::PutSemaphoreBy { name, capacity, creator } => {
+                self.put_semaphore(index, name, *capacity, Some(creator), effects)
+            }
+            Command::AcquireBy { acquire, ephemeral: false, creator } => {
+                self.acquire(index, acquire, Some(creator), effects)
+            }
+            Command::AcquireBy { acquire, ephemeral: true, creator } => {
+                self.acquire_ephemeral(index, acquire, Some(creator), effects)
+            }
+            Command::SetTokenSalt { salt, root } => self.set_token_salt(*salt, root.as_ref()),
         };
         result.unwrap_or_else(Outcome::Refused)
     }
@@ -281,6 +295,7 @@ impl State {
         index: u64,
         name: &Name,
         capacity: u64,
+        creator: Option<&Creator>,
         effects: &mut Vec<Effect>,
     ) -> Result<Outcome, Refusal> {
         validate_capacity(capacity)?;
@@ -290,7 +305,9 @@ impl State {
             if self.objects.len() >= OBJECTS_MAX {
                 return Err(Refusal::LimitExceeded(Limit::Objects));
             }
+            self.check_creator(creator)?;
             self.objects.insert(key.clone(), Arc::new(Semaphore::new(capacity, index, last_token)));
+            self.record_creator(&key, creator);
             emit(effects, capacity_event(&key, capacity));
             effects.push(Effect::ObjectChanged { key });
             return Ok(Outcome::SemaphoreCreated);
@@ -324,17 +341,31 @@ impl State {
         if !object.is_idle() {
             return Err(Refusal::SemaphoreBusy);
         }
-        self.objects.remove(&key);
-        self.ephemeral.remove(&key);
-        effects.push(Effect::ObjectRemoved { key: key.clone() });
-        effects.push(Effect::ObjectChanged { key });
+        self.remove_object(&key, effects);
         Ok(Outcome::SemaphoreDeleted)
+    }
+
+    /// An acquire whose semaphore, if it creates it, is deleted when idle.
+    fn acquire_ephemeral(
+        &mut self,
+        index: u64,
+        acquire: &Acquire,
+        creator: Option<&Creator>,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Outcome, Refusal> {
+        let created = acquire.key.kind == Kind::Semaphore && !self.objects.contains_key(&acquire.key);
+        let outcome = self.acquire(index, acquire, creator, effects);
+        if created && self.objects.contains_key(&acquire.key) {
+            self.ephemeral.insert(acquire.key.clone());
+        }
+        outcome
     }
 
     fn acquire(
         &mut self,
         index: u64,
         acquire: &Acquire,
+        creator: Option<&Creator>,
         effects: &mut Vec<Effect>,
     ) -> Result<Outcome, Refusal> {
         validate_acquire(acquire)?;
@@ -366,7 +397,11 @@ impl State {
             if self.objects.len() >= OBJECTS_MAX {
                 return Err(Refusal::LimitExceeded(Limit::Objects));
             }
+            self.check_creator(creator)?;
             self.objects.insert(key.clone(), Arc::new(Semaphore::new(capacity, index, self.last_token)));
+            // A new object with an empty queue always grants below (the permits fit the
+            // capacity, checked above), so it never stays idle and created for nothing.
+            self.record_creator(key, creator);
             if key.kind == Kind::Semaphore {
                 emit(effects, capacity_event(key, capacity));
             }
@@ -552,11 +587,71 @@ impl State {
     fn drop_idle_election(&mut self, key: &Key, effects: &mut Vec<Effect>) {
         let transient = key.kind == Kind::Election || self.ephemeral.contains(key);
         if transient && self.objects.get(key).is_some_and(|object| object.is_idle()) {
-            self.objects.remove(key);
-            self.ephemeral.remove(key);
-            effects.push(Effect::ObjectRemoved { key: key.clone() });
-            effects.push(Effect::ObjectChanged { key: key.clone() });
+            self.remove_object(key, effects);
         }
+    }
+
+    /// Removes an idle object, with its ephemeral mark and its creator's record: every removal
+    /// of an object goes through here, so a token's count of objects is always of live ones.
+    pub(crate) fn remove_object(&mut self, key: &Key, effects: &mut Vec<Effect>) {
+        self.objects.remove(key);
+        self.ephemeral.remove(key);
+        if let Some(token) = self.creators.remove(key) {
+            let created = self.created_by.get_mut(&token).expect("a creator's objects are indexed");
+            created.remove(key);
+            if created.is_empty() {
+                self.created_by.remove(&token);
+            }
+        }
+        effects.push(Effect::ObjectRemoved { key: key.clone() });
+        effects.push(Effect::ObjectChanged { key: key.clone() });
+    }
+
+    /// Refuses to create an object on behalf of a token that is gone, or that has created its
+    /// cap of objects that still exist. No creator (auth off): nothing to check. The root token
+    /// before its bootstrap (the configured root secret already acts as root then) creates
+    /// freely, and [`State::record_creator`] records nothing for it.
+    fn check_creator(&self, creator: Option<&Creator>) -> Result<(), Refusal> {
+        let Some(creator) = creator else { return Ok(()) };
+        if self.root_before_bootstrap(creator.token) {
+            return Ok(());
+        }
+        if !self.tokens.contains_key(&creator.token) {
+            return Err(Refusal::TokenNotFound);
+        }
+        if self.objects_created_by(creator.token) >= creator.objects_max {
+            return Err(Refusal::LimitExceeded(Limit::ObjectsPerToken));
+        }
+        Ok(())
+    }
+
+    /// Whether `token` is the root token of a cluster whose bootstrap has not created it yet.
+    fn root_before_bootstrap(&self, token: TokenId) -> bool {
+        token == crate::ROOT_TOKEN_ID && !self.root_created
+    }
+
+    /// Records that `creator` made the object `key`, just inserted.
+    fn record_creator(&mut self, key: &Key, creator: Option<&Creator>) {
+        if let Some(creator) = creator.filter(|creator| !self.root_before_bootstrap(creator.token)) {
+            self.creators.insert(key.clone(), creator.token);
+            self.created_by.entry(creator.token).or_default().insert(key.clone());
+        }
+    }
+
+    pub(crate) fn set_token_salt(
+        &mut self,
+        salt: [u8; 32],
+        root: Option<&Token>,
+    ) -> Result<Outcome, Refusal> {
+        if self.token_salt.is_some() {
+            return Err(Refusal::TokenExists);
+        }
+        if let Some(root) = root {
+            // Refused before the salt is set: the command changes all or nothing.
+            self.create_token(crate::ROOT_TOKEN_ID, root)?;
+        }
+        self.token_salt = Some(salt);
+        Ok(Outcome::TokenSaltSet)
     }
 
     /// The event of a hold of `session` on `key` that ended as `kind`.
@@ -650,6 +745,49 @@ impl State {
             .map(|(key, object)| (key, &**object))
     }
 
+    /// Objects of `kind` whose name starts with one of `prefixes` and comes after `after`, in
+    /// name order. The walk visits only those names: one B-tree range per prefix, never the
+    /// objects outside them, so a caller that may read few names costs little whatever the size
+    /// of the table (`GET /v1/semaphores`, `GET /v1/elections`). Prefixes that extend another
+    /// one are skipped (their names are in the shorter one's range); `""` is every name.
+    pub fn objects_in_prefixes<'a>(
+        &'a self,
+        kind: Kind,
+        prefixes: &[&str],
+        after: Option<&'a Name>,
+    ) -> impl Iterator<Item = (&'a Key, &'a Semaphore)> + 'a {
+        use std::ops::Bound;
+        let mut sorted: Vec<String> = prefixes.iter().map(|prefix| (*prefix).to_owned()).collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        // After sorting, a prefix that extends another comes right after the shortest one it
+        // extends (or after another extension of it), so one pass keeps the minimal ones. The
+        // kept prefixes extend none of each other, so their ranges are disjoint and in order.
+        let mut minimal: Vec<String> = Vec::with_capacity(sorted.len());
+        for prefix in sorted {
+            if minimal.last().is_none_or(|kept| !prefix.starts_with(kept.as_str())) {
+                minimal.push(prefix);
+            }
+        }
+        minimal.into_iter().flat_map(move |prefix| {
+            let low = Key { kind, name: Name::bound(prefix.clone()) };
+            let start = match after {
+                Some(after) if after.as_str() >= prefix.as_str() => {
+                    Bound::Excluded(Key { kind, name: after.clone() })
+                }
+                _ => Bound::Included(low),
+            };
+            // Names are ASCII: every name that starts with `prefix` sorts below `prefix` followed
+            // by the largest char, and every other name after `prefix` sorts above it.
+            let high = Key { kind, name: Name::bound(format!("{prefix}{}", char::MAX)) };
+            let range = match &start {
+                Bound::Excluded(from) if *from >= high => None,
+                _ => Some(self.objects.range((start, Bound::Excluded(high)))),
+            };
+            range.into_iter().flatten().map(|(key, object)| (key, &**object))
+        })
+    }
+
     /// Whether the semaphore is ephemeral (deleted when idle).
     pub fn is_ephemeral(&self, key: &Key) -> bool {
         self.ephemeral.contains(key)
@@ -658,6 +796,21 @@ impl State {
     /// Number of semaphores and elections.
     pub fn object_count(&self) -> usize {
         self.objects.len()
+    }
+
+    /// Objects created on behalf of `token` that still exist (the count its cap applies to).
+    pub fn objects_created_by(&self, token: TokenId) -> u64 {
+        self.created_by.get(&token).map_or(0, |created| created.len() as u64)
+    }
+
+    /// The token on whose behalf the object was created, while that token exists.
+    pub fn creator_of(&self, key: &Key) -> Option<TokenId> {
+        self.creators.get(key).copied()
+    }
+
+    /// The cluster's token salt, once set.
+    pub fn token_salt(&self) -> Option<&[u8; 32]> {
+        self.token_salt.as_ref()
     }
 
     /// The largest fencing token issued so far.
@@ -832,6 +985,68 @@ mod ephemeral_tests {
         run(&mut state, vec![Command::Release { key: key.clone(), session: SessionId::from_bytes([1; 16]) }]);
         assert!(state.object(&key).is_some() && !state.is_ephemeral(&key));
         assert_eq!(State::decode_snapshot(&state.encode_snapshot()).unwrap(), state);
+    }
+}
+
+#[cfg(test)]
+mod list_tests {
+    use super::*;
+
+    /// A state with the semaphores and elections named.
+    fn with_objects(semaphores: &[String], elections: &[&str]) -> State {
+        let session = SessionId::from_bytes([1; 16]);
+        let mut commands = vec![Command::CreateSession { id: session, ttl_ms: 1000, name: None }];
+        commands.extend(
+            semaphores
+                .iter()
+                .map(|name| Command::PutSemaphore { name: Name::new(name.as_str()).unwrap(), capacity: 1 }),
+        );
+        commands.extend(elections.iter().map(|name| {
+            Command::Acquire(Acquire {
+                value: Some(String::new()),
+                ..crate::test_support::acquire_one(&Key::election(Name::new(*name).unwrap()), 1)
+            })
+        }));
+        let mut state = State::default();
+        state.apply(1, 1, &Batch { now_ms: 0, commands }, &mut Vec::new());
+        state
+    }
+
+    fn names<'a>(iter: impl Iterator<Item = (&'a Key, &'a Semaphore)>) -> Vec<String> {
+        iter.map(|(key, _)| key.name.to_string()).collect()
+    }
+
+    /// The cost of a list is the objects under the caller's prefixes: every entry the walk
+    /// visits is one it yields (each prefix is one bounded B-tree range), so counting what it
+    /// yields counts what it visits; 10 000 other objects add nothing.
+    #[test]
+    fn a_prefix_walk_visits_only_the_names_under_the_prefixes() {
+        let mut semaphores: Vec<String> = (0..10_000).map(|i| format!("other.{i:05}")).collect();
+        semaphores.extend(
+            ["mine.a", "mine.b", "mine.deep.c", "mind", "mine", "minf.x", "z.1", "y"].map(String::from),
+        );
+        let state = with_objects(&semaphores, &["mine.e", "other.e"]);
+        let walk = |prefixes: &[&str], after: Option<&str>| {
+            let after = after.map(|a| Name::new(a).unwrap());
+            names(state.objects_in_prefixes(Kind::Semaphore, prefixes, after.as_ref()))
+        };
+        // Overlapping and repeated prefixes give each name once, in name order.
+        let prefixes = ["z.", "mine.", "mine.deep.", "mine.", "nothing."];
+        assert_eq!(walk(&prefixes, None), ["mine.a", "mine.b", "mine.deep.c", "z.1"]);
+        // Paging: strictly after the cursor, across ranges, and a cursor between or past them.
+        assert_eq!(walk(&prefixes, Some("mine.a")), ["mine.b", "mine.deep.c", "z.1"]);
+        assert_eq!(walk(&prefixes, Some("mine.deep.c")), ["z.1"]);
+        assert_eq!(walk(&prefixes, Some("n")), ["z.1"]);
+        assert_eq!(walk(&prefixes, Some("a")), ["mine.a", "mine.b", "mine.deep.c", "z.1"]);
+        assert!(walk(&prefixes, Some("zz")).is_empty());
+        // A prefix that is itself a name includes it; no prefix, nothing; "" everything.
+        assert_eq!(walk(&["mine"], None), ["mine", "mine.a", "mine.b", "mine.deep.c"]);
+        assert!(walk(&[], None).is_empty());
+        assert_eq!(walk(&[""], None).len(), semaphores.len());
+        // Elections are another kind: never in a semaphore walk, and walked alike.
+        let elections = names(state.objects_in_prefixes(Kind::Election, &["mine."], None));
+        assert_eq!(elections, ["mine.e"]);
+        assert_eq!(names(state.objects_in_prefixes(Kind::Election, &[""], None)), ["mine.e", "other.e"]);
     }
 }
 

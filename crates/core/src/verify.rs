@@ -113,11 +113,15 @@ impl State {
         }
         ensure!(per_owner == self.sessions_per_owner, "sessions-per-token index out of date");
         ensure!(self.token_ids_by_secret.len() == self.tokens.len(), "two tokens share a secret");
+        let mut created_by = std::collections::BTreeMap::<_, BTreeSet<_>>::new();
+        for (key, token) in &self.creators {
+            ensure!(self.objects.contains_key(key), "{key}: a creator recorded for an object that is gone");
+            ensure!(self.tokens.contains_key(token), "{key}: created by a deleted token {token}");
+            created_by.entry(*token).or_default().insert(key.clone());
+        }
+        ensure!(created_by == self.created_by, "objects-per-token index out of date");
         for (id, token) in &self.tokens {
-            ensure!(
-                self.token_ids_by_secret.get(&token.secret_sha256) == Some(id),
-                "secret index out of date"
-            );
+            ensure!(self.token_ids_by_secret.get(&token.secret_hash) == Some(id), "secret index out of date");
             ensure!(*id != crate::ROOT_TOKEN_ID || self.root_created, "root token without its bootstrap");
         }
         Ok(())

@@ -141,6 +141,10 @@ struct AuthArgs {
     /// Most live sessions one token may have.
     #[arg(long, default_value_t = 10_000)]
     sessions_per_token_max: u64,
+    /// Most semaphores and elections one token may have created that still exist (the root
+    /// token too); deleting a token deletes those of them nobody uses.
+    #[arg(long, default_value_t = 10_000)]
+    objects_per_token_max: u64,
     /// Most long-polls (blocking acquires, campaigns, watches) one token may have open on a node.
     #[arg(long, default_value_t = 1_000)]
     long_polls_per_token_max: u32,
@@ -235,6 +239,7 @@ fn main() -> anyhow::Result<()> {
                 auth: args.auth.auth,
                 root_token: if args.auth.auth { args.auth.root_token()? } else { None },
                 sessions_per_token_max: args.auth.sessions_per_token_max,
+                objects_per_token_max: args.auth.objects_per_token_max,
                 long_polls_per_token_max: args.auth.long_polls_per_token_max,
                 metrics_public: args.auth.metrics_public,
                 metrics_names_max: args.auth.metrics_names_max,

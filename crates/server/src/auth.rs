@@ -1,7 +1,7 @@
 //! Who is asking, and may they: authentication and authorisation of client requests.
 //!
 //! With `--auth`, every client request carries `Authorization: Bearer SECRET`. The middleware
-//! [`authenticate`] hashes the secret (SHA-256), finds the token in the replicated state, checks
+//! [`authenticate`] hashes the secret ([`secret_hash`]), finds the token in the replicated state, checks
 //! the route's [`Need`] (from [`need`], the one table of every route's permission) and hands the
 //! handler a [`Caller`]. Handlers then check what only they can see: that a session named in the
 //! request belongs to the caller's token. Without `--auth` every request is [`Caller::Anyone`].
@@ -18,7 +18,7 @@ use axum::http::{header, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 pub use permit_core::{Access, Resource};
-use permit_core::{SessionId, State as CoreState, Token, TokenId};
+use permit_core::{Creator, Key, SessionId, State as CoreState, Token, TokenId};
 use permit_wire::{ErrorCode, AUTHORIZATION_SCHEME};
 use sha2::{Digest, Sha256};
 
@@ -110,6 +110,24 @@ impl Caller {
         }
     }
 
+    /// Prefixes that cover every name of `resource` to which the caller has `access`: each such
+    /// name starts with one of them (`[""]` with auth off). They are the prefixes of the rules
+    /// that grant `access`, so a name under one of them may still be refused by a longer rule
+    /// that grants less: check each name with [`Caller::can`]. For read access no rule grants
+    /// less (every level includes read), so the names under them are exactly the readable
+    /// ones, and a list walks only what the caller may see.
+    pub fn prefixes(&self, resource: Resource, access: Access) -> Vec<&str> {
+        match self {
+            Caller::Anyone => vec![""],
+            Caller::Token { token, .. } => token
+                .rules
+                .iter()
+                .filter(|rule| rule.resource == resource && rule.access >= access)
+                .map(|rule| rule.prefix.as_str())
+                .collect(),
+        }
+    }
+
     /// Like [`Caller::can`], as a typed 403 naming the missing permission.
     ///
     /// # Errors
@@ -165,6 +183,31 @@ impl Caller {
 }
 
 impl Caller {
+    /// The token an object this caller creates is recorded under, with its cap
+    /// (`--objects-per-token-max`); `None` with auth off.
+    pub fn creator(&self, node: &Node) -> Option<Creator> {
+        self.token_id().map(|token| Creator { token, objects_max: node.config.objects_per_token_max })
+    }
+
+    /// Refuses, after [`PER_TOKEN_REFUSAL_DELAY`], a request that would create `key` when the
+    /// caller's token has created its cap of objects already: a flood at the cap costs no log
+    /// write. `apply` decides the close cases (concurrent creations) alike on every replica.
+    ///
+    /// # Errors
+    /// `limit_exceeded`.
+    pub async fn check_objects_cap(&self, node: &Node, key: &Key) -> Result<(), ApiError> {
+        let Some(creator) = self.creator(node) else { return Ok(()) };
+        let capped = {
+            let replica = node.replica().read();
+            replica.state.object(key).is_none()
+                && replica.state.objects_created_by(creator.token) >= creator.objects_max
+        };
+        if capped {
+            return Err(slowly(objects_cap_refusal()).await);
+        }
+        Ok(())
+    }
+
     /// [`Caller::owns`] on the node's applied state.
     ///
     /// # Errors
@@ -204,15 +247,46 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 /// for `Retry-After` anyway.
 pub const PER_TOKEN_REFUSAL_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// The answer to a creation over the caller's cap of objects (429 `limit_exceeded`).
+pub fn objects_cap_refusal() -> ApiError {
+    let mut error: ApiError = permit_core::Refusal::LimitExceeded(permit_core::Limit::ObjectsPerToken).into();
+    error.message.push_str(
+        " (--objects-per-token-max): delete semaphores it no longer needs, or ask for a higher cap",
+    );
+    error
+}
+
 /// Returns `refusal` after [`PER_TOKEN_REFUSAL_DELAY`].
 pub async fn slowly(refusal: ApiError) -> ApiError {
     tokio::time::sleep(PER_TOKEN_REFUSAL_DELAY).await;
     refusal
 }
 
-/// SHA-256 of a secret, as tokens store it.
-pub fn secret_sha256(secret: &str) -> [u8; 32] {
-    Sha256::digest(secret.as_bytes()).into()
+/// The hash of a secret as a token stores it: HMAC-SHA256 keyed with the cluster's token salt,
+/// or, without a salt (a token stored before its cluster had one), the plain SHA-256.
+///
+/// The salt sits in the replicated state beside the hashes, so it is no secret from whoever
+/// reads a data dir or a backup: it makes precomputed tables useless and the hashes of one
+/// secret differ from cluster to cluster. Server-drawn secrets (256 random bits) need no more;
+/// an operator's root secret is as strong as its entropy.
+pub fn secret_hash(salt: Option<&[u8; 32]>, secret: &str) -> [u8; 32] {
+    use hmac::{Hmac, Mac};
+    match salt {
+        Some(salt) => {
+            let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(salt).expect("HMAC takes keys of any length");
+            mac.update(secret.as_bytes());
+            mac.finalize().into_bytes().into()
+        }
+        None => Sha256::digest(secret.as_bytes()).into(),
+    }
+}
+
+/// The token whose secret is `secret` in `state`: looked up under the cluster's salt, then (for
+/// a token stored before the cluster had a salt) under the plain SHA-256. Two O(log n) lookups
+/// at most.
+pub fn token_of_secret<'a>(state: &'a CoreState, secret: &str) -> Option<(TokenId, &'a Token)> {
+    let salted = state.token_salt().and_then(|salt| state.token_by_secret(&secret_hash(Some(salt), secret)));
+    salted.or_else(|| state.token_by_secret(&secret_hash(None, secret)))
 }
 
 /// A new secret: 256 bits from the OS's CSPRNG, as 64 hex digits.
@@ -275,17 +349,17 @@ fn identify(node: &Node, request: &Request) -> Result<Caller, ApiError> {
         .map(str::trim)
         .filter(|secret| !secret.is_empty())
         .ok_or_else(|| unauthenticated("malformed Authorization header: expected `Bearer SECRET`"))?;
-    let hash = secret_sha256(secret);
     let replica = node.replica().read();
-    if let Some((id, token)) = replica.state.token_by_secret(&hash) {
+    if let Some((id, token)) = token_of_secret(&replica.state, secret) {
         return Ok(Caller::Token { id, token: token.clone() });
     }
     // Before the bootstrap has committed the root token (a `--join` node waiting for
     // `POST /v1/cluster/init`, or the first moments of a new cluster), the root secret this node
     // was given already acts as root: it is the secret the bootstrap will install.
-    let configured = node.config.root_token.as_deref().map(secret_sha256);
+    let hash = secret_hash(None, secret);
+    let configured = node.config.root_token.as_deref().map(|secret| secret_hash(None, secret));
     if !replica.state.root_created() && configured == Some(hash) {
-        let token = Token { name: "root".to_owned(), secret_sha256: hash, rules: permit_core::root_rules() };
+        let token = Token { name: "root".to_owned(), secret_hash: hash, rules: permit_core::root_rules() };
         return Ok(Caller::Token { id: permit_core::ROOT_TOKEN_ID, token });
     }
     Err(unauthenticated("unknown or deleted token"))
@@ -340,20 +414,27 @@ impl Drop for LongPoll {
 /// Name of the file in the data dir that holds a generated root secret.
 pub const ROOT_TOKEN_FILE: &str = "root-token";
 
-/// Creates the root token once per cluster: when this node leads and the replicated state has
-/// never had one. The secret is the configured one (`PERMIT_ROOT_TOKEN`, `--root-token-file`)
-/// or one generated into `DATA_DIR/root-token` (mode 0600). Ends when the root exists.
+/// Creates the cluster's token salt and, with it, the root token, once per cluster: when this node
+/// leads and the replicated state has never had them. The secret is the configured one
+/// (`PERMIT_ROOT_TOKEN`, `--root-token-file`) or one generated into `DATA_DIR/root-token`
+/// (mode 0600). A cluster made before salts gets its salt from its first leader that has this
+/// code; its tokens made before keep their plain SHA-256. Ends when both exist.
 pub async fn bootstrap_root(node: Arc<Node>) {
     let mut leading = node.consensus.leading().clone();
     let mut shutdown = node.shutdown.clone();
     loop {
-        if node.replica().read().state.root_created() || *shutdown.borrow() {
+        let done = {
+            let state = &node.replica().read().state;
+            state.root_created() && state.token_salt().is_some()
+        };
+        if done || *shutdown.borrow() {
             return;
         }
         if leading.borrow_and_update().is_some() {
-            match propose_root(&node).await {
-                Ok(()) => return,
-                Err(error) => tracing::warn!(%error, "root token not created yet; will retry"),
+            // Done once applied (the loop's check); a command another leader's beat changed
+            // nothing, and the next look decides what is still missing.
+            if let Err(error) = propose_root(&node).await {
+                tracing::warn!(%error, "root token not created yet; will retry");
             }
         }
         tokio::select! {
@@ -365,26 +446,52 @@ pub async fn bootstrap_root(node: Arc<Node>) {
 }
 
 async fn propose_root(node: &Node) -> anyhow::Result<()> {
-    let (secret, file) = match &node.config.root_token {
-        Some(secret) => (secret.clone(), None),
-        None => {
-            let path = node.config.data_dir.join(ROOT_TOKEN_FILE);
-            (read_or_create_secret(&path)?, Some(path))
-        }
+    let (salt, root_created) = {
+        let state = &node.replica().read().state;
+        (state.token_salt().copied(), state.root_created())
     };
-    let token = Token {
-        name: "root".to_owned(),
-        secret_sha256: secret_sha256(&secret),
-        rules: permit_core::root_rules(),
+    // A new cluster draws its salt (256 bits from the OS's CSPRNG) and creates the root token
+    // under it in one command; one made before salts gets a salt alone. A concurrent leader's
+    // command may win: then this one changes nothing and the caller's loop looks again.
+    let (salt, new_salt) = match salt {
+        Some(salt) => (salt, false),
+        None => (rand::random(), true),
     };
-    let command = permit_core::Command::CreateToken { id: permit_core::ROOT_TOKEN_ID, token };
-    match node.propose(command).await.map_err(|e| anyhow::anyhow!("{e:?}"))? {
-        permit_core::Outcome::TokenCreated => match file {
-            Some(path) => {
-                tracing::info!(path = %path.display(), "root token created; its secret is in this file")
+    let (root, file) = if root_created {
+        (None, None)
+    } else {
+        let (secret, file) = match &node.config.root_token {
+            Some(secret) => (secret.clone(), None),
+            None => {
+                let path = node.config.data_dir.join(ROOT_TOKEN_FILE);
+                (read_or_create_secret(&path)?, Some(path))
             }
-            None => tracing::info!("root token created from the configured secret"),
-        },
+        };
+        let token = Token {
+            name: "root".to_owned(),
+            secret_hash: secret_hash(Some(&salt), &secret),
+            rules: permit_core::root_rules(),
+        };
+        (Some(token), file)
+    };
+    let command = match (new_salt, root) {
+        (true, root) => permit_core::Command::SetTokenSalt { salt, root },
+        (false, Some(token)) => permit_core::Command::CreateToken { id: permit_core::ROOT_TOKEN_ID, token },
+        (false, None) => return Ok(()),
+    };
+    match node.propose(command).await.map_err(|e| anyhow::anyhow!("{e:?}"))? {
+        permit_core::Outcome::TokenSaltSet | permit_core::Outcome::TokenCreated => {
+            if new_salt {
+                tracing::info!("token salt created");
+            }
+            match (root_created, file) {
+                (true, _) => {}
+                (false, Some(path)) => {
+                    tracing::info!(path = %path.display(), "root token created; its secret is in this file")
+                }
+                (false, None) => tracing::info!("root token created from the configured secret"),
+            }
+        }
         permit_core::Outcome::Refused(permit_core::Refusal::TokenExists) => {}
         other => anyhow::bail!("unexpected outcome {other:?}"),
     }
@@ -413,4 +520,40 @@ fn read_or_create_secret(path: &std::path::Path) -> anyhow::Result<String> {
     file.write_all(format!("{secret}\n").as_bytes())?;
     file.sync_all()?;
     Ok(secret)
+}
+
+#[cfg(test)]
+mod tests {
+    use permit_core::{root_rules, Batch, Command, Outcome, State, Token, TokenId};
+
+    use super::{secret_hash, token_of_secret};
+
+    fn create(id: u8, secret_hash: [u8; 32]) -> Command {
+        let token = Token { name: format!("t{id}"), secret_hash, rules: root_rules() };
+        Command::CreateToken { id: TokenId::from_bytes([id; 16]), token }
+    }
+
+    /// A token stored before its cluster had a salt keeps authenticating by its plain SHA-256
+    /// once the salt exists; one stored after is found only under the salt.
+    #[test]
+    fn secrets_are_found_under_the_salt_and_old_tokens_under_their_plain_hash() {
+        let mut state = State::default();
+        let salt = [7; 32];
+        let commands = vec![
+            create(1, secret_hash(None, "old-secret")),
+            Command::SetTokenSalt { salt, root: None },
+            create(2, secret_hash(Some(&salt), "new-secret")),
+        ];
+        let outcomes = state.apply(1, 1, &Batch { now_ms: 0, commands }, &mut Vec::new());
+        assert_eq!(outcomes, [Outcome::TokenCreated, Outcome::TokenSaltSet, Outcome::TokenCreated]);
+        let id = |secret| token_of_secret(&state, secret).map(|(id, _)| id);
+        assert_eq!(id("old-secret"), Some(TokenId::from_bytes([1; 16])));
+        assert_eq!(id("new-secret"), Some(TokenId::from_bytes([2; 16])));
+        assert_eq!(id("other"), None);
+        assert_ne!(secret_hash(Some(&salt), "new-secret"), secret_hash(None, "new-secret"));
+        assert_ne!(secret_hash(Some(&salt), "new-secret"), secret_hash(Some(&[8; 32]), "new-secret"));
+        // A stored salted hash is no plain hash: the plain lookup never finds a salted token.
+        let salted_only = state.token_by_secret(&secret_hash(None, "new-secret"));
+        assert!(salted_only.is_none());
+    }
 }

@@ -34,6 +34,9 @@ pub struct Config {
     pub root_token: Option<String>,
     /// Most live sessions one token may have (`--sessions-per-token-max`).
     pub sessions_per_token_max: u64,
+    /// Most semaphores and elections one token may have created that still exist
+    /// (`--objects-per-token-max`).
+    pub objects_per_token_max: u64,
     /// Most long-polls one token may have open on this node (`--long-polls-per-token-max`).
     pub long_polls_per_token_max: u32,
     /// `/metrics` without a token even with `--auth` (`--metrics-public`).
@@ -177,6 +180,7 @@ impl Default for Config {
             auth: false,
             root_token: None,
             sessions_per_token_max: 10_000,
+            objects_per_token_max: 10_000,
             long_polls_per_token_max: 1_000,
             metrics_public: false,
             allow_unauthenticated: false,
@@ -222,6 +226,7 @@ impl Config {
             crate::auth::ROOT_SECRET_BYTES_MIN
         );
         anyhow::ensure!(self.sessions_per_token_max >= 1, "--sessions-per-token-max must be at least 1");
+        anyhow::ensure!(self.objects_per_token_max >= 1, "--objects-per-token-max must be at least 1");
         anyhow::ensure!(self.long_polls_per_token_max >= 1, "--long-polls-per-token-max must be at least 1");
         anyhow::ensure!(
             self.cluster_secret.is_some() || (self.peers.is_empty() && !self.join),

@@ -280,6 +280,8 @@ proptest! {
     fn random_snapshots_never_panic(bytes in prop_oneof![
         random_bytes(),
         versioned_random_bytes(permit_core::SNAPSHOT_FORMAT_VERSION),
+        // The previous format, which every build still reads.
+        versioned_random_bytes(2),
     ]) {
         let _ = State::decode_snapshot(&bytes);
     }

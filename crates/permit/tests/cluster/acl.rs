@@ -53,6 +53,14 @@ async fn deleting_a_token_ends_its_sessions_and_frees_their_permits_on_every_nod
         })
     };
 
+    // Queued before the deletion: a semaphore the deleted token made that nobody uses any more
+    // would be deleted with it.
+    let queued_first = eventually(Duration::from_secs(10), async || {
+        let view = roots[0].get("/v1/semaphores/one").await.body;
+        view["waiters"].as_array().is_some_and(|waiters| waiters.len() == 1)
+    })
+    .await;
+    assert!(queued_first, "the other token's acquire was not queued");
     let deleted = roots[0].send("DELETE", &format!("/v1/acl/tokens/{id}"), None).await;
     assert_eq!(deleted.status, 204, "{deleted:?}");
     assert_eq!(queued.await.unwrap().status, 200, "the waiter behind the revoked holder was granted");

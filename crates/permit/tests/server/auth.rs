@@ -263,9 +263,11 @@ async fn deleting_a_token_refuses_it_at_once_and_frees_its_sessions_permits() {
     assert_eq!(root.send("DELETE", &format!("/v1/acl/tokens/{id}"), None).await.status, 204);
     let refused = doomed.get("/v1/semaphores/one").await;
     assert_eq!((refused.status, refused.code()), (401, "unauthenticated"));
-    // The session is gone, its permit free: another token takes it at once.
+    // The session is gone, its permit free; and the semaphore it created, which nobody uses
+    // now, is gone with it (docs/security.md): another token creates it again and takes it.
     assert_eq!(root.get(&format!("/v1/sessions/{held}")).await.code(), "session_not_found");
-    assert_eq!(other.acquire("one", json!({ "session": waiter })).await.status, 200);
+    assert_eq!(root.get("/v1/semaphores/one").await.code(), "semaphore_not_found");
+    assert_eq!(other.acquire("one", json!({ "session": waiter, "capacity": 1 })).await.status, 200);
     let again = root.send("DELETE", &format!("/v1/acl/tokens/{id}"), None).await;
     assert_eq!((again.status, again.code()), (404, "token_not_found"));
     let listed = root.get("/v1/acl/tokens").await.body;

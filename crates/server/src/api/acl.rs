@@ -13,14 +13,14 @@ use permit_wire::{
 
 use super::error::ApiError;
 use super::extract::Json;
-use crate::auth::{new_secret, secret_sha256, Caller};
+use crate::auth::{new_secret, secret_hash, Caller};
 use crate::node::Node;
 
 /// Attempts to draw an unused token id; a collision of 128 random bits is a broken RNG.
 const TOKEN_ID_ATTEMPTS: usize = 3;
 
 /// Create a token. The answer is the only time its secret is shown; the server keeps only a
-/// SHA-256 of it. Needs `acl` admin.
+/// salted hash of it (HMAC-SHA256 under the cluster's token salt). Needs `acl` admin.
 #[utoipa::path(post, path = "/v1/acl/tokens", tag = "acl", request_body = CreateTokenRequest,
     responses((status = 201, body = TokenCreated)))]
 pub async fn create(
@@ -35,8 +35,12 @@ pub async fn create(
             continue;
         }
         let secret = new_secret();
-        let token =
-            Token { name: request.name.clone(), secret_sha256: secret_sha256(&secret), rules: rules.clone() };
+        // The salt never changes once set; a cluster without one yet (made before salts, its
+        // first leader with this code not yet applied) stores the plain SHA-256, which the
+        // lookup still finds.
+        let salt = node.replica().read().state.token_salt().copied();
+        let secret_hash = secret_hash(salt.as_ref(), &secret);
+        let token = Token { name: request.name.clone(), secret_hash, rules: rules.clone() };
         match node.propose(Command::CreateToken { id, token }).await? {
             Outcome::TokenCreated => {
                 let created =

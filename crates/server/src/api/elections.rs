@@ -28,7 +28,9 @@ use crate::node::Node;
     responses((status = 200, body = CampaignResponse, description = "Leader"),
               (status = 202, body = CampaignResponse, description = "Still waiting"),
               (status = 404, body = ErrorBody, description = "`session_not_found`"),
-              (status = 409, body = ErrorBody, description = "`unavailable`, `wait_cancelled`, `limit_exceeded`")))]
+              (status = 409, body = ErrorBody, description = "`unavailable`, `wait_cancelled`, `limit_exceeded`"),
+              (status = 429, body = ErrorBody, description = "`limit_exceeded`: a per-token cap (long-polls, \
+or objects created: `--objects-per-token-max`); retry after `Retry-After` seconds")))]
 pub async fn campaign(
     State(node): State<Arc<Node>>,
     caller: Caller,
@@ -50,7 +52,8 @@ pub async fn campaign(
         value: Some(request.value),
     };
     validate_acquire(&acquire)?;
-    Ok(match grant::acquire(&node, acquire, wait_ms, false).await? {
+    caller.check_objects_cap(&node, &acquire.key).await?;
+    Ok(match grant::acquire(&node, acquire, wait_ms, false, caller.creator(&node)).await? {
         Grant::Acquired { token, .. } => {
             (StatusCode::OK, axum::Json(CampaignResponse::Leader { token })).into_response()
         }
@@ -87,7 +90,8 @@ fn read_view(node: &Node, name: &Name) -> (ElectionView, u64) {
     (view, index)
 }
 
-/// Elections in name order, one page at a time: only those the caller may read.
+/// Elections in name order, one page at a time: only those the caller may read. The walk visits
+/// only the names under the caller's read rules (see `GET /v1/semaphores`).
 #[utoipa::path(get, path = "/v1/elections", tag = "elections", params(ListParams),
     responses((status = 200, body = ElectionList)))]
 pub async fn list(
@@ -100,9 +104,10 @@ pub async fn list(
     if !params.stale {
         node.ensure_linearizable().await?;
     }
+    let prefixes = caller.prefixes(Resource::Election, Access::Read);
     let replica = node.replica().read();
     let now_ms = node.clock.now_ms(replica.state.now_ms());
-    let mut page = replica.state.objects_after(Kind::Election, after.as_ref());
+    let mut page = replica.state.objects_in_prefixes(Kind::Election, &prefixes, after.as_ref());
     let elections: Vec<ElectionView> = page
         .by_ref()
         .filter(|(key, _)| caller.can(Resource::Election, key.name.as_str(), Access::Read))

@@ -71,7 +71,8 @@ impl From<Refusal> for ApiError {
                 | Limit::WaitersPerObject
                 | Limit::KeysPerSession
                 | Limit::Tokens
-                | Limit::SessionsPerToken,
+                | Limit::SessionsPerToken
+                | Limit::ObjectsPerToken,
             ) => ErrorCode::LimitExceeded,
             Refusal::TokenNotFound => ErrorCode::TokenNotFound,
             Refusal::TokenExists => ErrorCode::Internal,

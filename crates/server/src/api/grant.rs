@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use permit_core::{Acquire, Command, Key, Outcome, SessionId};
+use permit_core::{Acquire, Command, Creator, Key, Limit, Outcome, Refusal, SessionId};
 use permit_wire::{ErrorCode, WAIT_MS_MAX};
 use tokio::time::Instant;
 
@@ -34,14 +34,16 @@ pub fn capped_wait(wait_ms: Option<u64>) -> u64 {
 }
 
 /// Proposes `acquire` and, if it is queued and `wait_ms > 0`, waits up to `wait_ms` for the grant.
-/// An `ephemeral` acquire that creates its semaphore makes it one that is deleted when idle.
+/// An `ephemeral` acquire that creates its semaphore makes it one that is deleted when idle. An
+/// object it creates counts against the `creator` token's cap.
 pub async fn acquire(
     node: &Node,
     acquire: Acquire,
     wait_ms: u64,
     ephemeral: bool,
+    creator: Option<Creator>,
 ) -> Result<Grant, ApiError> {
-    let grant = acquire_correctly(node, acquire, wait_ms, ephemeral).await;
+    let grant = acquire_correctly(node, acquire, wait_ms, ephemeral, creator).await;
     match (grant, crate::bugs::active()) {
         (Ok(Grant::Acquired { permits, token }), Some(crate::bugs::Bug::NonMonotonicToken)) => {
             Ok(Grant::Acquired { permits, token: token % 5 + 1 })
@@ -55,6 +57,7 @@ async fn acquire_correctly(
     acquire: Acquire,
     wait_ms: u64,
     ephemeral: bool,
+    creator: Option<Creator>,
 ) -> Result<Grant, ApiError> {
     if crate::bugs::is(crate::bugs::Bug::AckBeforeCommit) {
         if let Some(grant) = predict(node, &acquire) {
@@ -64,10 +67,17 @@ async fn acquire_correctly(
     let (key, session) = (acquire.key.clone(), acquire.session);
     // Subscribe before proposing, so that a grant applied right after the proposal is not missed.
     let subscription = (wait_ms > 0).then(|| node.notifier.subscribe(key.clone(), session));
-    let command = if ephemeral { Command::AcquireEphemeral(acquire) } else { Command::Acquire(acquire) };
+    let command = match creator {
+        Some(creator) => Command::AcquireBy { acquire, ephemeral, creator },
+        None if ephemeral => Command::AcquireEphemeral(acquire),
+        None => Command::Acquire(acquire),
+    };
     let position = match node.propose(command).await? {
         Outcome::Acquired { permits, token } => return Ok(Grant::Acquired { permits, token }),
         Outcome::Waiting { position } => position,
+        Outcome::Refused(Refusal::LimitExceeded(Limit::ObjectsPerToken)) => {
+            return Err(crate::auth::slowly(crate::auth::objects_cap_refusal()).await)
+        }
         Outcome::Refused(refusal) => return Err(refusal.into()),
         other => return Err(ApiError::internal(other)),
     };

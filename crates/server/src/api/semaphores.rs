@@ -7,8 +7,8 @@ use axum::extract::State;
 use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use permit_core::{
-    validate_acquire, validate_capacity, Access, Acquire, Command, Key, Kind, Name, Outcome, Resource,
-    Semaphore, SessionId, State as CoreState,
+    validate_acquire, validate_capacity, Access, Acquire, Command, Key, Kind, Limit, Name, Outcome, Refusal,
+    Resource, Semaphore, SessionId, State as CoreState,
 };
 use permit_wire::{
     AcquireRequest, AcquireResponse, ErrorBody, ErrorCode, HolderView, PutSemaphoreRequest, ReleaseRequest,
@@ -103,21 +103,32 @@ fn read_view(node: &Node, name: &Name) -> Result<(SemaphoreView, u64), ApiError>
     params(("name" = String, Path, description = "Semaphore name: 1-128 bytes of [A-Za-z0-9._:-]")),
     responses((status = 201, body = SemaphoreView, description = "Created"),
               (status = 200, body = SemaphoreView, description = "Capacity set"),
-              (status = 409, body = ErrorBody, description = "`limit_exceeded`: too many semaphores")))]
+              (status = 409, body = ErrorBody, description = "`limit_exceeded`: too many semaphores"),
+              (status = 429, body = ErrorBody, description = "`limit_exceeded`: the token has created \
+as many semaphores and elections as `--objects-per-token-max` allows; retry after `Retry-After` seconds")))]
 pub async fn put(
     State(node): State<Arc<Node>>,
+    caller: Caller,
     Path(name): Path<String>,
     Json(request): Json<PutSemaphoreRequest>,
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
     validate_capacity(request.capacity)?;
-    let status =
-        match node.propose(Command::PutSemaphore { name: name.clone(), capacity: request.capacity }).await? {
-            Outcome::SemaphoreCreated => StatusCode::CREATED,
-            Outcome::SemaphoreUpdated => StatusCode::OK,
-            Outcome::Refused(refusal) => return Err(refusal.into()),
-            other => return Err(ApiError::internal(other)),
-        };
+    caller.check_objects_cap(&node, &Key::semaphore(name.clone())).await?;
+    let (capacity, creator) = (request.capacity, caller.creator(&node));
+    let command = match creator {
+        Some(creator) => Command::PutSemaphoreBy { name: name.clone(), capacity, creator },
+        None => Command::PutSemaphore { name: name.clone(), capacity },
+    };
+    let status = match node.propose(command).await? {
+        Outcome::SemaphoreCreated => StatusCode::CREATED,
+        Outcome::SemaphoreUpdated => StatusCode::OK,
+        Outcome::Refused(Refusal::LimitExceeded(Limit::ObjectsPerToken)) => {
+            return Err(crate::auth::slowly(crate::auth::objects_cap_refusal()).await)
+        }
+        Outcome::Refused(refusal) => return Err(refusal.into()),
+        other => return Err(ApiError::internal(other)),
+    };
     let (view, index) = read_view(&node, &name)?;
     Ok((status, index_header(index), axum::Json(view)).into_response())
 }
@@ -169,7 +180,9 @@ pub fn list_limit(limit: Option<usize>) -> Result<usize, ApiError> {
     Ok(limit)
 }
 
-/// Semaphores in name order, one page at a time.
+/// Semaphores in name order, one page at a time: only those the caller may read. The walk visits
+/// only the names under the caller's read rules, so its cost follows what the caller may see,
+/// not the size of the table.
 #[utoipa::path(get, path = "/v1/semaphores", tag = "semaphores", params(ListParams),
     responses((status = 200, body = SemaphoreList)))]
 pub async fn list(
@@ -182,8 +195,9 @@ pub async fn list(
     if !params.stale {
         node.ensure_linearizable().await?;
     }
+    let prefixes = caller.prefixes(Resource::Semaphore, Access::Read);
     let replica = node.replica().read();
-    let mut page = replica.state.objects_after(Kind::Semaphore, after.as_ref());
+    let mut page = replica.state.objects_in_prefixes(Kind::Semaphore, &prefixes, after.as_ref());
     let semaphores: Vec<SemaphoreSummary> = page
         .by_ref()
         .filter(|(key, _)| caller.can(Resource::Semaphore, key.name.as_str(), Access::Read))
@@ -228,7 +242,9 @@ pub async fn delete(State(node): State<Arc<Node>>, Path(name): Path<String>) -> 
               (status = 202, body = AcquireResponse, description = "Still waiting"),
               (status = 404, body = ErrorBody, description = "`session_not_found`, `semaphore_not_found`"),
               (status = 409, body = ErrorBody, description = "`unavailable`, `permits_exceed_capacity`, \
-`permits_mismatch`, `wait_cancelled`, `limit_exceeded`")))]
+`permits_mismatch`, `wait_cancelled`, `limit_exceeded`"),
+              (status = 429, body = ErrorBody, description = "`limit_exceeded`: a per-token cap (long-polls, \
+or objects created: `--objects-per-token-max`); retry after `Retry-After` seconds")))]
 pub async fn acquire(
     State(node): State<Arc<Node>>,
     caller: Caller,
@@ -250,7 +266,8 @@ pub async fn acquire(
         value: None,
     };
     validate_acquire(&acquire)?;
-    Ok(match grant::acquire(&node, acquire, wait_ms, request.ephemeral).await? {
+    caller.check_objects_cap(&node, &acquire.key).await?;
+    Ok(match grant::acquire(&node, acquire, wait_ms, request.ephemeral, caller.creator(&node)).await? {
         Grant::Acquired { permits, token } => {
             (StatusCode::OK, axum::Json(AcquireResponse::Acquired { permits, token })).into_response()
         }

@@ -98,7 +98,15 @@ impl Consensus {
         let sync = LogSync::new(config.node_id);
         if let Some(file) = &config.restore {
             let snapshots = SnapshotStore::open(&config.data_dir.join("snapshots"))?;
-            super::state_machine::restore(file, &snapshots, log_path, config.node_id, &addr.to_string())?;
+            let root = config.root_token.as_deref().filter(|_| config.auth);
+            super::state_machine::restore(
+                file,
+                &snapshots,
+                log_path,
+                config.node_id,
+                &addr.to_string(),
+                root,
+            )?;
         }
         let log_store = match kind {
             LogFormat::Redb => {

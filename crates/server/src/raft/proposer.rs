@@ -251,7 +251,9 @@ fn take_queued(receiver: &mut mpsc::Receiver<Proposal>, proposals: &mut Vec<Prop
 /// The session on whose behalf `command` is proposed, if it is one session's request.
 fn session_of(command: &Command) -> Option<SessionId> {
     match command {
-        Command::Acquire(acquire) | Command::AcquireEphemeral(acquire) => Some(acquire.session),
+        Command::Acquire(acquire)
+        | Command::AcquireEphemeral(acquire)
+        | Command::AcquireBy { acquire, .. } => Some(acquire.session),
         Command::Release { session, .. } | Command::CloseSession { id: session } => Some(*session),
         _ => None,
     }

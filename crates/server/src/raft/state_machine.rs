@@ -264,14 +264,21 @@ impl Backup {
 /// whose only voter is node `id` at `addr` (grow it with `permit cluster add`). The backup's
 /// log ids are rewritten to term 0, so that this cluster's first election (term 1) follows them.
 ///
+/// With a configured root secret (`PERMIT_ROOT_TOKEN`, `--root-token-file`), that secret
+/// becomes the root token's (the backup's root secret stops working; a root deleted before the
+/// backup is made again). Every token of the backup is logged: a token deleted after the backup
+/// authenticates again, and only the operator knows which to delete.
+///
 /// # Errors
-/// When the data dir holds a log or a snapshot already, or the file is not a consistent backup.
+/// When the data dir holds a log or a snapshot already, the file is not a consistent backup, or
+/// the root secret is another restored token's.
 pub fn restore(
     file: &std::path::Path,
     snapshots: &SnapshotStore,
     log_path: &std::path::Path,
     id: NodeId,
     addr: &str,
+    root_secret: Option<&str>,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
         !log_path.exists() && snapshots.load()?.is_none(),
@@ -281,7 +288,7 @@ pub fn restore(
     let bytes = std::fs::read(file).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
     let (meta, state_bytes) =
         super::snapshot_store::decode(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-    let state =
+    let mut state =
         State::decode_snapshot(&state_bytes).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let index = meta.last_log_id.map(|log_id| log_id.index);
     anyhow::ensure!(
@@ -299,8 +306,37 @@ pub fn restore(
         last_membership: StoredMembership::new(Some(log_id), membership),
         snapshot_id: format!("restored-{}", log_id.index),
     };
-    snapshots.save(&meta, &state_bytes)?;
-    tracing::info!(file = %file.display(), index = log_id.index, sessions = state.session_count(), "restored a backup");
+    if let Some(secret) = root_secret {
+        // A backup made before salts gets its salt here, so that the root secret is stored
+        // salted (its other tokens keep their plain SHA-256).
+        if state.install_token_salt(rand::random()) {
+            tracing::info!("restore: token salt created");
+        }
+        let hash = crate::auth::secret_hash(state.token_salt(), secret);
+        state.install_root_secret(hash).map_err(|refusal| {
+            anyhow::anyhow!("the configured root secret cannot become the root token's: {refusal}")
+        })?;
+        tracing::warn!(
+            "restore: the root token's secret is the configured one (PERMIT_ROOT_TOKEN or --root-token-file)"
+        );
+    }
+    for (token_id, token) in state.tokens() {
+        tracing::warn!(
+            token = %token_id,
+            name = %token.name,
+            "restore: brought back token {token_id} ({}); if it was deleted after the backup, delete it \
+             again: permit acl token delete {token_id}",
+            token.name
+        );
+    }
+    snapshots.save(&meta, &state.encode_snapshot())?;
+    tracing::info!(
+        file = %file.display(),
+        index = log_id.index,
+        sessions = state.session_count(),
+        tokens = state.tokens().len(),
+        "restored a backup"
+    );
     Ok(())
 }
 
