@@ -85,9 +85,9 @@ struct ServeArgs {
     /// Do not form a cluster: wait to be added (`permit cluster add ID ADDR`) or initialised.
     #[arg(long, conflicts_with = "peers")]
     join: bool,
-    /// File holding the secret shared by every node of the cluster (at least 16 bytes; make one
-    /// with `head -c 32 /dev/urandom | base64 > cluster.secret`). Required with `--peers` and
-    /// `--join`: peer requests are authenticated with it.
+    /// File holding the secret shared by every node of the cluster (at least 128 bits, see
+    /// docs/security.md; make one with `head -c 32 /dev/urandom | base64 > cluster.secret`).
+    /// Required with `--peers` and `--join`: peer requests are authenticated with it.
     #[arg(long)]
     cluster_secret_file: Option<PathBuf>,
     /// Close a connection that has not sent a complete request head (or TLS handshake) within
@@ -135,7 +135,8 @@ struct AuthArgs {
     /// --root-token-file, or a new secret written to DATA_DIR/root-token (mode 0600).
     #[arg(long)]
     auth: bool,
-    /// File holding the root token's secret for the first start with --auth.
+    /// File holding the root token's secret for the first start with --auth (at least 128
+    /// bits: e.g. `openssl rand -hex 32`; a guessable secret is refused).
     #[arg(long, requires = "auth")]
     root_token_file: Option<PathBuf>,
     /// Most live sessions one token may have.

@@ -216,11 +216,13 @@ impl Config {
              everything: add --auth, or --allow-unauthenticated to mean it",
             self.listen.ip()
         );
-        anyhow::ensure!(
-            self.root_token.as_ref().is_none_or(|s| s.len() >= crate::auth::ROOT_SECRET_BYTES_MIN),
-            "the root token's secret must be at least {} bytes",
-            crate::auth::ROOT_SECRET_BYTES_MIN
-        );
+        if let Some(secret) = &self.root_token {
+            // The root secret opens everything: refuse one that can be guessed (docs/security.md).
+            crate::entropy::check(
+                "the root token's secret (PERMIT_ROOT_TOKEN or --root-token-file)",
+                secret.as_bytes(),
+            )?;
+        }
         anyhow::ensure!(self.sessions_per_token_max >= 1, "--sessions-per-token-max must be at least 1");
         anyhow::ensure!(self.long_polls_per_token_max >= 1, "--long-polls-per-token-max must be at least 1");
         anyhow::ensure!(

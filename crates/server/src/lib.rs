@@ -11,6 +11,7 @@ pub mod api;
 pub mod auth;
 pub mod bugs;
 pub mod config;
+pub mod entropy;
 pub mod expiry;
 pub mod failstop;
 pub mod lessor;

@@ -56,7 +56,8 @@ impl ClusterSecret {
     /// A secret from `bytes` with surrounding whitespace trimmed.
     ///
     /// # Errors
-    /// When fewer than [`CLUSTER_SECRET_BYTES_MIN`] bytes remain.
+    /// When fewer than [`CLUSTER_SECRET_BYTES_MIN`] bytes remain, or the secret is easy to guess
+    /// ([`crate::entropy::check`]).
     pub fn new(bytes: &[u8]) -> anyhow::Result<ClusterSecret> {
         let trimmed = bytes.trim_ascii();
         anyhow::ensure!(
@@ -64,6 +65,8 @@ impl ClusterSecret {
             "the cluster secret has {} bytes, fewer than {CLUSTER_SECRET_BYTES_MIN}; {SECRET_HOWTO}",
             trimmed.len()
         );
+        crate::entropy::check("the cluster secret", trimmed)
+            .map_err(|e| anyhow::anyhow!("{e}; {SECRET_HOWTO}"))?;
         Ok(ClusterSecret(trimmed.into()))
     }
 
@@ -159,7 +162,9 @@ mod tests {
     #[test]
     fn short_secrets_are_refused_after_trimming() {
         assert!(ClusterSecret::new(b"   short secret   \n").is_err());
-        assert!(ClusterSecret::new(b"exactly-16-bytes").is_ok());
+        assert!(ClusterSecret::new(b"exactly-16-bytes").is_err(), "16 characters are about 98 bits");
+        assert!(ClusterSecret::new(b"passwordpassword-passwordpassword").is_err());
+        assert!(ClusterSecret::new(b"Zm9vYmFyYmF6cXV4cXV1eHF1dXpxdXV4ZmxvYmJsZQ==").is_ok());
     }
 
     #[test]
