@@ -289,3 +289,57 @@ async fn a_three_node_cluster_over_tls_elects_a_leader_and_replicates_a_write() 
         assert!(replicated, "node {} did not apply the write", node.url);
     }
 }
+
+/// Writes `request` on a new connection to `addr` and returns the connection.
+fn send_raw(addr: &str, request: &[u8]) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.write_all(request).unwrap();
+    stream
+}
+
+/// The status code of a raw HTTP answer (0 for none) and its JSON error code, if any.
+fn status_and_code(answer: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(answer);
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let code = text
+        .split_once("\r\n\r\n")
+        .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(body).ok())
+        .and_then(|body| body["error"]["code"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    (status, code)
+}
+
+/// Issue 28, finding 8: without `--auth`, a request whose `Host` is a name other than
+/// `localhost` (what a web page's requests carry after DNS rebinding) is refused with
+/// `421 misdirected_request`; loopback names and IP literals are served, and so are health probes.
+#[test]
+fn without_auth_a_host_that_is_not_local_or_an_ip_is_misdirected() {
+    let (server, _temp) = start(&[]);
+    let port = server.addr.rsplit_once(':').unwrap().1.to_owned();
+    let get = |host: &str, path: &str| {
+        let mut stream = send_raw(
+            &server.addr,
+            format!("GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n").as_bytes(),
+        );
+        status_and_code(&read_until_closed(&mut stream))
+    };
+    for host in
+        [format!("evil.example:{port}"), "evil.example".to_owned(), format!("localhost.evil.example:{port}")]
+    {
+        assert_eq!(get(&host, "/v1/semaphores"), (421, "misdirected_request".to_owned()), "{host}");
+        assert_eq!(get(&host, "/v1/health").0, 200, "{host}: health probes are answered");
+    }
+    for host in
+        [format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("[::1]:{port}"), "10.1.2.3".into()]
+    {
+        assert_eq!(get(&host, "/v1/semaphores").0, 200, "{host}");
+    }
+    // With --auth, the token is the defence: the same request is answered 401, not 421.
+    let temp = tempfile::tempdir().unwrap();
+    let secured = Server::start_in(&temp.path().join("data"), "127.0.0.1:0", &["--auth"]);
+    let mut stream = send_raw(
+        &secured.addr,
+        b"GET /v1/semaphores HTTP/1.1\r\nhost: evil.example\r\nconnection: close\r\n\r\n",
+    );
+    assert_eq!(status_and_code(&read_until_closed(&mut stream)), (401, "unauthenticated".to_owned()));
+}
