@@ -47,8 +47,12 @@ pub struct Config {
     /// Longest wait for a client's complete request head (and TLS handshake); an idle
     /// keep-alive connection is closed after it too.
     pub header_read_timeout: std::time::Duration,
-    /// Most connections open at once; more are closed as soon as they are accepted.
+    /// Most client connections open at once; more are closed as soon as they are accepted (a
+    /// node with a cluster secret keeps `listener::PEER_CONNECTIONS_RESERVED` more for peers).
     pub connections_max: usize,
+    /// Most client connections open at once from one source address
+    /// (`--connections-per-client-max`).
+    pub connections_per_client_max: usize,
     /// Start a new single-node cluster from this backup (`--restore`, `GET /v1/snapshot`); the
     /// data dir must be empty.
     pub restore: Option<PathBuf>,
@@ -184,6 +188,7 @@ impl Default for Config {
             header_read_timeout: crate::listener::HEADER_READ_TIMEOUT_DEFAULT,
             metrics_names_max: crate::metrics::METRICS_NAMES_MAX_DEFAULT,
             connections_max: crate::listener::CONNECTIONS_MAX_DEFAULT,
+            connections_per_client_max: crate::listener::CONNECTIONS_PER_CLIENT_MAX_DEFAULT,
             tls: None,
             restore: None,
             log_store: LogStoreKind::Detect,
@@ -233,6 +238,11 @@ impl Config {
         anyhow::ensure!(
             (1..=crate::listener::CONNECTIONS_MAX_LIMIT).contains(&self.connections_max),
             "--connections-max must be 1 to {}",
+            crate::listener::CONNECTIONS_MAX_LIMIT
+        );
+        anyhow::ensure!(
+            (1..=crate::listener::CONNECTIONS_MAX_LIMIT).contains(&self.connections_per_client_max),
+            "--connections-per-client-max must be 1 to {}",
             crate::listener::CONNECTIONS_MAX_LIMIT
         );
         anyhow::ensure!(!self.header_read_timeout.is_zero(), "--header-read-timeout must be positive");

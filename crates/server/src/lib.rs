@@ -47,7 +47,10 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'stat
     let acceptor = config.tls.as_ref().map(tls::server_config).transpose()?;
     let settings = listener::ListenerSettings {
         header_read_timeout: config.header_read_timeout,
+        body_read_timeout: config.header_read_timeout,
         connections_max: config.connections_max,
+        connections_per_client_max: config.connections_per_client_max,
+        cluster_secret: config.cluster_secret.clone(),
         tls: acceptor.map(tokio_rustls::TlsAcceptor::from),
     };
     let scheme = tls::peer_scheme(config.tls.as_ref());
