@@ -214,6 +214,8 @@ CODES: Dict[str, Type[PermitError]] = {
     "token_not_found": NotFound,
     "storage_error": ClusterUnavailable,
     "tls_required": InvalidRequest,
+    "body_timeout": InvalidRequest,
+    "misdirected_request": InvalidRequest,
 }
 
 

@@ -34,12 +34,17 @@ pub struct ElectArgs {
     /// Keep the command in this terminal's process group and signal only it.
     #[arg(long)]
     pub foreground: bool,
+    /// Leave PERMIT_AUTH_TOKEN in the command's environment; by default it is removed, so that
+    /// the command (and what it runs or logs) does not get `permit`'s token.
+    #[arg(long)]
+    pub pass_token: bool,
     /// Session name, shown with the leader in the server's answers (default: `permit elect`, the
     /// election and this process id).
     #[arg(long)]
     pub name: Option<String>,
     /// The command and its arguments, after `--`. It sees PERMIT_TOKEN (the leadership's
-    /// fencing token), PERMIT_ELECTION and PERMIT_SESSION.
+    /// fencing token), PERMIT_ELECTION and PERMIT_SESSION, and not PERMIT_AUTH_TOKEN (see
+    /// --pass-token).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
@@ -72,7 +77,12 @@ pub(crate) async fn elect(client: &Client, args: ElectArgs) -> anyhow::Result<i3
         ttl: args.ttl,
         session_name: name,
         timeout: args.timeout,
-        job: Some(Job { command: args.command, kill_after: args.kill_after, foreground: args.foreground }),
+        job: Some(Job {
+            command: args.command,
+            kill_after: args.kill_after,
+            foreground: args.foreground,
+            pass_token: args.pass_token,
+        }),
     };
     let (election, value, timeout) = (args.election, args.value, args.timeout);
     hold.run(client, |session| async move {

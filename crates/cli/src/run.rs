@@ -31,11 +31,16 @@ pub struct RunArgs {
     /// only it; by default it gets its own process group, which is signalled as a whole.
     #[arg(long)]
     pub foreground: bool,
+    /// Leave PERMIT_AUTH_TOKEN in the command's environment; by default it is removed, so that
+    /// the command (and what it runs or logs) does not get `permit`'s token.
+    #[arg(long)]
+    pub pass_token: bool,
     /// Session name shown by `permit show` (default: `permit run`, the semaphore and this process id).
     #[arg(long)]
     pub name: Option<String>,
     /// The command and its arguments, after `--`. It sees PERMIT_TOKEN (the fencing token),
-    /// PERMIT_SEMAPHORE, PERMIT_PERMITS and PERMIT_SESSION.
+    /// PERMIT_SEMAPHORE, PERMIT_PERMITS and PERMIT_SESSION, and not PERMIT_AUTH_TOKEN (see
+    /// --pass-token).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
@@ -87,7 +92,12 @@ impl PermitArgs {
 /// Runs `permit run`.
 pub(crate) async fn run(client: &Client, args: RunArgs) -> anyhow::Result<i32> {
     let options = args.permit.options(args.max_hold);
-    let job = Job { command: args.command, kill_after: args.kill_after, foreground: args.foreground };
+    let job = Job {
+        command: args.command,
+        kill_after: args.kill_after,
+        foreground: args.foreground,
+        pass_token: args.pass_token,
+    };
     let hold = args.permit.hold("run", args.name, Some(job));
     let (semaphore, permits) = (args.permit.semaphore, args.permit.permits);
     hold.run(client, |session| async move {

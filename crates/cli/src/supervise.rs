@@ -56,7 +56,15 @@ pub(crate) struct Job {
     /// Keep the command in `permit`'s process group (for interactive commands) and signal only
     /// it, instead of giving it its own group and signalling the whole group.
     pub foreground: bool,
+    /// Leave `PERMIT_AUTH_TOKEN` in the command's environment (`--pass-token`). By default it
+    /// is removed: the command runs under the lock, it is not the lock's owner, and a token
+    /// in its environment leaks into whatever it runs, logs or dumps.
+    pub pass_token: bool,
 }
+
+/// The variable the CLI reads its token from, removed from a command's environment unless
+/// [`Job::pass_token`].
+pub(crate) const AUTH_TOKEN_VAR: &str = "PERMIT_AUTH_TOKEN";
 
 /// How the command ended.
 pub(crate) struct Ended {
@@ -144,6 +152,9 @@ pub(crate) async fn spawn(job: &Job, env: &[(&str, String)]) -> Result<Running, 
     };
     let mut command = Command::new(program);
     command.args(arguments).envs(env.iter().map(|(key, value)| (key, value)));
+    if !job.pass_token {
+        command.env_remove(AUTH_TOKEN_VAR);
+    }
     die_with_this_process(&mut command);
     let foreground = job.foreground;
     let started = on_lasting_thread(move || {
@@ -342,6 +353,7 @@ mod tests {
             command: vec!["sleep".into(), "30".into()],
             kill_after: Duration::from_secs(1),
             foreground: false,
+            pass_token: false,
         };
         let handle = runtime.handle().clone();
         let started = std::thread::spawn(move || handle.block_on(spawn(&job, &[]))).join().unwrap();

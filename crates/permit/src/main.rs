@@ -85,18 +85,23 @@ struct ServeArgs {
     /// Do not form a cluster: wait to be added (`permit cluster add ID ADDR`) or initialised.
     #[arg(long, conflicts_with = "peers")]
     join: bool,
-    /// File holding the secret shared by every node of the cluster (at least 16 bytes; make one
-    /// with `head -c 32 /dev/urandom | base64 > cluster.secret`). Required with `--peers` and
-    /// `--join`: peer requests are authenticated with it.
+    /// File holding the secret shared by every node of the cluster (at least 128 bits, see
+    /// docs/security.md; make one with `head -c 32 /dev/urandom | base64 > cluster.secret`).
+    /// Required with `--peers` and `--join`: peer requests are authenticated with it.
     #[arg(long)]
     cluster_secret_file: Option<PathBuf>,
     /// Close a connection that has not sent a complete request head (or TLS handshake) within
-    /// this time, or that sits idle between requests that long (slowloris).
+    /// this time, or that sits idle between requests that long (slowloris); a request's body
+    /// must then arrive whole within this time too (else 408 body_timeout).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     header_read_timeout: std::time::Duration,
-    /// Most connections open at once; more are closed as soon as they are accepted.
+    /// Most client connections open at once; more are closed as soon as they are accepted. A
+    /// node with a cluster secret keeps 64 more slots for its peers.
     #[arg(long, default_value_t = permit_server::listener::CONNECTIONS_MAX_DEFAULT)]
     connections_max: usize,
+    /// Most client connections open at once from one source address (IP); more are refused.
+    #[arg(long, default_value_t = permit_server::listener::CONNECTIONS_PER_CLIENT_MAX_DEFAULT)]
+    connections_per_client_max: usize,
     /// Serve HTTPS with this PEM certificate chain (also this node's identity towards its peers).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -135,7 +140,8 @@ struct AuthArgs {
     /// --root-token-file, or a new secret written to DATA_DIR/root-token (mode 0600).
     #[arg(long)]
     auth: bool,
-    /// File holding the root token's secret for the first start with --auth.
+    /// File holding the root token's secret for the first start with --auth (at least 128
+    /// bits: e.g. `openssl rand -hex 32`; a guessable secret is refused).
     #[arg(long, requires = "auth")]
     root_token_file: Option<PathBuf>,
     /// Most live sessions one token may have.
@@ -247,6 +253,7 @@ fn main() -> anyhow::Result<()> {
                 cluster_secret,
                 header_read_timeout: args.header_read_timeout,
                 connections_max: args.connections_max,
+                connections_per_client_max: args.connections_per_client_max,
                 restore: args.restore,
                 tls: args.tls_cert.zip(args.tls_key).map(|(cert, key)| permit_server::tls::TlsConfig {
                     cert,

@@ -32,8 +32,14 @@ struct Output {
 
 /// Runs `permit <args>` against `server` to completion, within `STEP_TIMEOUT`.
 async fn permit(server: &Server, args: &[&str]) -> Output {
+    permit_with_env(server, args, &[]).await
+}
+
+/// Like [`permit`], with extra environment variables.
+async fn permit_with_env(server: &Server, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(permit_bin());
     command.args(args).env("PERMIT_SERVER", &server.url).stdin(Stdio::null()).kill_on_drop(true);
+    command.envs(env.iter().copied());
     let output = tokio::time::timeout(STEP_TIMEOUT, command.output())
         .await
         .unwrap_or_else(|_| panic!("permit {args:?} did not finish in time"))
@@ -625,6 +631,32 @@ async fn acl_token_create_list_self_and_delete_with_the_root_token() {
     assert_eq!(permit(&server, &["--auth-token", &root, "acl", "token", "delete", &id]).await.code, 0);
     let gone = permit(&server, &["--auth-token", &secret, "acl", "token", "self"]).await;
     assert!(gone.stderr.contains("unauthenticated"), "{gone:?}");
+}
+
+/// The token `permit` was given in its environment does not reach the command it runs under a
+/// lock or a leadership (a build script that dumps its environment, a core dump, a child that
+/// logs it), unless `--pass-token` asks for it.
+#[tokio::test]
+async fn run_and_elect_keep_the_auth_token_from_the_command_unless_pass_token() {
+    let server = Server::start();
+    let secret = "a-token-secret-the-command-must-not-see";
+    let env = [("PERMIT_AUTH_TOKEN", secret)];
+    let runs: [&[&str]; 2] = [
+        &["run", "env.job", "--capacity", "1", "--", "env"],
+        &["elect", "env.leader", "--value", "v", "--", "env"],
+    ];
+    for args in runs {
+        let ran = permit_with_env(&server, args, &env).await;
+        assert_eq!(ran.code, 0, "{args:?}: {ran:?}");
+        assert!(ran.stdout.contains("PERMIT_SESSION="), "the command's environment was printed: {ran:?}");
+        assert!(!ran.stdout.contains(secret), "{args:?} handed the token to the command: {ran:?}");
+        let (verb, rest) = args.split_first().unwrap();
+        let mut passing = vec![*verb, "--pass-token"];
+        passing.extend_from_slice(rest);
+        let passed = permit_with_env(&server, &passing, &env).await;
+        assert_eq!(passed.code, 0, "{passing:?}: {passed:?}");
+        assert!(passed.stdout.contains(&format!("PERMIT_AUTH_TOKEN={secret}")), "{passing:?}: {passed:?}");
+    }
 }
 
 #[tokio::test]

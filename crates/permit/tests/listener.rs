@@ -313,3 +313,304 @@ async fn a_tls_cluster_grows_with_cluster_add() {
     .await;
     assert!(replicated, "the added node applies the cluster's log");
 }
+
+/// Writes `request` on a new connection to `addr` and returns the connection.
+fn send_raw(addr: &str, request: &[u8]) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.write_all(request).unwrap();
+    stream
+}
+
+/// The status code of a raw HTTP answer (0 for none) and its JSON error code, if any.
+fn status_and_code(answer: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(answer);
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let code = text
+        .split_once("\r\n\r\n")
+        .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(body).ok())
+        .and_then(|body| body["error"]["code"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    (status, code)
+}
+
+/// Reads one answer's head (and whatever body came with it) from a kept-alive connection:
+/// until the end of the head and `content-length` bytes more, the connection closes, or
+/// `PATIENCE` passes (a failure).
+fn read_answer(stream: &mut TcpStream) -> Vec<u8> {
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&received).to_lowercase();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if body.len() >= length {
+                return received;
+            }
+        }
+        match stream.read(&mut buffer) {
+            Ok(0) => return received,
+            Ok(n) => received.extend_from_slice(&buffer[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return received,
+            Err(e) => panic!("no answer: {e}"),
+        }
+    }
+}
+
+/// The head of a POST whose body (`length` bytes announced) the caller sends, or not.
+fn post_head(path: &str, token: Option<&str>, length: usize) -> String {
+    let auth = token.map(|t| format!("authorization: Bearer {t}\r\n")).unwrap_or_default();
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n{auth}content-type: application/json\r\n\
+         content-length: {length}\r\n\r\n"
+    )
+}
+
+/// The root secret of the `--auth` clusters below.
+const ROOT: &str = "listener-root-secret-0123456789abcdef";
+
+/// Issue 28, finding 6: a follower read the body of a request it forwards before anyone checked
+/// its token, with no time limit, so slow-body connections without a token held every slot.
+/// Now a follower refuses such a request before reading its body (`401`, connection closed),
+/// and a client with a token is served meanwhile; a slow body with a valid token is cut off
+/// within the header-read timeout on the way to the leader (`408 body_timeout`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_refuses_slow_bodies_without_a_token_before_reading_them() {
+    let temp = tempfile::tempdir().unwrap();
+    let root_file = temp.path().join("root.secret");
+    std::fs::write(&root_file, ROOT).unwrap();
+    let root_arg = root_file.display().to_string();
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {ROOT}").parse().unwrap());
+    permit_client::install_crypto_provider();
+    let http = reqwest::Client::builder().no_proxy().default_headers(headers).build().unwrap();
+    let args =
+        ["--auth", "--root-token-file", &root_arg, "--connections-max", "64", "--header-read-timeout", "1s"];
+    let cluster = Cluster::start_with(3, &args, http).await;
+    let leader = cluster.leader(PATIENCE).await.expect("a leader");
+    let follower = &cluster.nodes[(leader + 1) % 3];
+    let root = Api::with_token(&follower.url, ROOT);
+    let ready =
+        eventually(PATIENCE, async || root.get("/v1/acl/tokens/self?stale=true").await.status == 200).await;
+    assert!(ready, "the follower never knew the root token");
+
+    // The attack: heads of writes without a token (or with a wrong one), then a trickle of body.
+    let addr = follower.addr.clone();
+    let attack = tokio::task::spawn_blocking(move || {
+        let slow: Vec<TcpStream> = (0..24)
+            .map(|i| {
+                let token = (i % 2 == 1).then_some("not-a-token-of-this-cluster");
+                let head = post_head("/v1/semaphores/starved/acquire", token, 1000);
+                send_raw(&addr, format!("{head}{{\"session\":").as_bytes())
+            })
+            .collect();
+        slow.into_iter()
+            .map(|mut stream| {
+                let started = Instant::now();
+                let answer = read_until_closed(&mut stream);
+                (status_and_code(&answer), started.elapsed())
+            })
+            .collect::<Vec<_>>()
+    });
+    let answers = attack.await.unwrap();
+    for ((status, code), took) in &answers {
+        assert_eq!((*status, code.as_str()), (401, "unauthenticated"), "{answers:?}");
+        assert!(*took < Duration::from_secs(5), "answered after {took:?}: {answers:?}");
+    }
+    // A client with a token is served by the follower (forwarded to the leader).
+    let put = root.send("PUT", "/v1/semaphores/served", Some(serde_json::json!({"capacity": 1}))).await;
+    assert!(put.status < 300, "{put:?}");
+
+    // A valid token whose body never arrives whole: cut off within the header-read timeout.
+    let addr = follower.addr.clone();
+    let (answer, took) = tokio::task::spawn_blocking(move || {
+        let head = post_head("/v1/semaphores/served/acquire", Some(ROOT), 1000);
+        let mut stream = send_raw(&addr, format!("{head}{{\"session\":").as_bytes());
+        let started = Instant::now();
+        (read_until_closed(&mut stream), started.elapsed())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        status_and_code(&answer),
+        (408, "body_timeout".to_owned()),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(took < Duration::from_secs(5), "cut off after {took:?}");
+}
+
+/// Issue 28, finding 6: a body that trickles in (a byte every 50 ms) is cut off once the
+/// header-read timeout has passed since its head, with `408 body_timeout`, and the connection
+/// closes; a body sent whole is served.
+#[test]
+fn a_trickled_body_is_cut_off_within_the_header_read_timeout() {
+    let (server, _temp) = start(&["--header-read-timeout".into(), "500ms".into()]);
+    let mut slow = send_raw(&server.addr, post_head("/v1/sessions", None, 10_000).as_bytes());
+    let mut writer = slow.try_clone().unwrap();
+    let started = Instant::now();
+    let trickle = std::thread::spawn(move || {
+        // The attacker's pace, bounded: at most 10 s of it, and stop once the server hung up.
+        for _ in 0..200 {
+            if writer.write_all(b" ").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let answer = read_until_closed(&mut slow);
+    let took = started.elapsed();
+    assert_eq!(
+        status_and_code(&answer),
+        (408, "body_timeout".to_owned()),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(took >= Duration::from_millis(400) && took < Duration::from_secs(5), "cut off after {took:?}");
+    drop(slow);
+    trickle.join().unwrap();
+    // A request whose body is sent whole is served as before.
+    let body = r#"{"ttl_ms": 10000}"#;
+    let mut prompt =
+        send_raw(&server.addr, format!("{}{body}", post_head("/v1/sessions", None, body.len())).as_bytes());
+    let answer = read_answer(&mut prompt);
+    assert_eq!(status_and_code(&answer).0, 201, "{}", String::from_utf8_lossy(&answer));
+}
+
+/// A connection from `source` (a loopback address of this machine other than 127.0.0.1, say)
+/// to `addr`.
+async fn connect_from(source: &str, addr: &str) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let stream = socket.connect(addr.parse().unwrap()).await.unwrap();
+    let stream = stream.into_std().unwrap();
+    stream.set_nonblocking(false).unwrap();
+    stream
+}
+
+/// Issue 28, finding 6: one source address cannot take every connection slot
+/// (`--connections-per-client-max`): its connections beyond its share are refused and counted
+/// with `reason="per_client"`, while another address still gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_every_connection_slot() {
+    let (server, _temp) =
+        start(&["--connections-max".into(), "8".into(), "--connections-per-client-max".into(), "3".into()]);
+    const HEALTH: &[u8] = b"GET /v1/health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n";
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut stream = connect_from("127.0.0.2", &server.addr).await;
+        stream.write_all(HEALTH).unwrap();
+        assert_eq!(status_and_code(&read_answer(&mut stream)).0, 200);
+        held.push(stream);
+    }
+    let mut fourth = connect_from("127.0.0.2", &server.addr).await;
+    let _ = fourth.write_all(HEALTH);
+    assert_eq!(read_until_closed(&mut fourth), b"", "a fourth connection from one address was served");
+    // Another address is served, and the refusal is counted.
+    let api = Api::new(&server);
+    let metrics = api.http.get(format!("{}/metrics", api.url)).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("permit_connections_refused_total{reason=\"per_client\"} 1"), "{metrics}");
+    // Once one of its connections closes, the address gets a place again.
+    drop(held.pop());
+    let served = eventually(PATIENCE, async || {
+        let mut stream = connect_from("127.0.0.2", &server.addr).await;
+        let _ = stream.write_all(HEALTH);
+        tokio::task::spawn_blocking(move || {
+            status_and_code(&read_until_closed_or_answer(&mut stream)).0 == 200
+        })
+        .await
+        .unwrap()
+    })
+    .await;
+    assert!(served, "the address never got its place back");
+}
+
+/// Reads one answer, or nothing if the server closes the connection first.
+fn read_until_closed_or_answer(stream: &mut TcpStream) -> Vec<u8> {
+    read_answer(stream)
+}
+
+/// Issue 28, finding 6: the connection slots peers need are kept apart from the clients'. With
+/// every client slot of the leader held by connections from clients (that send nothing more),
+/// a follower still opens a new connection to the leader, in a peer slot, and forwards a write
+/// there; a client connection that lands in a peer slot is refused `429 limit_exceeded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_still_connect_when_the_client_slots_are_full() {
+    let args = ["--connections-max", "8", "--header-read-timeout", "30s"];
+    let cluster = Cluster::start(3, &args).await;
+    let leader = cluster.leader(PATIENCE).await.expect("a leader");
+    let follower = &cluster.nodes[(leader + 1) % 3];
+    let addr = cluster.nodes[leader].addr.clone();
+    // Fill the leader's client slots: keep every connection that was served; stop at the first
+    // that is refused (or closed without an answer).
+    let (held, refusal) = tokio::task::spawn_blocking(move || {
+        let mut held = Vec::new();
+        for _ in 0..32 {
+            let mut stream = send_raw(&addr, b"GET /v1/health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n");
+            let answer = read_answer(&mut stream);
+            match status_and_code(&answer) {
+                (200, _) => held.push(stream),
+                refused => return (held, refused),
+            }
+        }
+        panic!("32 connections and the client slots are not full");
+    })
+    .await
+    .unwrap();
+    assert!(!held.is_empty());
+    // The follower has never sent the leader anything: forwarding opens a new connection.
+    let api = Api::at(&follower.url);
+    let put =
+        api.send("PUT", "/v1/semaphores/through.the.reserve", Some(serde_json::json!({"capacity": 2}))).await;
+    assert!(put.status < 300, "the follower could not reach the leader: {put:?}");
+    assert_eq!(refusal, (429, "limit_exceeded".to_owned()), "a client in a peer slot");
+    drop(held);
+    let leader_api = Api::at(&cluster.nodes[leader].url);
+    let counted = eventually(PATIENCE, async || {
+        let Ok(answer) = leader_api.http.get(format!("{}/metrics", leader_api.url)).send().await else {
+            return false;
+        };
+        answer.text().await.unwrap_or_default().contains("permit_connections_refused_total{reason=\"cap\"}")
+    })
+    .await;
+    assert!(counted, "the refusal was not counted");
+}
+
+/// Issue 28, finding 8: without `--auth`, a request whose `Host` is a name other than
+/// `localhost` (what a web page's requests carry after DNS rebinding) is refused with
+/// `421 misdirected_request`; loopback names and IP literals are served, and so are health probes.
+#[test]
+fn without_auth_a_host_that_is_not_local_or_an_ip_is_misdirected() {
+    let (server, _temp) = start(&[]);
+    let port = server.addr.rsplit_once(':').unwrap().1.to_owned();
+    let get = |host: &str, path: &str| {
+        let mut stream = send_raw(
+            &server.addr,
+            format!("GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n").as_bytes(),
+        );
+        status_and_code(&read_until_closed(&mut stream))
+    };
+    for host in
+        [format!("evil.example:{port}"), "evil.example".to_owned(), format!("localhost.evil.example:{port}")]
+    {
+        assert_eq!(get(&host, "/v1/semaphores"), (421, "misdirected_request".to_owned()), "{host}");
+        assert_eq!(get(&host, "/v1/health").0, 200, "{host}: health probes are answered");
+    }
+    for host in
+        [format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("[::1]:{port}"), "10.1.2.3".into()]
+    {
+        assert_eq!(get(&host, "/v1/semaphores").0, 200, "{host}");
+    }
+    // With --auth, the token is the defence: the same request is answered 401, not 421.
+    let temp = tempfile::tempdir().unwrap();
+    let secured = Server::start_in(&temp.path().join("data"), "127.0.0.1:0", &["--auth"]);
+    let mut stream = send_raw(
+        &secured.addr,
+        b"GET /v1/semaphores HTTP/1.1\r\nhost: evil.example\r\nconnection: close\r\n\r\n",
+    );
+    assert_eq!(status_and_code(&read_until_closed(&mut stream)), (401, "unauthenticated".to_owned()));
+}

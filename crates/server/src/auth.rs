@@ -319,7 +319,7 @@ async fn check(node: &Node, request: &mut Request, route: &str) -> Result<Caller
     if !config.auth || need == Need::Open {
         return Ok(Caller::Anyone);
     }
-    let caller = identify(node, request)?;
+    let caller = identify(node, request.headers())?;
     match need {
         Need::Open | Need::Authenticated | Need::InBody(..) => {}
         Need::Global(resource, access) => caller.require(resource, "", access)?,
@@ -335,10 +335,14 @@ async fn check(node: &Node, request: &mut Request, route: &str) -> Result<Caller
     Ok(caller)
 }
 
-fn identify(node: &Node, request: &Request) -> Result<Caller, ApiError> {
+/// The caller whose token `headers` carry, on this node's applied state (authentication
+/// only: what the route needs is checked by [`check`]).
+///
+/// # Errors
+/// `unauthenticated`.
+pub(crate) fn identify(node: &Node, headers: &axum::http::HeaderMap) -> Result<Caller, ApiError> {
     let unauthenticated = |why: &str| ApiError::new(ErrorCode::Unauthenticated, why.to_owned());
-    let header = request
-        .headers()
+    let header = headers
         .get(header::AUTHORIZATION)
         .ok_or_else(|| unauthenticated("auth is on: send `Authorization: Bearer SECRET`"))?;
     let secret = header

@@ -50,8 +50,12 @@ pub struct Config {
     /// Longest wait for a client's complete request head (and TLS handshake); an idle
     /// keep-alive connection is closed after it too.
     pub header_read_timeout: std::time::Duration,
-    /// Most connections open at once; more are closed as soon as they are accepted.
+    /// Most client connections open at once; more are closed as soon as they are accepted (a
+    /// node with a cluster secret keeps `listener::PEER_CONNECTIONS_RESERVED` more for peers).
     pub connections_max: usize,
+    /// Most client connections open at once from one source address
+    /// (`--connections-per-client-max`).
+    pub connections_per_client_max: usize,
     /// Start a new single-node cluster from this backup (`--restore`, `GET /v1/snapshot`); the
     /// data dir must be empty.
     pub restore: Option<PathBuf>,
@@ -188,6 +192,7 @@ impl Default for Config {
             header_read_timeout: crate::listener::HEADER_READ_TIMEOUT_DEFAULT,
             metrics_names_max: crate::metrics::METRICS_NAMES_MAX_DEFAULT,
             connections_max: crate::listener::CONNECTIONS_MAX_DEFAULT,
+            connections_per_client_max: crate::listener::CONNECTIONS_PER_CLIENT_MAX_DEFAULT,
             tls: None,
             restore: None,
             log_store: LogStoreKind::Detect,
@@ -220,11 +225,13 @@ impl Config {
              everything: add --auth, or --allow-unauthenticated to mean it",
             self.listen.ip()
         );
-        anyhow::ensure!(
-            self.root_token.as_ref().is_none_or(|s| s.len() >= crate::auth::ROOT_SECRET_BYTES_MIN),
-            "the root token's secret must be at least {} bytes",
-            crate::auth::ROOT_SECRET_BYTES_MIN
-        );
+        if let Some(secret) = &self.root_token {
+            // The root secret opens everything: refuse one that can be guessed (docs/security.md).
+            crate::entropy::check(
+                "the root token's secret (PERMIT_ROOT_TOKEN or --root-token-file)",
+                secret.as_bytes(),
+            )?;
+        }
         anyhow::ensure!(self.sessions_per_token_max >= 1, "--sessions-per-token-max must be at least 1");
         anyhow::ensure!(self.objects_per_token_max >= 1, "--objects-per-token-max must be at least 1");
         anyhow::ensure!(self.long_polls_per_token_max >= 1, "--long-polls-per-token-max must be at least 1");
@@ -236,6 +243,11 @@ impl Config {
         anyhow::ensure!(
             (1..=crate::listener::CONNECTIONS_MAX_LIMIT).contains(&self.connections_max),
             "--connections-max must be 1 to {}",
+            crate::listener::CONNECTIONS_MAX_LIMIT
+        );
+        anyhow::ensure!(
+            (1..=crate::listener::CONNECTIONS_MAX_LIMIT).contains(&self.connections_per_client_max),
+            "--connections-per-client-max must be 1 to {}",
             crate::listener::CONNECTIONS_MAX_LIMIT
         );
         anyhow::ensure!(!self.header_read_timeout.is_zero(), "--header-read-timeout must be positive");

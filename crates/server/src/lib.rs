@@ -11,6 +11,7 @@ pub mod api;
 pub mod auth;
 pub mod bugs;
 pub mod config;
+pub mod entropy;
 pub mod expiry;
 pub mod failstop;
 pub mod lessor;
@@ -46,7 +47,11 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'stat
     let acceptor = config.tls.as_ref().map(tls::server_config).transpose()?;
     let settings = listener::ListenerSettings {
         header_read_timeout: config.header_read_timeout,
+        body_read_timeout: config.header_read_timeout,
         connections_max: config.connections_max,
+        connections_per_client_max: config.connections_per_client_max,
+        cluster_secret: config.cluster_secret.clone(),
+        node_id: config.node_id,
         tls: acceptor.map(tokio_rustls::TlsAcceptor::from),
     };
     let scheme = tls::peer_scheme(config.tls.as_ref());

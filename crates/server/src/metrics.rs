@@ -339,7 +339,7 @@ impl Metrics {
         let connections_refused = Family::<Labels, Counter>::default();
         registry.register(
             "connections_refused",
-            "Connections closed without serving by reason: cap, plain_http (on a TLS port), tls_handshake",
+            "Connections closed without serving by reason: cap, per_client, plain_http (on a TLS port), tls_handshake",
             connections_refused.clone(),
         );
         let gauges = StateGauges::default();

@@ -65,7 +65,8 @@ impl ClusterSecret {
     /// A secret from `bytes` with surrounding whitespace trimmed.
     ///
     /// # Errors
-    /// When fewer than [`CLUSTER_SECRET_BYTES_MIN`] bytes remain.
+    /// When fewer than [`CLUSTER_SECRET_BYTES_MIN`] bytes remain, or the secret is easy to guess
+    /// ([`crate::entropy::check`]).
     pub fn new(bytes: &[u8]) -> anyhow::Result<ClusterSecret> {
         let trimmed = bytes.trim_ascii();
         anyhow::ensure!(
@@ -73,6 +74,8 @@ impl ClusterSecret {
             "the cluster secret has {} bytes, fewer than {CLUSTER_SECRET_BYTES_MIN}; {SECRET_HOWTO}",
             trimmed.len()
         );
+        crate::entropy::check("the cluster secret", trimmed)
+            .map_err(|e| anyhow::anyhow!("{e}; {SECRET_HOWTO}"))?;
         Ok(ClusterSecret(trimmed.into()))
     }
 
@@ -313,6 +316,42 @@ impl PeerVerifier {
         path: &str,
         headers: &HeaderMap,
     ) -> Result<PeerHead, PeerAuthError> {
+        let head = Head::parse(headers)?;
+        if head.nonce.receiver != self.nonce {
+            return Err(PeerAuthError::StaleNonce);
+        }
+        if !head.authentic(&self.secret, self.id, method, path) {
+            return Err(PeerAuthError::BadCredential);
+        }
+        // Only an authentic message moves a window: forged ones cannot refuse good ones.
+        let mut senders = self.senders.lock().unwrap_or_else(PoisonError::into_inner);
+        let window = senders.entry(head.sender).or_insert_with(|| ReplayWindow::new(head.nonce.sender));
+        if !window.take(head.nonce.sender, head.nonce.counter) {
+            return Err(PeerAuthError::Replayed);
+        }
+        Ok(PeerHead { sender: head.sender, body_sha256: head.body_sha256, members: head.members.to_owned() })
+    }
+}
+
+/// Whether `headers` carry a peer signature made with `secret` for node `to` (for any start of
+/// it), checked without taking the message: for deciding where a request or connection belongs
+/// (a peer's connection slot, the `Host` check), never for accepting a message, which is
+/// [`PeerVerifier::verify_head`]'s job.
+pub fn signed_for(secret: &ClusterSecret, to: NodeId, method: &str, path: &str, headers: &HeaderMap) -> bool {
+    Head::parse(headers).is_ok_and(|head| head.authentic(secret, to, method, path))
+}
+
+/// The peer headers of a request, parsed.
+struct Head<'a> {
+    sender: NodeId,
+    nonce: Nonce,
+    body_sha256: [u8; 32],
+    tag: Vec<u8>,
+    members: &'a str,
+}
+
+impl<'a> Head<'a> {
+    fn parse(headers: &'a HeaderMap) -> Result<Head<'a>, PeerAuthError> {
         let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         let sender: NodeId =
             text(PEER_ID_HEADER).and_then(|id| id.parse().ok()).ok_or(PeerAuthError::Missing)?;
@@ -330,19 +369,21 @@ impl PeerVerifier {
                 .filter(|claim| claim.len() <= MEMBERS_CLAIM_BYTES_MAX)
                 .ok_or(PeerAuthError::Missing)?,
         };
-        if nonce.receiver != self.nonce {
-            return Err(PeerAuthError::StaleNonce);
-        }
-        let signed =
-            Signed { from: sender, to: self.id, nonce, method, path, body_sha256: &body_sha256, members };
-        self.secret.mac(&signed).verify_slice(&tag).map_err(|_| PeerAuthError::BadCredential)?;
-        // Only an authentic message moves a window: forged ones cannot refuse good ones.
-        let mut senders = self.senders.lock().unwrap_or_else(PoisonError::into_inner);
-        let window = senders.entry(sender).or_insert_with(|| ReplayWindow::new(nonce.sender));
-        if !window.take(nonce.sender, nonce.counter) {
-            return Err(PeerAuthError::Replayed);
-        }
-        Ok(PeerHead { sender, body_sha256, members: members.to_owned() })
+        Ok(Head { sender, nonce, body_sha256, tag, members })
+    }
+
+    /// Whether the authenticator is the one of this message to node `to` under `secret`.
+    fn authentic(&self, secret: &ClusterSecret, to: NodeId, method: &str, path: &str) -> bool {
+        let signed = Signed {
+            from: self.sender,
+            to,
+            nonce: self.nonce,
+            method,
+            path,
+            body_sha256: &self.body_sha256,
+            members: self.members,
+        };
+        secret.mac(&signed).verify_slice(&self.tag).is_ok()
     }
 }
 
@@ -455,7 +496,9 @@ mod tests {
     #[test]
     fn short_secrets_are_refused_after_trimming() {
         assert!(ClusterSecret::new(b"   short secret   \n").is_err());
-        assert!(ClusterSecret::new(b"exactly-16-bytes").is_ok());
+        assert!(ClusterSecret::new(b"exactly-16-bytes").is_err(), "16 characters are about 98 bits");
+        assert!(ClusterSecret::new(b"passwordpassword-passwordpassword").is_err());
+        assert!(ClusterSecret::new(b"Zm9vYmFyYmF6cXV4cXV1eHF1dXpxdXV4ZmxvYmJsZQ==").is_ok());
     }
 
     #[test]

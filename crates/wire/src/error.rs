@@ -130,6 +130,13 @@ error_codes! {
     StorageError = "storage_error", 503;
     /// Plain HTTP was sent to a port that serves HTTPS only; the connection is closed.
     TlsRequired = "tls_required", 400;
+    /// Auth is off and the request's `Host` is not this machine (`localhost`) or an IP
+    /// address: a name that may point here by DNS rebinding. Use `http://127.0.0.1:PORT` or
+    /// `http://localhost:PORT`, or start the server with `--auth`.
+    MisdirectedRequest = "misdirected_request", 421;
+    /// The request's body did not arrive whole within the header-read timeout after its head
+    /// (a client that trickles or withholds it); nothing was done and the connection is closed.
+    BodyTimeout = "body_timeout", 408;
 }
 
 #[cfg(feature = "openapi")]
@@ -175,7 +182,7 @@ mod tests {
         semaphore_not_found unavailable permits_exceed_capacity permits_mismatch semaphore_busy \
         wait_cancelled limit_exceeded no_leader shutting_down internal timeout already_initialized \
         membership_change_in_progress leader_unreachable unauthenticated permission_denied \
-        token_not_found storage_error tls_required";
+        token_not_found storage_error tls_required misdirected_request body_timeout";
 
     #[test]
     fn error_codes_match_the_published_list() {

@@ -380,6 +380,75 @@ async fn listening_beyond_loopback_without_auth_must_be_explicit() {
     assert!(stderr.contains("--allow-unauthenticated"), "{stderr}");
 }
 
+/// Runs `permit serve ARGS` with `env` in a fresh data dir until it exits (at most 30 s: a
+/// server that keeps running fails the test); its exit status and stderr.
+fn serve_until_exit(args: &[&str], env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    let temp = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(crate::common::permit_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(temp.path().join("data"))
+        .args(args)
+        .env("RUST_LOG", "error")
+        .env_remove("PERMIT_ROOT_TOKEN")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("permit serve {args:?} {env:?} started: the secret was accepted");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    (status, stderr)
+}
+
+/// An operator's secret a guesser could find (`passwordpassword`, 16 characters, was accepted)
+/// is refused at start with a message that says why and how to make one, never the secret.
+#[test]
+fn guessable_root_and_cluster_secrets_are_refused_at_start() {
+    let temp = tempfile::tempdir().unwrap();
+    let weak = temp.path().join("weak.secret");
+    std::fs::write(&weak, "passwordpassword\n").unwrap();
+    let weak_arg = weak.to_str().unwrap();
+    for (args, env) in [
+        (&["--auth"][..], &[("PERMIT_ROOT_TOKEN", "passwordpassword")][..]),
+        (&["--auth", "--root-token-file", weak_arg][..], &[][..]),
+        (&["--auth"][..], &[("PERMIT_ROOT_TOKEN", "0123456789abcdef0123456789abcdef")][..]),
+    ] {
+        let (status, stderr) = serve_until_exit(args, env);
+        assert!(!status.success(), "{args:?}");
+        assert!(
+            stderr.contains("the root token's secret") && stderr.contains("too easy to guess"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("openssl rand -hex 32"), "{stderr}");
+        assert!(!stderr.contains("password"), "the secret is never printed: {stderr}");
+    }
+    let (status, stderr) = serve_until_exit(&["--join", "--cluster-secret-file", weak_arg], &[]);
+    assert!(!status.success());
+    assert!(stderr.contains("the cluster secret") && stderr.contains("too easy to guess"), "{stderr}");
+    // 32 random hex digits are enough.
+    let good = "3f9a1c0e7b52d4869e0f3a7c1b5d2e84";
+    let root = Server::start_with_env(
+        &temp.path().join("data"),
+        "127.0.0.1:0",
+        &["--auth"],
+        &[("PERMIT_ROOT_TOKEN", good)],
+    );
+    drop(root);
+}
+
 #[tokio::test]
 async fn the_event_stream_shows_a_token_only_what_it_may_read() {
     let (server, _temp) = secured(&[]).await;

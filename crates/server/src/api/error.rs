@@ -32,6 +32,15 @@ impl ApiError {
         ApiError::new(ErrorCode::SessionNotFound, "session not found (never created, closed, or expired)")
     }
 
+    /// `body_timeout`: the body did not arrive in time (`listener::DeadlineBody`).
+    pub fn body_timeout() -> ApiError {
+        ApiError::new(
+            ErrorCode::BodyTimeout,
+            "the request body did not arrive whole within the header-read timeout after its head; \
+             nothing was done",
+        )
+    }
+
     /// `internal`, for outcomes that cannot happen.
     pub fn internal(what: impl std::fmt::Debug) -> ApiError {
         tracing::error!(?what, "internal error");
@@ -104,6 +113,9 @@ impl From<ProposeError> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> ApiError {
+        if crate::listener::is_body_timeout(&rejection) {
+            return ApiError::body_timeout();
+        }
         let message = rejection.body_text();
         let code = match rejection {
             JsonRejection::JsonSyntaxError(_) => ErrorCode::MalformedJson,

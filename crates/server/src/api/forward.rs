@@ -13,16 +13,23 @@
 //! signed for another start of this node is refused with this start's nonce, which the
 //! forwarding node signs it again with (nothing of it was used, so it is sent once more).
 //!
+//! With `--auth`, a follower forwards only the requests of a caller it knows: it identifies the
+//! bearer token on its own applied state (waiting a moment for a token created just before)
+//! before it reads the body or reaches for the leader, and answers `401` otherwise, closing the
+//! connection; whether the caller may do what it asks is still decided by the leader. So a
+//! follower buffers no body for a caller without a valid token.
+//!
 //! Every answer names the leader's URL in `permit-leader` when the node knows one, so that a
 //! client given several endpoints can send its requests there and save the forwarding hop
 //! (`permit-client` does). Forwarding costs a W2 round on 3 nodes about a third of its rate
 //! (`docs/performance.md`).
 
+use std::future::Future;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -40,8 +47,12 @@ const LEADER_PATIENCE: Duration = Duration::from_secs(3);
 /// Longest a forwarded request may take: the longest long-poll plus a margin.
 const FORWARD_TIMEOUT: Duration = Duration::from_millis(WAIT_MS_MAX + 10_000);
 
-/// Routes that every node answers itself.
+/// Routes that every node answers itself. A request no route matches is answered here too
+/// (`404`, the same on every node): forwarding it would read its body for nothing.
 fn served_locally(request: &Request) -> bool {
+    if request.extensions().get::<MatchedPath>().is_none() {
+        return true;
+    }
     let path = request.uri().path();
     let stale_read = request.method() == Method::GET
         && request.uri().query().is_some_and(|q| q.split('&').any(|pair| pair == "stale=true"));
@@ -72,6 +83,8 @@ pub(super) async fn forward(node: &Node, mut request: Request, next: Next) -> Re
     }
     let mut response = if served_locally(&request) || node.consensus.leads() {
         next.run(request).await
+    } else if let Some(refusal) = unknown_caller(node, &request).await {
+        refusal
     } else {
         match node.leader(LEADER_PATIENCE).await {
             Some((leader, _)) if leader == node.id => next.run(request).await,
@@ -90,6 +103,61 @@ pub(super) async fn forward(node: &Node, mut request: Request, next: Next) -> Re
     };
     stamp(node, response.headers_mut());
     response
+}
+
+/// With `--auth`, the refusal of a request whose caller this node cannot identify (no, a
+/// malformed, or an unknown token) for a route that needs one, made before anything reads the
+/// body: `401`, and the connection closes (its body, if any, is never read). A token unknown
+/// here may have been created a moment ago on the leader: the node waits up to
+/// [`catch_up`] for its applied state to move on before it refuses.
+fn unknown_caller<'a>(
+    node: &'a Node,
+    request: &'a Request,
+) -> impl Future<Output = Option<Response>> + Send + 'a {
+    let needs_token = node.config.auth
+        && request.extensions().get::<MatchedPath>().is_some_and(|route| {
+            // No rule: a method the route does not take, answered here; open: no token needed.
+            !matches!(
+                crate::auth::need(request.method(), route.as_str(), node.config.metrics_public),
+                None | Some(crate::auth::Need::Open)
+            )
+        });
+    // Only the headers are kept across the wait (a request's body cannot be shared).
+    let headers = request.headers();
+    async move {
+        if needs_token {
+            identified_in_time(node, headers).await
+        } else {
+            None
+        }
+    }
+}
+
+/// `None` once the token in `headers` is known here, or the `401` after [`catch_up`].
+async fn identified_in_time(node: &Node, headers: &HeaderMap) -> Option<Response> {
+    let refusal = match crate::auth::identify(node, headers) {
+        Ok(_) => return None,
+        Err(refusal) => refusal,
+    };
+    // Only a token that may yet be applied here is waited for: not a missing header.
+    if headers.contains_key(axum::http::header::AUTHORIZATION) {
+        let mut metrics = node.consensus.raft().metrics();
+        let deadline = tokio::time::Instant::now() + catch_up(node);
+        while let Ok(Ok(())) = tokio::time::timeout_at(deadline, metrics.changed()).await {
+            if crate::auth::identify(node, headers).is_ok() {
+                return None;
+            }
+        }
+    }
+    let mut response = refusal.into_response();
+    response.headers_mut().insert(axum::http::header::CONNECTION, HeaderValue::from_static("close"));
+    Some(response)
+}
+
+/// How long a follower waits for a token it does not know yet to be applied: the shortest
+/// election timeout (a follower that hears nothing from the leader that long starts an election).
+fn catch_up(node: &Node) -> Duration {
+    Duration::from_millis(node.config.election_timeout_ms.0)
 }
 
 /// Whether a forwarded request is a long-poll: a waiting acquire or campaign, or a blocking read.
@@ -213,9 +281,18 @@ impl Stamps {
 
 async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let Ok(body) = axum::body::to_bytes(body, BODY_BYTES_MAX).await else {
-        return ApiError::new(ErrorCode::BodyTooLarge, format!("bodies are at most {BODY_BYTES_MAX} bytes"))
-            .into_response();
+    let body = match axum::body::to_bytes(body, BODY_BYTES_MAX).await {
+        Ok(body) => body,
+        Err(error) if crate::listener::is_body_timeout(&error) => {
+            return ApiError::body_timeout().into_response()
+        }
+        Err(_) => {
+            return ApiError::new(
+                ErrorCode::BodyTooLarge,
+                format!("bodies are at most {BODY_BYTES_MAX} bytes"),
+            )
+            .into_response()
+        }
     };
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let long_poll = forwards_long_poll(path, &body);

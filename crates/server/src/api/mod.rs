@@ -105,7 +105,8 @@ async fn method_not_allowed() -> ApiError {
 /// future (four layers were a tenth of a W2 request's instructions).
 /// 1. Counted by route template, method and status, with its duration.
 /// 2. `Retry-After` added to a 503 or 429 answer that has none.
-/// 3. Refused once the node failed ([`fail_stopped`]).
+/// 3. Refused once the node failed ([`fail_stopped`]), or, without `--auth`, when its `Host`
+///    may be a DNS rebinding ([`misdirected`]).
 /// 4. Run here or forwarded to the leader, and stamped ([`forward::forward`]).
 async fn edge(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
@@ -113,7 +114,7 @@ async fn edge(State(node): State<Arc<Node>>, request: Request, next: Next) -> Re
     let method = request.method().clone();
     let long_poll = std::cell::Cell::new(false);
     let served = async {
-        let response = match fail_stopped(&node, &request) {
+        let response = match fail_stopped(&node, &request).or_else(|| misdirected(&node, &request)) {
             Some(refusal) => refusal,
             None => forward::forward(&node, request, next).await,
         };
@@ -155,6 +156,61 @@ fn fail_stopped(node: &Node, request: &Request) -> Option<Response> {
     Some(ApiError::new(code, message).into_response())
 }
 
+/// Without `--auth`, the `421 misdirected_request` refusal of a request whose `Host` is neither
+/// `localhost` nor an IP address literal (with or without a port).
+///
+/// Why: the no-auth default listens on loopback, where only this machine's programs can reach
+/// it. A web page can still reach it through the browser by DNS rebinding: a name of the
+/// attacker's that first pointed at the attacker's server is pointed at 127.0.0.1, and the
+/// page's requests (same origin for the browser) arrive with `Host: that-name`. A name other
+/// than `localhost` therefore marks a request that this machine's user did not address here.
+///
+/// Exceptions: a request without `Host` (browsers always send one); the health probes
+/// (`/v1/health`, `/v1/health/live`: orchestrators may probe by a service name, and they show
+/// nothing a page could abuse); and peer requests, which peers address by the names in the
+/// membership and authenticate with the cluster secret (`/raft/*`, whose handlers check the
+/// credential, and requests that carry a valid peer credential, such as forwarded ones).
+fn misdirected(node: &Node, request: &Request) -> Option<Response> {
+    if node.config.auth {
+        return None;
+    }
+    let host = request.headers().get(header::HOST)?;
+    if host.to_str().is_ok_and(local_or_ip_host) {
+        return None;
+    }
+    let path = request.uri().path();
+    if matches!(path, "/v1/health" | "/v1/health/live")
+        || path.starts_with("/raft/")
+        || node.config.cluster_secret.as_ref().is_some_and(|secret| {
+            let path = request.uri().path_and_query().map_or("", |p| p.as_str());
+            crate::peer::signed_for(secret, node.id, request.method().as_str(), path, request.headers())
+        })
+    {
+        return None;
+    }
+    let message = "auth is off, and this request's Host is neither localhost nor an IP address: a web page \
+        may be using this server through DNS rebinding. Address it as http://127.0.0.1:PORT (or localhost), \
+        or start it with --auth";
+    Some(ApiError::new(ErrorCode::MisdirectedRequest, message).into_response())
+}
+
+/// Whether a `Host` value is `localhost` or an IP address literal (`127.0.0.1`, `[::1]`,
+/// `10.1.2.3`), each with an optional port.
+fn local_or_ip_host(host: &str) -> bool {
+    let is_port = |port: &str| (1..=5).contains(&port.len()) && port.bytes().all(|b| b.is_ascii_digit());
+    if let Some(rest) = host.strip_prefix('[') {
+        let Some((address, port)) = rest.split_once(']') else { return false };
+        let port_ok = port.is_empty() || port.strip_prefix(':').is_some_and(is_port);
+        return port_ok && address.parse::<std::net::Ipv6Addr>().is_ok();
+    }
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if is_port(port) => name,
+        Some(_) => return false,
+        None => host,
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
+}
+
 /// Adds `Retry-After` to every 503 and 429 answer that has none.
 fn retry_after(mut response: Response) -> Response {
     let status = response.status();
@@ -165,4 +221,43 @@ fn retry_after(mut response: Response) -> Response {
             .or_insert(HeaderValue::from_static(RETRY_AFTER_SECONDS));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_or_ip_host;
+
+    #[test]
+    fn only_localhost_and_ip_literals_are_local_or_ip_hosts() {
+        for good in [
+            "localhost",
+            "LOCALHOST:7376",
+            "127.0.0.1",
+            "127.0.0.1:7376",
+            "127.8.9.10:1",
+            "10.0.0.7:7376",
+            "[::1]",
+            "[::1]:7376",
+            "[fd00::1]:80",
+        ] {
+            assert!(local_or_ip_host(good), "{good}");
+        }
+        for bad in [
+            "evil.example",
+            "evil.example:7376",
+            "localhost.evil.example",
+            "127.0.0.1.evil.example",
+            "localhost.",
+            "127.0.0.1:",
+            "127.0.0.1:123456",
+            "127.1",
+            "0x7f.0.0.1",
+            "[::1",
+            "[::1]x",
+            "::1",
+            "",
+        ] {
+            assert!(!local_or_ip_host(bad), "{bad}");
+        }
+    }
 }

@@ -22,6 +22,9 @@ at most 100000 waiters per semaphore and 10000 holds plus waits per session; at 
 With `permit serve --auth`, every route but /v1/health and /v1/openapi.json needs `Authorization: Bearer SECRET` \
 (401 `unauthenticated` without a valid token, 403 `permission_denied` without the permission; see docs/security.md), \
 and a session can be used only with the token that created it. \
+Without `--auth`, a request whose `Host` is neither `localhost` nor an IP address is answered 421 `misdirected_request` \
+(DNS rebinding; /v1/health excepted). A body must arrive whole within the header-read timeout after its head \
+(408 `body_timeout`). \
 Every answer names the node that answered in `permit-node` (after forwarding: the leader) and its Raft term in \
 `permit-raft-term`, and, when that node knows one, the leader's URL in `permit-leader`: a client given several \
 nodes may send its requests there, saving the hop a follower forwards them over.",
@@ -108,6 +111,20 @@ fn add_common_errors(path: &str, operation: &mut Operation) {
             "`unsupported_media_type`: the body needs `Content-Type: application/json`",
         );
         add_error(operation, "422", "`invalid_body`: not a JSON object of the request's schema");
+        add_error(
+            operation,
+            "408",
+            "`body_timeout`: the whole body did not arrive within the header-read timeout after the head; \
+             the connection is closed",
+        );
+    }
+    if !matches!(path, "/v1/health" | "/v1/health/live") {
+        add_error(
+            operation,
+            "421",
+            "`misdirected_request` (without `--auth`): the `Host` is neither `localhost` nor an IP address \
+             (DNS rebinding); address the server by 127.0.0.1 or localhost",
+        );
     }
     if !OPEN_PATHS.contains(&path) {
         add_error(
