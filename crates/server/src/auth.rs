@@ -18,7 +18,7 @@ use axum::http::{header, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 pub use permit_core::{Access, Resource};
-use permit_core::{SessionId, State as CoreState, Token, TokenId};
+use permit_core::{Key, Kind, SessionId, State as CoreState, Token, TokenId};
 use permit_wire::{ErrorCode, AUTHORIZATION_SCHEME};
 use sha2::{Digest, Sha256};
 
@@ -107,6 +107,28 @@ impl Caller {
         match self {
             Caller::Anyone => true,
             Caller::Token { token, .. } => token.allows(resource, name, access),
+        }
+    }
+
+    /// Whether the caller may read the object `key` (semaphore or election read access).
+    pub fn reads(&self, key: &Key) -> bool {
+        let resource = match key.kind {
+            Kind::Semaphore => Resource::Semaphore,
+            Kind::Election => Resource::Election,
+        };
+        self.can(resource, key.name.as_str(), Access::Read)
+    }
+
+    /// Whether the caller may see a session owned by `owner` and named `name` (in session
+    /// listings, session views and session events): its own sessions, or any with `session`
+    /// admin on its name. `session` read or write alone shows no other token's session: the
+    /// README's `session:=write` must not let one tenant list another's holds.
+    pub fn sees_session(&self, owner: Option<TokenId>, name: Option<&str>) -> bool {
+        match self {
+            Caller::Anyone => true,
+            Caller::Token { id, token } => {
+                owner == Some(*id) || token.allows(Resource::Session, name.unwrap_or(""), Access::Admin)
+            }
         }
     }
 

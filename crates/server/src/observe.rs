@@ -53,6 +53,11 @@ impl Recorded {
         self.event.kind.is_session().then(|| self.event.session_name.as_deref().unwrap_or(""))
     }
 
+    /// The token that created the session, for session events of an owned session.
+    pub fn session_owner(&self) -> Option<permit_core::TokenId> {
+        self.event.session_owner
+    }
+
     /// The `data:` line.
     pub fn json(&self) -> &str {
         self.json.get_or_init(|| render(self.seq, self.index, self.now_ms, &self.event))

@@ -15,6 +15,7 @@ mod openapi;
 mod semaphores;
 mod sessions;
 mod slow_disk;
+mod tenants;
 mod ui;
 mod watch;
 

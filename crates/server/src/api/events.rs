@@ -10,13 +10,13 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use permit_core::{EventKind, Kind};
+use permit_core::EventKind;
 use permit_wire::ErrorCode;
 use serde::Deserialize;
 
 use super::extract::Query;
 use super::ApiError;
-use crate::auth::{Access, Caller, LongPoll, Resource};
+use crate::auth::{Caller, LongPoll};
 use crate::node::Node;
 use crate::observe::Recorded;
 
@@ -66,17 +66,9 @@ impl Filter {
             return false;
         }
         match (event.key(), event.session_name()) {
-            (Some(key), _) => {
-                let resource = match key.kind {
-                    Kind::Semaphore => Resource::Semaphore,
-                    Kind::Election => Resource::Election,
-                };
-                key.name.as_str().starts_with(&self.prefix)
-                    && self.caller.can(resource, key.name.as_str(), Access::Read)
-            }
-            (None, name) => {
-                self.prefix.is_empty() && self.caller.can(Resource::Session, name.unwrap_or(""), Access::Read)
-            }
+            (Some(key), _) => key.name.as_str().starts_with(&self.prefix) && self.caller.reads(key),
+            // A session's events, as its listing: to its own token, or with `session` admin.
+            (None, name) => self.prefix.is_empty() && self.caller.sees_session(event.session_owner(), name),
         }
     }
 }
