@@ -64,6 +64,9 @@ pub struct Node {
     pub(crate) fail_stop: Arc<FailStop>,
     /// True while this node is removed from the membership (see `raft::removal`).
     pub(crate) removed: watch::Receiver<bool>,
+    /// Whether this node applies the cluster's log now; with `--auth`, token-checked routes
+    /// are refused while it does not (see `raft::contact`).
+    pub(crate) contact: Arc<crate::raft::contact::Contact>,
     /// Where new session and token ids come from.
     ids: IdSource,
     /// The values of the headers every answer carries (`permit-node`, `permit-term`,
@@ -168,7 +171,17 @@ impl Node {
             removed: removed_tx,
             probe_peers,
         };
+        let contact = Arc::new(crate::raft::contact::Contact::new(
+            consensus.raft().clone(),
+            config.node_id,
+            Duration::from_millis(config.election_timeout_ms.1),
+            removed.clone(),
+        ));
         tokio::spawn(removal.run());
+        if config.auth {
+            // Only auth consults it: without tokens, a stale read is every client's own choice.
+            tokio::spawn(contact.clone().run());
+        }
         let forward_headers =
             crate::api::forward::ForwardHeaders::new(config.node_id, config.cluster_secret.as_ref());
         let node = Arc::new(Node {
@@ -193,6 +206,7 @@ impl Node {
             shutdown_tx,
             fail_stop,
             removed,
+            contact,
         });
         if node.config.auth {
             tokio::spawn(crate::auth::bootstrap_root(node.clone()));

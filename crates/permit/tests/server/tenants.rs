@@ -77,3 +77,78 @@ async fn a_tenant_sees_neither_another_tenants_sessions_nor_their_holds() {
         assert_eq!(view.body["holds"][0]["token"], fencing, "{view:?}");
     }
 }
+
+/// Finding 4: deleting a token did not end its open event streams (they kept streaming grants
+/// and election values) nor its blocking reads and waits. Each now ends within a second of the
+/// deletion being applied: the stream closes, a long-poll answers 401.
+#[tokio::test]
+async fn deleting_a_token_ends_its_event_stream_and_long_polls_within_a_second() {
+    // Four long-poll places: a fifth long-poll is refused once the four below are open.
+    let (server, _temp) = secured(&["--long-polls-per-token-max", "4"]).await;
+    let root = Api::with_token(&server.url, ROOT);
+    let rules = ["session:=write", "semaphore:=write", "election:=write"];
+    let (secret, id) = token(&root, "doomed", &rules).await;
+    let doomed = Api::with_token(&server.url, &secret);
+
+    // Root holds the lock and leads the election; the doomed token's session queues behind.
+    let holder = root.session(60_000).await;
+    assert_eq!(root.acquire("one", json!({ "session": holder, "capacity": 1 })).await.status, 200);
+    let campaign = json!({ "session": holder, "value": "root" });
+    assert_eq!(root.post("/v1/elections/lead/campaign", campaign).await.status, 200);
+    root.semaphore("quiet", 1).await;
+    let index = root.get("/v1/semaphores/quiet").await.index.expect("an index");
+    let session = doomed.session(60_000).await;
+
+    let mut stream = Sse::open(&doomed, "/v1/events", None).await;
+    let spawn = |method: &'static str, path: String, body: Option<serde_json::Value>| {
+        let doomed = doomed.clone();
+        tokio::spawn(async move {
+            // Retried while the probe below holds the last place for a moment.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let answer = doomed.send(method, &path, body.clone()).await;
+                if answer.code() != "limit_exceeded" || tokio::time::Instant::now() > deadline {
+                    return answer;
+                }
+            }
+        })
+    };
+    let acquire = json!({ "session": session, "wait_ms": 30_000 });
+    let campaign = json!({ "session": session, "value": "d", "wait_ms": 30_000 });
+    let polls = [
+        ("acquire", spawn("POST", "/v1/semaphores/one/acquire".into(), Some(acquire))),
+        ("campaign", spawn("POST", "/v1/elections/lead/campaign".into(), Some(campaign))),
+        ("watch", spawn("GET", format!("/v1/semaphores/quiet?index={index}&wait_ms=30000"), None)),
+    ];
+    // The stream, the queued acquire and campaign, and the watch hold the four places once a
+    // fifth long-poll is refused (a short watch that gets a place answers at once instead).
+    let queued = crate::common::eventually(Duration::from_secs(10), async || {
+        let waiters = |view: &serde_json::Value| view["waiters"].as_array().map_or(0, Vec::len);
+        waiters(&root.get("/v1/semaphores/one").await.body) == 1
+            && root.get("/v1/elections/lead").await.body["candidates"] == 1
+    })
+    .await;
+    assert!(queued, "the acquire and the campaign did not queue");
+    let probe = format!("/v1/semaphores/quiet?index={index}&wait_ms=1");
+    let open = crate::common::eventually(Duration::from_secs(10), async || {
+        doomed.get(&probe).await.code() == "limit_exceeded"
+    })
+    .await;
+    assert!(open, "the long-polls did not all open");
+
+    let deleted = root.send("DELETE", &format!("/v1/acl/tokens/{id}"), None).await;
+    assert_eq!(deleted.status, 204, "{deleted:?}");
+    // The leader answers once the deletion is applied: from here, a second at most.
+    let applied = tokio::time::Instant::now() + Duration::from_secs(1);
+    for (what, poll) in polls {
+        let answer = tokio::time::timeout_at(applied, poll).await;
+        let answer = answer.unwrap_or_else(|_| panic!("the {what} long-poll still waits")).unwrap();
+        assert_eq!((answer.status, answer.code()), (401, "unauthenticated"), "{what}: {answer:?}");
+    }
+    let left = applied.saturating_duration_since(tokio::time::Instant::now());
+    assert!(stream.closed_within(left).await, "the event stream is still open");
+    // The lock and the election are untouched: root still holds and leads.
+    assert_eq!(root.holders("one").await, vec![holder.clone()]);
+    let lead = root.get("/v1/elections/lead").await;
+    assert_eq!(lead.body["leader"]["session"], holder.as_str(), "{lead:?}");
+}

@@ -172,7 +172,9 @@ pub struct EventFrame {
 /// `Last-Event-ID: N`: every event after N still in the ring (the last 10 000), or first an
 /// `event: missed` frame `{"requested":N+1,"first_available":M}`. Without it, new events only.
 /// Each frame is `id: SEQ`, `event: KIND`, `data: {"seq","index","now_ms","kind",...}`;
-/// `: keepalive` comments every 15 s. Takes one of the token's long-poll places.
+/// `: keepalive` comments every 15 s. Takes one of the token's long-poll places. With `--auth`
+/// the stream ends when the node applies the token's deletion, or falls out of contact with
+/// the cluster.
 #[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsParams,
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event")),
     responses((status = 200, content_type = "text/event-stream", body = EventFrame,
@@ -206,11 +208,18 @@ pub async fn events(
             None => (last, None),
         },
     };
+    let cut_off = {
+        let node = node.clone();
+        async move { caller.cut_off(&node, true).await }
+    };
     let stream = Stream { node, filter, last, pending: VecDeque::new(), missed, deadline, _poll: poll };
     let body = futures::stream::unfold(stream, |mut stream| async move {
         let chunk = stream.next().await?;
         Some((Ok::<_, std::convert::Infallible>(chunk), stream))
     });
+    // The stream closes as soon as this node applies the deletion of its token, or falls out of
+    // contact with the cluster (then it no longer learns of deletions).
+    let body = futures::StreamExt::take_until(body, cut_off);
     let mut response = Body::from_stream(body).into_response();
     let h = response.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
