@@ -13,6 +13,7 @@ pub mod bugs;
 pub mod config;
 pub mod expiry;
 pub mod failstop;
+pub mod fanout;
 pub mod lessor;
 pub mod listener;
 pub mod metrics;

@@ -152,3 +152,47 @@ async fn deleting_a_token_ends_its_event_stream_and_long_polls_within_a_second()
     let lead = root.get("/v1/elections/lead").await;
     assert_eq!(lead.body["leader"]["session"], holder.as_str(), "{lead:?}");
 }
+
+/// Finding 7 (event fan-out): a stream is woken only for the events it may see, so it sleeps
+/// through the others and, woken again, reads from its own first event. A reader of `pub.` that
+/// sat through more than a ring's worth of events it may not see still gets the next `pub.`
+/// event, and no `missed` frame: it lost nothing it could see. (That idle streams cost a write
+/// nothing is `fanout::tests::only_the_streams_that_may_see_an_event_are_woken`.)
+#[tokio::test]
+async fn a_stream_sleeps_through_events_it_may_not_see_and_misses_none_of_its_own() {
+    let ring = permit_server::observe::EVENT_RING_LEN;
+    let cap = (2 * ring).to_string();
+    let (server, _temp) = secured(&["--sessions-per-token-max", &cap]).await;
+    let root = Api::with_token(&server.url, ROOT);
+    let reader = Api::with_token(&server.url, &token(&root, "reader", &["semaphore:pub.=read"]).await.0);
+    let mut stream = Sse::open(&reader, "/v1/events", None).await;
+    // More session creations (one event each) than the ring holds, from a few clients at once.
+    let clients = 16;
+    let writers: Vec<_> = (0..clients)
+        .map(|_| {
+            let root = root.clone();
+            tokio::spawn(async move {
+                for _ in 0..ring / clients + 10 {
+                    root.session(600_000).await;
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        tokio::time::timeout(Duration::from_secs(120), writer).await.expect("the writers finish").unwrap();
+    }
+    let session = root.session(60_000).await;
+    assert_eq!(root.acquire("pub.b", json!({ "session": session, "capacity": 1 })).await.status, 200);
+    let first = stream.next(Duration::from_secs(5)).await.expect("a frame");
+    assert_eq!(
+        (first.event.as_str(), first.data["name"].as_str()),
+        ("capacity_changed", Some("pub.b")),
+        "{first:?}"
+    );
+    let second = stream.next(Duration::from_secs(5)).await.expect("a frame");
+    assert_eq!(
+        (second.event.as_str(), second.data["name"].as_str()),
+        ("granted", Some("pub.b")),
+        "{second:?}"
+    );
+}

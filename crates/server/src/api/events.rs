@@ -16,7 +16,8 @@ use serde::Deserialize;
 
 use super::extract::Query;
 use super::ApiError;
-use crate::auth::{Caller, LongPoll};
+use crate::auth::{Access, Caller, LongPoll, Resource};
+use crate::fanout::{Sight, Subscription};
 use crate::node::Node;
 use crate::observe::Recorded;
 
@@ -73,6 +74,58 @@ impl Filter {
     }
 }
 
+impl Filter {
+    /// What the stream may be sent, for the fan-out index: a superset of what
+    /// [`Filter::passes`] lets through, so that a stream is woken for every event it sends
+    /// and, as far as its rules tell, for no other.
+    fn sight(&self) -> Sight {
+        let mut sight = Sight::default();
+        let kinds = EventKind::ALL.into_iter().filter(|kind| self.kinds[kind_slot(*kind)]);
+        for kind in kinds {
+            if kind.is_session() {
+                // Session events pass only an empty prefix; then the token's own sessions, and
+                // those its `session` admin rules name.
+                if !self.prefix.is_empty() {
+                    continue;
+                }
+                match &self.caller {
+                    Caller::Anyone => sight.prefixes.push((kind, Resource::Session, String::new())),
+                    Caller::Token { id, token } => {
+                        sight.owned.push((kind, *id));
+                        let admin = token.rules.iter().filter(|rule| {
+                            rule.resource == Resource::Session && rule.access == Access::Admin
+                        });
+                        sight
+                            .prefixes
+                            .extend(admin.map(|rule| (kind, Resource::Session, rule.prefix.clone())));
+                    }
+                }
+                continue;
+            }
+            for resource in [Resource::Semaphore, Resource::Election] {
+                match &self.caller {
+                    Caller::Anyone => sight.prefixes.push((kind, resource, self.prefix.clone())),
+                    Caller::Token { token, .. } => {
+                        // Every rule grants at least read. A name must start with the stream's
+                        // prefix and the rule's: with the longer one, when it extends the other.
+                        for rule in token.rules.iter().filter(|rule| rule.resource == resource) {
+                            let narrower = if rule.prefix.starts_with(&self.prefix) {
+                                &rule.prefix
+                            } else if self.prefix.starts_with(&rule.prefix) {
+                                &self.prefix
+                            } else {
+                                continue;
+                            };
+                            sight.prefixes.push((kind, resource, narrower.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        sight
+    }
+}
+
 fn kind_slot(kind: EventKind) -> usize {
     EventKind::ALL.iter().position(|k| *k == kind).expect("every kind is in ALL")
 }
@@ -87,12 +140,17 @@ struct Stream {
     filter: Filter,
     /// Seq of the last event taken from the ring.
     last: u64,
+    /// Whether the next read takes every event after `last` from the ring (the first one);
+    /// later reads start at the first event the stream was woken for.
+    catch_up: bool,
     /// Taken, not yet sent.
     pending: VecDeque<Arc<Recorded>>,
     /// A `missed` frame to send first.
     missed: Option<(u64, u64)>,
     /// When the stream ends (`wait_ms`); `None`: never.
     deadline: Option<tokio::time::Instant>,
+    /// Where this stream is woken: for the events it may see only (see `fanout`).
+    subscription: Subscription,
     /// The caller's long-poll place, held while the stream is open.
     _poll: LongPoll,
 }
@@ -119,30 +177,40 @@ impl Stream {
                     )));
                 }
             }
-            let ring = &self.node.observer.ring;
-            let added = ring.added.notified();
-            tokio::pin!(added);
-            added.as_mut().enable();
-            let since = ring.since(self.last, true);
-            if let Some(last) = since.events.last() {
-                self.last = last.seq;
-            }
-            self.pending.extend(since.events);
-            if let Some((requested, first)) = since.missed {
-                // A reader too slow for the ring: it is told, as a resuming client would be.
-                let data = serde_json::json!({ "requested": requested, "first_available": first });
-                return Some(Bytes::from(format!("event: missed\ndata: {data}\n\n")));
-            }
-            if !self.pending.is_empty() {
-                continue;
+            // Nothing before the first event this stream was woken for can pass its filter
+            // (streams are woken in seq order, see `fanout::Inbox`): the read starts there, and
+            // a stream that was not woken reads nothing. So an idle stream costs no work per
+            // event it may not see, and a `missed` frame reports only events it lost.
+            let first_unread = self.subscription.inbox().take_first_unread();
+            let start = if std::mem::take(&mut self.catch_up) {
+                Some(self.last)
+            } else {
+                (first_unread > 0).then(|| self.last.max(first_unread - 1))
+            };
+            if let Some(start) = start {
+                let since = self.node.observer.ring.since(start, true);
+                if let Some(last) = since.events.last() {
+                    self.last = last.seq;
+                }
+                self.pending.extend(since.events);
+                if let Some((requested, first)) = since.missed {
+                    // A reader too slow for the ring: it is told, as a resuming client would be.
+                    let data = serde_json::json!({ "requested": requested, "first_available": first });
+                    return Some(Bytes::from(format!("event: missed\ndata: {data}\n\n")));
+                }
+                if !self.pending.is_empty() {
+                    continue;
+                }
             }
             if *shutdown.borrow() {
                 return None;
             }
             let deadline = self.deadline;
+            // The inbox keeps a wake-up that came before this wait.
+            let woken = self.subscription.inbox().notify.notified();
             tokio::select! {
                 biased;
-                () = &mut added => {}
+                () = woken => {}
                 () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => return None,
                 () = tokio::time::sleep(KEEPALIVE_INTERVAL) => return Some(Bytes::from_static(b": keepalive\n\n")),
                 _ = shutdown.wait_for(|stopping| *stopping) => return None,
@@ -200,6 +268,8 @@ pub async fn events(
     };
     let poll = caller.long_poll(&node).await?;
     let ring = &node.observer.ring;
+    // Registered before `last` is read: every event after it wakes the stream if it may see it.
+    let subscription = ring.fanout.subscribe(filter.sight());
     let (last, missed) = match resume {
         None => (ring.last_seq(), None),
         Some(last) => match ring.since(last, true).missed {
@@ -212,7 +282,17 @@ pub async fn events(
         let node = node.clone();
         async move { caller.cut_off(&node, true).await }
     };
-    let stream = Stream { node, filter, last, pending: VecDeque::new(), missed, deadline, _poll: poll };
+    let stream = Stream {
+        node,
+        filter,
+        last,
+        catch_up: true,
+        pending: VecDeque::new(),
+        missed,
+        deadline,
+        subscription,
+        _poll: poll,
+    };
     let body = futures::stream::unfold(stream, |mut stream| async move {
         let chunk = stream.next().await?;
         Some((Ok::<_, std::convert::Infallible>(chunk), stream))
