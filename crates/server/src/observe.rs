@@ -64,6 +64,14 @@ impl Recorded {
     }
 }
 
+#[cfg(test)]
+impl Recorded {
+    /// An event as the ring would record it, for tests elsewhere in the crate.
+    pub(crate) fn for_test(seq: u64, event: Event) -> Recorded {
+        Recorded { seq, index: seq, now_ms: 0, event: Box::new(event), json: OnceLock::new() }
+    }
+}
+
 /// The last [`EVENT_RING_LEN`] events, and the streams waiting for more, woken only for the
 /// events they may see ([`Fanout`]).
 #[derive(Default)]

@@ -307,3 +307,105 @@ pub async fn events(
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     Ok(response)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use permit_core::{Event, Key, Kind, Name, Rule, SessionId, Token, TokenId};
+
+    use super::*;
+    use crate::fanout::Fanout;
+
+    fn token(id: u8, rules: &[(Resource, &str, Access)]) -> Caller {
+        let rules = rules
+            .iter()
+            .map(|(resource, prefix, access)| Rule {
+                resource: *resource,
+                prefix: (*prefix).into(),
+                access: *access,
+            })
+            .collect();
+        let token = Token { name: format!("t{id}"), secret_sha256: [id; 32], rules };
+        Caller::Token { id: TokenId::from_bytes([id; 16]), token }
+    }
+
+    /// Every event of each kind on a few names, and session events of a few names and owners.
+    fn events() -> Vec<Event> {
+        let mut events = Vec::new();
+        for kind in EventKind::ALL {
+            if kind.is_session() {
+                for name in [None, Some("a.w"), Some("b.w")] {
+                    for owner in [None, Some(1), Some(2), Some(3)] {
+                        events.push(Event {
+                            session: Some(SessionId::from_bytes([9; 16])),
+                            session_name: name.map(str::to_owned),
+                            session_owner: owner.map(|id| TokenId::from_bytes([id; 16])),
+                            ..Event::new(kind)
+                        });
+                    }
+                }
+                continue;
+            }
+            for object in [Kind::Semaphore, Kind::Election] {
+                for name in ["a", "a.x", "a.xy", "ab", "b.y"] {
+                    let key = Key { kind: object, name: Name::new(name).expect("a valid name") };
+                    events.push(Event { key: Some(key), ..Event::new(kind) });
+                }
+            }
+        }
+        events
+    }
+
+    /// A stream must be woken for every event its filter lets through, or it would never send
+    /// it: the fan-out index is a superset of the filter, for every kind of caller and filter.
+    #[test]
+    fn a_stream_is_woken_for_every_event_its_filter_passes() {
+        use Access::{Admin, Read, Write};
+        use Resource::{Election, Semaphore, Session};
+        let callers = [
+            Caller::Anyone,
+            token(1, &[(Semaphore, "a.", Read)]),
+            token(2, &[(Semaphore, "", Write), (Election, "a", Admin), (Session, "a.", Admin)]),
+            token(3, &[(Session, "", Write)]),
+            token(
+                4,
+                &[
+                    (Semaphore, "a.x", Read),
+                    (Semaphore, "a.", Write),
+                    (Session, "", Admin),
+                    (Session, "b", Write),
+                ],
+            ),
+        ];
+        let fanout = Arc::new(Fanout::default());
+        let events = events();
+        let mut checked = 0;
+        for caller in &callers {
+            for prefix in ["", "a", "a.x", "b"] {
+                for kinds in [None, Some("granted"), Some("session_created,leader_changed,session_closed")] {
+                    let params = EventsParams {
+                        prefix: Some(prefix.into()),
+                        kinds: kinds.map(Into::into),
+                        wait_ms: None,
+                    };
+                    let filter = Filter::parse(params, caller.clone()).expect("a valid filter");
+                    let subscription = fanout.subscribe(filter.sight());
+                    for (seq, event) in (1..).zip(&events) {
+                        let before = subscription.inbox().wakeups();
+                        fanout.deliver(seq, event);
+                        let woken = subscription.inbox().wakeups() > before;
+                        let passes = filter.passes(&Recorded::for_test(seq, event.clone()));
+                        assert!(
+                            woken || !passes,
+                            "{caller:?} prefix {prefix:?} kinds {kinds:?}: not woken for {event:?}"
+                        );
+                        checked += usize::from(passes);
+                    }
+                }
+            }
+        }
+        assert!(checked > 500, "the filters let through {checked} events");
+        assert!(fanout.is_empty(), "every stream unregistered");
+    }
+}
