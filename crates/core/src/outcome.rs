@@ -336,6 +336,10 @@ pub struct Event {
     pub session: Option<SessionId>,
     /// That session's name, if it has one.
     pub session_name: Option<String>,
+    /// Session events (`session_created`, `session_expired`, `session_closed`): the token that
+    /// created the session, when auth was on (the event stream shows them to that token, and
+    /// to `session` admins, only).
+    pub session_owner: Option<crate::TokenId>,
     /// Permits granted, held, released or asked for.
     pub permits: Option<u64>,
     /// The hold's fencing token.
@@ -360,6 +364,7 @@ impl Event {
             key: None,
             session: None,
             session_name: None,
+            session_owner: None,
             permits: None,
             token: None,
             capacity: None,

@@ -210,6 +210,7 @@ impl State {
         let mut event = Event::new(EventKind::SessionCreated);
         event.session = Some(id);
         event.session_name = session.name.clone();
+        event.session_owner = owner;
         self.sessions.insert(id, session);
         effects.push(Effect::SessionCreated { id, ttl_ms });
         emit(effects, event);
@@ -287,6 +288,7 @@ impl State {
             Event::new(if expired { EventKind::SessionExpired } else { EventKind::SessionClosed });
         event.session = Some(id);
         event.session_name = session.name;
+        event.session_owner = session.owner;
         emit(effects, event);
     }
 

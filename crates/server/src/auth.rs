@@ -18,12 +18,13 @@ use axum::http::{header, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 pub use permit_core::{Access, Resource};
-use permit_core::{Creator, Key, SessionId, State as CoreState, Token, TokenId};
+use permit_core::{Creator, Key, Kind, SessionId, State as CoreState, Token, TokenId};
 use permit_wire::{ErrorCode, AUTHORIZATION_SCHEME};
 use sha2::{Digest, Sha256};
 
 use crate::api::ApiError;
 use crate::node::Node;
+use crate::raft::contact::Standing;
 
 /// The identity a request was made with.
 #[derive(Clone, Debug)]
@@ -125,6 +126,28 @@ impl Caller {
                 .filter(|rule| rule.resource == resource && rule.access >= access)
                 .map(|rule| rule.prefix.as_str())
                 .collect(),
+        }
+    }
+
+    /// Whether the caller may read the object `key` (semaphore or election read access).
+    pub fn reads(&self, key: &Key) -> bool {
+        let resource = match key.kind {
+            Kind::Semaphore => Resource::Semaphore,
+            Kind::Election => Resource::Election,
+        };
+        self.can(resource, key.name.as_str(), Access::Read)
+    }
+
+    /// Whether the caller may see a session owned by `owner` and named `name` (in session
+    /// listings, session views and session events): its own sessions, or any with `session`
+    /// admin on its name. `session` read or write alone shows no other token's session: the
+    /// README's `session:=write` must not let one tenant list another's holds.
+    pub fn sees_session(&self, owner: Option<TokenId>, name: Option<&str>) -> bool {
+        match self {
+            Caller::Anyone => true,
+            Caller::Token { id, token } => {
+                owner == Some(*id) || token.allows(Resource::Session, name.unwrap_or(""), Access::Admin)
+            }
         }
     }
 
@@ -319,6 +342,9 @@ async fn check(node: &Node, request: &mut Request, route: &str) -> Result<Caller
     if !config.auth || need == Need::Open {
         return Ok(Caller::Anyone);
     }
+    if let Some(refusal) = out_of_contact(node) {
+        return Err(refusal);
+    }
     let caller = identify(node, request.headers())?;
     match need {
         Need::Open | Need::Authenticated | Need::InBody(..) => {}
@@ -333,6 +359,91 @@ async fn check(node: &Node, request: &mut Request, route: &str) -> Result<Caller
         }
     }
     Ok(caller)
+}
+
+/// The refusal of every token-checked route on a node that does not apply the cluster's log
+/// now (`raft::contact`): removed and left running, or cut off from its leader (or quorum) for
+/// longer than the election bound. Its state no longer learns of deleted tokens, so it would
+/// serve them, even to `?stale=true` reads; the client goes to another node instead. `None`
+/// while the node is in contact.
+fn out_of_contact(node: &Node) -> Option<ApiError> {
+    let why = match node.contact.standing() {
+        Standing::InContact => return None,
+        Standing::Removed => "this node was removed from the cluster",
+        Standing::OutOfContact => "this node has not heard from a leader (or, leading, from a quorum) lately",
+    };
+    let message =
+        format!("{why}: it serves no authenticated request; nothing was done, retry on another node");
+    Some(ApiError::new(ErrorCode::LeaderUnreachable, message))
+}
+
+impl Caller {
+    /// Whether the caller's token still exists in `state` (always, without auth). The root
+    /// secret a node was configured with counts until the bootstrap has created the root token.
+    pub fn valid_in(&self, state: &CoreState) -> bool {
+        match self {
+            Caller::Anyone => true,
+            Caller::Token { id, .. } => {
+                state.token(*id).is_some() || (*id == permit_core::ROOT_TOKEN_ID && !state.root_created())
+            }
+        }
+    }
+
+    /// Runs `poll`, a long-poll or stream held open for this caller, unless it is cut off
+    /// first: its token is deleted (`401 unauthenticated`, as soon as this node applies the
+    /// deletion) or, for a `read` served from this node's state (a blocking read, the event
+    /// stream), this node stops applying the log (`503 leader_unreachable`, see
+    /// `out_of_contact`). A waiting acquire or campaign is not cut off by the latter: its
+    /// wait is in the log already, and `leader_unreachable` promises that nothing was done.
+    ///
+    /// # Errors
+    /// `poll`'s, `unauthenticated` or `leader_unreachable`.
+    pub async fn unless_cut_off<T>(
+        &self,
+        node: &Node,
+        read: bool,
+        poll: impl std::future::Future<Output = Result<T, ApiError>>,
+    ) -> Result<T, ApiError> {
+        if matches!(self, Caller::Anyone) {
+            return poll.await;
+        }
+        tokio::select! {
+            biased;
+            cut = self.cut_off(node, read) => Err(cut),
+            answer = poll => answer,
+        }
+    }
+
+    /// Resolves when this caller's long-polls must end (see [`Caller::unless_cut_off`]), with
+    /// the error that ends them; never without auth.
+    pub async fn cut_off(&self, node: &Node, read: bool) -> ApiError {
+        let Caller::Token { id, .. } = self else { return std::future::pending().await };
+        let revocation = node.notifier.on_revocation(*id);
+        let mut standing = node.contact.changes();
+        loop {
+            // Enabled before the check, so that a deletion applied in between is not missed.
+            let revoked = revocation.notify().notified();
+            tokio::pin!(revoked);
+            revoked.as_mut().enable();
+            if !self.valid_in(&node.replica().read().state) {
+                return ApiError::new(ErrorCode::Unauthenticated, "the token was deleted");
+            }
+            if read {
+                if let Some(refusal) = out_of_contact(node) {
+                    return refusal;
+                }
+            }
+            tokio::select! {
+                () = &mut revoked => {}
+                changed = standing.changed(), if read => {
+                    if changed.is_err() {
+                        // The watcher stopped with the Raft core; fail-stop ends the node.
+                        return std::future::pending().await;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The caller whose token `headers` carry, on this node's applied state (authentication

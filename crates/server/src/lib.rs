@@ -14,6 +14,7 @@ pub mod config;
 pub mod entropy;
 pub mod expiry;
 pub mod failstop;
+pub mod fanout;
 pub mod lessor;
 pub mod listener;
 pub mod metrics;

@@ -69,6 +69,9 @@ pub struct Node {
     pub(crate) fail_stop: Arc<FailStop>,
     /// True while this node is removed from the membership (see `raft::removal`).
     pub(crate) removed: watch::Receiver<bool>,
+    /// Whether this node applies the cluster's log now; with `--auth`, token-checked routes
+    /// are refused while it does not (see `raft::contact`).
+    pub(crate) contact: Arc<crate::raft::contact::Contact>,
     /// Where new session and token ids come from.
     ids: IdSource,
     /// The values of the headers every answer carries (`permit-node`, `permit-term`,
@@ -182,9 +185,19 @@ impl Node {
             removed: removed_tx,
             probe_peers,
         };
+        let contact = Arc::new(crate::raft::contact::Contact::new(
+            consensus.raft().clone(),
+            config.node_id,
+            Duration::from_millis(config.election_timeout_ms.1),
+            removed.clone(),
+        ));
         tokio::spawn(removal.run());
         let peer_verifier =
             config.cluster_secret.clone().map(|secret| PeerVerifier::new(secret, config.node_id));
+        if config.auth {
+            // Only auth consults it: without tokens, a stale read is every client's own choice.
+            tokio::spawn(contact.clone().run());
+        }
         let node = Arc::new(Node {
             id: config.node_id,
             ids: IdSource::new(config.id_seed),
@@ -208,6 +221,7 @@ impl Node {
             shutdown_tx,
             fail_stop,
             removed,
+            contact,
         });
         if node.config.auth {
             tokio::spawn(crate::auth::bootstrap_root(node.clone()));

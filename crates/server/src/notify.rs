@@ -1,11 +1,12 @@
 //! Wake-ups for long-polls: a waiting acquire wakes when its wait ends (`Effect::WaitEnded`), a
-//! watch when its object changes (`Effect::ObjectChanged`). An apply wakes only the requests it
-//! concerns. The queue itself is replicated state; only these wake-ups live in memory.
+//! watch when its object changes (`Effect::ObjectChanged`), and every long-poll and event stream
+//! of a token when that token is deleted ([`Notifier::revoke`]). An apply wakes only the requests
+//! it concerns. The queue itself is replicated state; only these wake-ups live in memory.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use permit_core::{Effect, Key, SessionId};
+use permit_core::{Effect, Key, SessionId, TokenId};
 use tokio::sync::Notify;
 
 /// Registered interests: the `Notify` of each key and how many requests share it.
@@ -18,6 +19,8 @@ pub struct Notifier {
     waits: Interests<(Key, SessionId)>,
     /// Watches, by object.
     watches: Interests<Key>,
+    /// Long-polls and event streams, by the token they were opened with.
+    tokens: Interests<TokenId>,
     /// Sessions whose registered waits the latest applies ended, oldest first, at most
     /// [`WOKEN_MAX`]: their requests are being answered, so their clients' next commands are on
     /// the way (the proposer waits a moment for them, see `raft/proposer.rs`).
@@ -32,6 +35,10 @@ pub type WaitSubscription = Subscription<(Key, SessionId)>;
 
 /// A registration for changes of one object (a blocking read). Dropping it unregisters.
 pub type WatchSubscription = Subscription<Key>;
+
+/// A registration for the deletion of one token (a long-poll or stream it holds open).
+/// Dropping it unregisters.
+pub type RevocationSubscription = Subscription<TokenId>;
 
 /// A registration in one of the [`Notifier`]'s registries. Dropping it unregisters.
 pub struct Subscription<K: Registry> {
@@ -58,12 +65,19 @@ impl Registry for Key {
     }
 }
 
+impl Registry for TokenId {
+    fn interests(notifier: &Notifier) -> &Interests<Self> {
+        &notifier.tokens
+    }
+}
+
 impl Notifier {
     /// A registry with nothing registered.
     pub fn new() -> Arc<Notifier> {
         Arc::new(Notifier {
             waits: Mutex::new(HashMap::new()),
             watches: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(HashMap::new()),
             woken: Mutex::new(Vec::new()),
         })
     }
@@ -76,6 +90,22 @@ impl Notifier {
     /// Registers interest in changes of the object `key` (including its creation and deletion).
     pub fn watch(self: &Arc<Notifier>, key: Key) -> WatchSubscription {
         self.register(key)
+    }
+
+    /// Registers interest in the deletion of `token`.
+    pub fn on_revocation(self: &Arc<Notifier>, token: TokenId) -> RevocationSubscription {
+        self.register(token)
+    }
+
+    /// Wakes the long-polls and streams of tokens that an apply deleted.
+    pub fn revoke(&self, deleted: &[TokenId]) {
+        if deleted.is_empty() {
+            return;
+        }
+        let tokens = self.tokens.lock().expect("notifier lock");
+        for (notify, _) in deleted.iter().filter_map(|token| tokens.get(token)) {
+            notify.notify_waiters();
+        }
     }
 
     fn register<K: Registry>(self: &Arc<Notifier>, key: K) -> Subscription<K> {
@@ -124,6 +154,10 @@ impl Notifier {
             notify.notify_waiters();
         }
         for (notify, _) in self.watches.lock().expect("notifier lock").values() {
+            notify.notify_waiters();
+        }
+        // The snapshot may lack tokens the old state had: their holders check again.
+        for (notify, _) in self.tokens.lock().expect("notifier lock").values() {
             notify.notify_waiters();
         }
     }
@@ -184,6 +218,30 @@ mod tests {
         assert_eq!(notifier.watches.lock().unwrap().get(&x).map(|(_, n)| *n), Some(1));
         drop(second);
         assert!(notifier.watches.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_revocation_wakes_only_the_deleted_tokens_polls_and_a_snapshot_wakes_all() {
+        let notifier = Notifier::new();
+        let (deleted, kept) = (TokenId::from_bytes([1; 16]), TokenId::from_bytes([2; 16]));
+        let (doomed, other) = (notifier.on_revocation(deleted), notifier.on_revocation(kept));
+        {
+            let mut woken = pin!(doomed.notify().notified());
+            let mut spared = pin!(other.notify().notified());
+            woken.as_mut().enable();
+            spared.as_mut().enable();
+            notifier.revoke(&[]);
+            assert!(!ready(woken.as_mut()), "nothing deleted");
+            notifier.dispatch(&[Effect::ObjectChanged { key: Key::semaphore(Name::new("x").unwrap()) }]);
+            assert!(!ready(woken.as_mut()), "a change of an object is not a revocation");
+            notifier.revoke(&[deleted]);
+            assert!(ready(woken.as_mut()));
+            assert!(!ready(spared.as_mut()), "another token's polls keep waiting");
+            notifier.wake_all();
+            assert!(ready(spared.as_mut()), "a snapshot may lack any token: every holder checks again");
+        }
+        drop((doomed, other));
+        assert!(notifier.tokens.lock().unwrap().is_empty());
     }
 
     #[test]

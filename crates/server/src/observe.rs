@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use permit_core::{Effect, Event, EventKind, Key, Kind, SessionId, State};
-use tokio::sync::Notify;
 
+use crate::fanout::Fanout;
 use crate::metrics::{ClockGauges, Labels, Metrics, ObjectCounts, ObjectGauges};
 
 /// Events kept for resuming streams (`Last-Event-ID`).
@@ -53,18 +53,32 @@ impl Recorded {
         self.event.kind.is_session().then(|| self.event.session_name.as_deref().unwrap_or(""))
     }
 
+    /// The token that created the session, for session events of an owned session.
+    pub fn session_owner(&self) -> Option<permit_core::TokenId> {
+        self.event.session_owner
+    }
+
     /// The `data:` line.
     pub fn json(&self) -> &str {
         self.json.get_or_init(|| render(self.seq, self.index, self.now_ms, &self.event))
     }
 }
 
-/// The last [`EVENT_RING_LEN`] events, and a wake-up for streams waiting for more.
+#[cfg(test)]
+impl Recorded {
+    /// An event as the ring would record it, for tests elsewhere in the crate.
+    pub(crate) fn for_test(seq: u64, event: Event) -> Recorded {
+        Recorded { seq, index: seq, now_ms: 0, event: Box::new(event), json: OnceLock::new() }
+    }
+}
+
+/// The last [`EVENT_RING_LEN`] events, and the streams waiting for more, woken only for the
+/// events they may see ([`Fanout`]).
 #[derive(Default)]
 pub struct EventRing {
     inner: Mutex<Ring>,
-    /// Notified (all waiters) after events were added.
-    pub added: Notify,
+    /// The open streams, by what they may see.
+    pub fanout: Arc<Fanout>,
 }
 
 #[derive(Default)]
@@ -106,17 +120,25 @@ impl EventRing {
         Since { missed: None, events: ring.events.iter().skip(skip).cloned().collect() }
     }
 
+    /// Adds an event, then wakes the streams that may see it. Events are added (and streams
+    /// woken) in seq order, by the one task that applies entries: [`crate::fanout::Inbox`]
+    /// relies on it.
     fn push(&self, make: impl FnOnce(u64) -> Recorded) {
-        let mut ring = self.lock();
-        if ring.next_seq == 0 {
-            ring.next_seq = 1;
-        }
-        let seq = ring.next_seq;
-        ring.next_seq += 1;
-        if ring.events.len() == EVENT_RING_LEN {
-            ring.events.pop_front();
-        }
-        ring.events.push_back(Arc::new(make(seq)));
+        let recorded = {
+            let mut ring = self.lock();
+            if ring.next_seq == 0 {
+                ring.next_seq = 1;
+            }
+            let seq = ring.next_seq;
+            ring.next_seq += 1;
+            if ring.events.len() == EVENT_RING_LEN {
+                ring.events.pop_front();
+            }
+            let recorded = Arc::new(make(seq));
+            ring.events.push_back(recorded.clone());
+            recorded
+        };
+        self.fanout.deliver(recorded.seq, &recorded.event);
     }
 }
 
@@ -256,7 +278,6 @@ impl Observer {
 
     /// Takes in the effects of the log entry at `index`, applied at leader time `now_ms`.
     pub fn on_entry(&self, index: u64, now_ms: u64, effects: &[Effect]) {
-        let mut recorded = false;
         let mut tracker = self.tracker();
         for effect in effects {
             match effect {
@@ -269,7 +290,6 @@ impl Observer {
                         event: event.clone(),
                         json: OnceLock::new(),
                     });
-                    recorded = true;
                 }
                 Effect::TryAcquireRefused { key } => {
                     if let Some(tracked) = tracker.objects.get(key) {
@@ -279,10 +299,6 @@ impl Observer {
                 Effect::ObjectRemoved { key } => self.untrack(&mut tracker, key),
                 _ => {}
             }
-        }
-        drop(tracker);
-        if recorded {
-            self.ring.added.notify_waiters();
         }
     }
 

@@ -11,6 +11,7 @@ mod membership;
 mod minority;
 mod peer;
 mod restart;
+mod revocation;
 mod ui;
 
 pub use common::api::{Answer, Api};

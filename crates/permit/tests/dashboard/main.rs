@@ -129,7 +129,7 @@ async fn the_dashboard_shows_live_state_and_admin_actions_to_those_allowed() {
     let ready = eventually(SHOW_WITHIN, async || root.get("/v1/acl/tokens/self").await.status == 200).await;
     assert!(ready, "the root token was not created");
     let admin =
-        token(&root, "ops-admin", &["semaphore:=admin", "election:=read", "session:=read", "cluster:=read"])
+        token(&root, "ops-admin", &["semaphore:=admin", "election:=read", "session:=admin", "cluster:=read"])
             .await;
     let reader =
         token(&root, "viewer", &["semaphore:=read", "election:=read", "session:=read", "cluster:=read"])

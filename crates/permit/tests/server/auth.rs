@@ -10,10 +10,10 @@ use crate::common::{eventually, Server};
 use crate::Api;
 
 /// The root secret the tests start servers with.
-const ROOT: &str = "root-secret-for-tests-0123456789abcdef";
+pub(crate) const ROOT: &str = "root-secret-for-tests-0123456789abcdef";
 
 /// A server with `--auth` whose root token is [`ROOT`], once the root token exists.
-async fn secured(extra: &[&str]) -> (Server, tempfile::TempDir) {
+pub(crate) async fn secured(extra: &[&str]) -> (Server, tempfile::TempDir) {
     let temp = tempfile::tempdir().unwrap();
     let file = temp.path().join("root.secret");
     std::fs::write(&file, format!("{ROOT}\n")).unwrap();
@@ -29,7 +29,7 @@ async fn secured(extra: &[&str]) -> (Server, tempfile::TempDir) {
 }
 
 /// Creates a token with `rules` (as `RESOURCE:PREFIX=ACCESS`) and returns its secret and id.
-async fn token(root: &Api, name: &str, rules: &[&str]) -> (String, String) {
+pub(crate) async fn token(root: &Api, name: &str, rules: &[&str]) -> (String, String) {
     root.create_token(name, rules).await
 }
 
@@ -169,8 +169,8 @@ async fn a_session_belongs_to_the_token_that_created_it() {
         alice.post("/v1/elections/lead/campaign", json!({ "session": session, "value": "a" })).await;
     assert_eq!(campaign.status, 200, "{campaign:?}");
 
-    // Mallory sees the session id in a GET (and may read the session: she has session write),
-    // but it grants her nothing.
+    // Mallory sees the session id in a GET of the semaphore (she may read it), but it grants her
+    // nothing.
     let view = mallory.get("/v1/semaphores/db.lock").await;
     assert_eq!(view.body["holders"][0]["session"], session.as_str());
     let attempts = [

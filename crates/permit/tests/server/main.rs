@@ -10,6 +10,7 @@ mod errors;
 mod expiry;
 mod full_disk;
 mod io_errors;
+mod isolation;
 mod observability;
 mod openapi;
 mod semaphores;

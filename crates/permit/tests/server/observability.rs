@@ -62,6 +62,19 @@ impl Sse {
         }
     }
 
+    /// Whether the server ends the stream within `timeout` (frames before the end are read and
+    /// dropped).
+    pub(crate) async fn closed_within(&mut self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, self.response.chunk()).await {
+                Err(_) => return false,
+                Ok(Ok(Some(_))) => continue,
+                Ok(Ok(None) | Err(_)) => return true,
+            }
+        }
+    }
+
     /// Frames until one of `kind` (inclusive), within `timeout`.
     pub(crate) async fn until(&mut self, kind: &str, timeout: Duration) -> Vec<Frame> {
         let deadline = Instant::now() + timeout;

@@ -53,7 +53,10 @@ pub async fn campaign(
     };
     validate_acquire(&acquire)?;
     caller.check_objects_cap(&node, &acquire.key).await?;
-    Ok(match grant::acquire(&node, acquire, wait_ms, false, caller.creator(&node)).await? {
+    // A waiting campaign ends (401) when its token is deleted.
+    let grant = grant::acquire(&node, acquire, wait_ms, false, caller.creator(&node));
+    let grant = if wait_ms > 0 { caller.unless_cut_off(&node, false, grant).await? } else { grant.await? };
+    Ok(match grant {
         Grant::Acquired { token, .. } => {
             (StatusCode::OK, axum::Json(CampaignResponse::Leader { token })).into_response()
         }
@@ -132,12 +135,16 @@ pub async fn get(
     Query(params): Query<ReadParams>,
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
-    let _poll = match params.index {
+    let poll = match params.index {
         Some(_) => Some(caller.long_poll(&node).await?),
         None => None,
     };
-    let (view, index) =
-        blocking_read(&node, Key::election(name.clone()), &params, |node| Ok(read_view(node, &name))).await?;
+    let read = blocking_read(&node, Key::election(name.clone()), &params, |node| Ok(read_view(node, &name)));
+    // A blocking read ends when its token is deleted or this node falls out of contact.
+    let (view, index) = match poll {
+        Some(_) => caller.unless_cut_off(&node, true, read).await?,
+        None => read.await?,
+    };
     Ok(([(HeaderName::from_static(INDEX_HEADER), index.to_string())], axum::Json(view)).into_response())
 }
 

@@ -10,13 +10,14 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use permit_core::{EventKind, Kind};
+use permit_core::EventKind;
 use permit_wire::ErrorCode;
 use serde::Deserialize;
 
 use super::extract::Query;
 use super::ApiError;
 use crate::auth::{Access, Caller, LongPoll, Resource};
+use crate::fanout::{Sight, Subscription};
 use crate::node::Node;
 use crate::observe::Recorded;
 
@@ -66,18 +67,62 @@ impl Filter {
             return false;
         }
         match (event.key(), event.session_name()) {
-            (Some(key), _) => {
-                let resource = match key.kind {
-                    Kind::Semaphore => Resource::Semaphore,
-                    Kind::Election => Resource::Election,
-                };
-                key.name.as_str().starts_with(&self.prefix)
-                    && self.caller.can(resource, key.name.as_str(), Access::Read)
+            (Some(key), _) => key.name.as_str().starts_with(&self.prefix) && self.caller.reads(key),
+            // A session's events, as its listing: to its own token, or with `session` admin.
+            (None, name) => self.prefix.is_empty() && self.caller.sees_session(event.session_owner(), name),
+        }
+    }
+}
+
+impl Filter {
+    /// What the stream may be sent, for the fan-out index: a superset of what
+    /// [`Filter::passes`] lets through, so that a stream is woken for every event it sends
+    /// and, as far as its rules tell, for no other.
+    fn sight(&self) -> Sight {
+        let mut sight = Sight::default();
+        let kinds = EventKind::ALL.into_iter().filter(|kind| self.kinds[kind_slot(*kind)]);
+        for kind in kinds {
+            if kind.is_session() {
+                // Session events pass only an empty prefix; then the token's own sessions, and
+                // those its `session` admin rules name.
+                if !self.prefix.is_empty() {
+                    continue;
+                }
+                match &self.caller {
+                    Caller::Anyone => sight.prefixes.push((kind, Resource::Session, String::new())),
+                    Caller::Token { id, token } => {
+                        sight.owned.push((kind, *id));
+                        let admin = token.rules.iter().filter(|rule| {
+                            rule.resource == Resource::Session && rule.access == Access::Admin
+                        });
+                        sight
+                            .prefixes
+                            .extend(admin.map(|rule| (kind, Resource::Session, rule.prefix.clone())));
+                    }
+                }
+                continue;
             }
-            (None, name) => {
-                self.prefix.is_empty() && self.caller.can(Resource::Session, name.unwrap_or(""), Access::Read)
+            for resource in [Resource::Semaphore, Resource::Election] {
+                match &self.caller {
+                    Caller::Anyone => sight.prefixes.push((kind, resource, self.prefix.clone())),
+                    Caller::Token { token, .. } => {
+                        // Every rule grants at least read. A name must start with the stream's
+                        // prefix and the rule's: with the longer one, when it extends the other.
+                        for rule in token.rules.iter().filter(|rule| rule.resource == resource) {
+                            let narrower = if rule.prefix.starts_with(&self.prefix) {
+                                &rule.prefix
+                            } else if self.prefix.starts_with(&rule.prefix) {
+                                &self.prefix
+                            } else {
+                                continue;
+                            };
+                            sight.prefixes.push((kind, resource, narrower.clone()));
+                        }
+                    }
+                }
             }
         }
+        sight
     }
 }
 
@@ -95,12 +140,17 @@ struct Stream {
     filter: Filter,
     /// Seq of the last event taken from the ring.
     last: u64,
+    /// Whether the next read takes every event after `last` from the ring (the first one);
+    /// later reads start at the first event the stream was woken for.
+    catch_up: bool,
     /// Taken, not yet sent.
     pending: VecDeque<Arc<Recorded>>,
     /// A `missed` frame to send first.
     missed: Option<(u64, u64)>,
     /// When the stream ends (`wait_ms`); `None`: never.
     deadline: Option<tokio::time::Instant>,
+    /// Where this stream is woken: for the events it may see only (see `fanout`).
+    subscription: Subscription,
     /// The caller's long-poll place, held while the stream is open.
     _poll: LongPoll,
 }
@@ -127,30 +177,40 @@ impl Stream {
                     )));
                 }
             }
-            let ring = &self.node.observer.ring;
-            let added = ring.added.notified();
-            tokio::pin!(added);
-            added.as_mut().enable();
-            let since = ring.since(self.last, true);
-            if let Some(last) = since.events.last() {
-                self.last = last.seq;
-            }
-            self.pending.extend(since.events);
-            if let Some((requested, first)) = since.missed {
-                // A reader too slow for the ring: it is told, as a resuming client would be.
-                let data = serde_json::json!({ "requested": requested, "first_available": first });
-                return Some(Bytes::from(format!("event: missed\ndata: {data}\n\n")));
-            }
-            if !self.pending.is_empty() {
-                continue;
+            // Nothing before the first event this stream was woken for can pass its filter
+            // (streams are woken in seq order, see `fanout::Inbox`): the read starts there, and
+            // a stream that was not woken reads nothing. So an idle stream costs no work per
+            // event it may not see, and a `missed` frame reports only events it lost.
+            let first_unread = self.subscription.inbox().take_first_unread();
+            let start = if std::mem::take(&mut self.catch_up) {
+                Some(self.last)
+            } else {
+                (first_unread > 0).then(|| self.last.max(first_unread - 1))
+            };
+            if let Some(start) = start {
+                let since = self.node.observer.ring.since(start, true);
+                if let Some(last) = since.events.last() {
+                    self.last = last.seq;
+                }
+                self.pending.extend(since.events);
+                if let Some((requested, first)) = since.missed {
+                    // A reader too slow for the ring: it is told, as a resuming client would be.
+                    let data = serde_json::json!({ "requested": requested, "first_available": first });
+                    return Some(Bytes::from(format!("event: missed\ndata: {data}\n\n")));
+                }
+                if !self.pending.is_empty() {
+                    continue;
+                }
             }
             if *shutdown.borrow() {
                 return None;
             }
             let deadline = self.deadline;
+            // The inbox keeps a wake-up that came before this wait.
+            let woken = self.subscription.inbox().notify.notified();
             tokio::select! {
                 biased;
-                () = &mut added => {}
+                () = woken => {}
                 () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => return None,
                 () = tokio::time::sleep(KEEPALIVE_INTERVAL) => return Some(Bytes::from_static(b": keepalive\n\n")),
                 _ = shutdown.wait_for(|stopping| *stopping) => return None,
@@ -180,7 +240,9 @@ pub struct EventFrame {
 /// `Last-Event-ID: N`: every event after N still in the ring (the last 10 000), or first an
 /// `event: missed` frame `{"requested":N+1,"first_available":M}`. Without it, new events only.
 /// Each frame is `id: SEQ`, `event: KIND`, `data: {"seq","index","now_ms","kind",...}`;
-/// `: keepalive` comments every 15 s. Takes one of the token's long-poll places.
+/// `: keepalive` comments every 15 s. Takes one of the token's long-poll places. With `--auth`
+/// the stream ends when the node applies the token's deletion, or falls out of contact with
+/// the cluster.
 #[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsParams,
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event")),
     responses((status = 200, content_type = "text/event-stream", body = EventFrame,
@@ -206,6 +268,8 @@ pub async fn events(
     };
     let poll = caller.long_poll(&node).await?;
     let ring = &node.observer.ring;
+    // Registered before `last` is read: every event after it wakes the stream if it may see it.
+    let subscription = ring.fanout.subscribe(filter.sight());
     let (last, missed) = match resume {
         None => (ring.last_seq(), None),
         Some(last) => match ring.since(last, true).missed {
@@ -214,15 +278,134 @@ pub async fn events(
             None => (last, None),
         },
     };
-    let stream = Stream { node, filter, last, pending: VecDeque::new(), missed, deadline, _poll: poll };
+    let cut_off = {
+        let node = node.clone();
+        async move { caller.cut_off(&node, true).await }
+    };
+    let stream = Stream {
+        node,
+        filter,
+        last,
+        catch_up: true,
+        pending: VecDeque::new(),
+        missed,
+        deadline,
+        subscription,
+        _poll: poll,
+    };
     let body = futures::stream::unfold(stream, |mut stream| async move {
         let chunk = stream.next().await?;
         Some((Ok::<_, std::convert::Infallible>(chunk), stream))
     });
+    // The stream closes as soon as this node applies the deletion of its token, or falls out of
+    // contact with the cluster (then it no longer learns of deletions).
+    let body = futures::StreamExt::take_until(body, cut_off);
     let mut response = Body::from_stream(body).into_response();
     let h = response.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use permit_core::{Event, Key, Kind, Name, Rule, SessionId, Token, TokenId};
+
+    use super::*;
+    use crate::fanout::Fanout;
+
+    fn token(id: u8, rules: &[(Resource, &str, Access)]) -> Caller {
+        let rules = rules
+            .iter()
+            .map(|(resource, prefix, access)| Rule {
+                resource: *resource,
+                prefix: (*prefix).into(),
+                access: *access,
+            })
+            .collect();
+        let token = Token { name: format!("t{id}"), secret_hash: [id; 32], rules };
+        Caller::Token { id: TokenId::from_bytes([id; 16]), token }
+    }
+
+    /// Every event of each kind on a few names, and session events of a few names and owners.
+    fn events() -> Vec<Event> {
+        let mut events = Vec::new();
+        for kind in EventKind::ALL {
+            if kind.is_session() {
+                for name in [None, Some("a.w"), Some("b.w")] {
+                    for owner in [None, Some(1), Some(2), Some(3)] {
+                        events.push(Event {
+                            session: Some(SessionId::from_bytes([9; 16])),
+                            session_name: name.map(str::to_owned),
+                            session_owner: owner.map(|id| TokenId::from_bytes([id; 16])),
+                            ..Event::new(kind)
+                        });
+                    }
+                }
+                continue;
+            }
+            for object in [Kind::Semaphore, Kind::Election] {
+                for name in ["a", "a.x", "a.xy", "ab", "b.y"] {
+                    let key = Key { kind: object, name: Name::new(name).expect("a valid name") };
+                    events.push(Event { key: Some(key), ..Event::new(kind) });
+                }
+            }
+        }
+        events
+    }
+
+    /// A stream must be woken for every event its filter lets through, or it would never send
+    /// it: the fan-out index is a superset of the filter, for every kind of caller and filter.
+    #[test]
+    fn a_stream_is_woken_for_every_event_its_filter_passes() {
+        use Access::{Admin, Read, Write};
+        use Resource::{Election, Semaphore, Session};
+        let callers = [
+            Caller::Anyone,
+            token(1, &[(Semaphore, "a.", Read)]),
+            token(2, &[(Semaphore, "", Write), (Election, "a", Admin), (Session, "a.", Admin)]),
+            token(3, &[(Session, "", Write)]),
+            token(
+                4,
+                &[
+                    (Semaphore, "a.x", Read),
+                    (Semaphore, "a.", Write),
+                    (Session, "", Admin),
+                    (Session, "b", Write),
+                ],
+            ),
+        ];
+        let fanout = Arc::new(Fanout::default());
+        let events = events();
+        let mut checked = 0;
+        for caller in &callers {
+            for prefix in ["", "a", "a.x", "b"] {
+                for kinds in [None, Some("granted"), Some("session_created,leader_changed,session_closed")] {
+                    let params = EventsParams {
+                        prefix: Some(prefix.into()),
+                        kinds: kinds.map(Into::into),
+                        wait_ms: None,
+                    };
+                    let filter = Filter::parse(params, caller.clone()).expect("a valid filter");
+                    let subscription = fanout.subscribe(filter.sight());
+                    for (seq, event) in (1..).zip(&events) {
+                        let before = subscription.inbox().wakeups();
+                        fanout.deliver(seq, event);
+                        let woken = subscription.inbox().wakeups() > before;
+                        let passes = filter.passes(&Recorded::for_test(seq, event.clone()));
+                        assert!(
+                            woken || !passes,
+                            "{caller:?} prefix {prefix:?} kinds {kinds:?}: not woken for {event:?}"
+                        );
+                        checked += usize::from(passes);
+                    }
+                }
+            }
+        }
+        assert!(checked > 500, "the filters let through {checked} events");
+        assert!(fanout.is_empty(), "every stream unregistered");
+    }
 }

@@ -177,7 +177,8 @@ fn parse_batch(texts: &[String]) -> Result<Vec<SessionId>, ApiError> {
         .collect()
 }
 
-/// A session's holds and waits.
+/// A session's holds and waits. With `--auth`: the caller's own session, or another token's
+/// with `session` admin on its name; holds and waits show only objects the caller may read.
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions",
     params(("id" = String, Path, description = "Session id"), StaleParams),
     responses((status = 200, body = SessionView), (status = 404, body = ErrorBody)))]
@@ -192,7 +193,9 @@ pub async fn get(
         node.ensure_linearizable().await?;
     }
     let replica = node.replica().read();
-    caller.owns_or(&replica.state, id, Access::Read)?;
+    // Another token's session only with `session` admin on its name; holds and waits only on
+    // objects the caller may read (their names and fencing tokens are the object's data).
+    caller.owns_or(&replica.state, id, Access::Admin)?;
     let session = replica.state.session(id).ok_or_else(ApiError::session_not_found)?;
     let kind = |kind: Kind| match kind {
         Kind::Semaphore => ObjectKind::Semaphore,
@@ -201,6 +204,7 @@ pub async fn get(
     let holds = session
         .holds
         .iter()
+        .filter(|key| caller.reads(key))
         .filter_map(|key| {
             let hold = replica.state.object(key)?.holders.get(&id)?;
             Some(SessionHold {
@@ -214,6 +218,7 @@ pub async fn get(
     let waits = session
         .waits
         .iter()
+        .filter(|key| caller.reads(key))
         .filter_map(|key| {
             let queue = &replica.state.object(key)?.queue;
             Some(SessionWait {
@@ -234,7 +239,8 @@ pub async fn get(
 }
 
 /// Live sessions in id order, one page at a time: name, TTL, time left, holds and waits. With
-/// `--auth`, only the caller's own sessions and those it may read.
+/// `--auth`, only the caller's own sessions, and others' only with `session` admin on their
+/// name; holds and waits count only objects the caller may read.
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", params(ListParams),
     responses((status = 200, body = SessionList)))]
 pub async fn list(
@@ -251,9 +257,8 @@ pub async fn list(
     }
     let now = Instant::now();
     let replica = node.replica().read();
-    let visible = |(id, session): &(&SessionId, &permit_core::Session)| {
-        let name = session.name.as_deref().unwrap_or("");
-        caller.owns(&replica.state, **id).is_ok() || caller.can(Resource::Session, name, Access::Read)
+    let visible = |(_, session): &(&SessionId, &permit_core::Session)| {
+        caller.sees_session(session.owner, session.name.as_deref())
     };
     let mut page = replica.state.sessions_after(after).filter(visible);
     let sessions: Vec<SessionSummary> = page
@@ -264,8 +269,8 @@ pub async fn list(
             name: session.name.clone(),
             ttl_ms: session.ttl_ms,
             remaining_ms: replica.lessor.remaining(*id, now).map(|left| left.as_millis() as u64),
-            holds: session.holds.len() as u64,
-            waits: session.waits.len() as u64,
+            holds: session.holds.iter().filter(|key| caller.reads(key)).count() as u64,
+            waits: session.waits.iter().filter(|key| caller.reads(key)).count() as u64,
         })
         .collect();
     let next_after = page.next().and(sessions.last().map(|s| s.id.clone()));

@@ -29,6 +29,7 @@
 pub mod bounds;
 pub mod clock;
 pub mod consensus;
+pub mod contact;
 pub mod leadership;
 pub mod log_store;
 pub mod log_sync;

@@ -93,6 +93,18 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     }
 }
 
+/// The tokens that `batch` deleted (its outcomes answer its commands one for one): their
+/// long-polls and event streams end at once (`Notifier::revoke`).
+fn deleted_tokens<'a>(
+    batch: &'a permit_core::Batch,
+    outcomes: &'a [permit_core::Outcome],
+) -> impl Iterator<Item = permit_core::TokenId> + 'a {
+    batch.commands.iter().zip(outcomes).filter_map(|(command, outcome)| match (command, outcome) {
+        (permit_core::Command::DeleteToken { id }, permit_core::Outcome::TokenDeleted { .. }) => Some(*id),
+        _ => None,
+    })
+}
+
 /// How much lower than the server's threads a snapshot encode runs (a nice value): a weight of
 /// about a tenth against a request's thread when both want a core.
 const SNAPSHOT_NICE: libc::c_int = 10;
@@ -150,6 +162,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         let mut effects = Vec::new();
         let mut replies = Vec::new();
+        let mut revoked = Vec::new();
         {
             let mut replica = self.replica.write();
             for entry in entries {
@@ -159,7 +172,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     EntryPayload::Normal(batch) => {
                         let term = entry.log_id.leader_id.term;
                         let first = effects.len();
-                        replies.push(replica.state.apply(index, term, &batch, &mut effects));
+                        let outcomes = replica.state.apply(index, term, &batch, &mut effects);
+                        revoked.extend(deleted_tokens(&batch, &outcomes));
+                        replies.push(outcomes);
                         self.observer.on_entry(index, replica.state.now_ms(), &effects[first..]);
                     }
                     EntryPayload::Blank => {
@@ -183,6 +198,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
         }
         self.notifier.dispatch(&effects);
+        self.notifier.revoke(&revoked);
         let rearm = effects
             .iter()
             .any(|e| matches!(e, Effect::SessionCreated { .. } | Effect::HoldDeadlineSet { .. }));
