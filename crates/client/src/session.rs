@@ -217,8 +217,11 @@ impl Session {
         Ok(Session { inner: Arc::new(inner) })
     }
 
-    /// Claims `name` for one guard (see [`Claim`]).
+    /// Claims `name` for one guard (see [`Claim`]); an expired session says so first.
     pub(crate) fn claim(&self, object: Object, name: &str) -> Result<Claim> {
+        if self.state() == SessionState::Expired {
+            return Err(Error::SessionExpired);
+        }
         Claim::new(&self.inner.claims, object, name)
     }
 

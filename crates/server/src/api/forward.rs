@@ -198,12 +198,15 @@ async fn forwarded_by_peer(node: &Node, mut request: Request) -> Result<Request,
         }
     };
     let (parts, body) = request.into_parts();
-    let Ok(body) = axum::body::to_bytes(body, BODY_BYTES_MAX).await else {
-        return Err(ApiError::new(
-            ErrorCode::BodyTooLarge,
-            format!("bodies are at most {BODY_BYTES_MAX} bytes"),
-        )
-        .into_response());
+    let body = match axum::body::to_bytes(body, BODY_BYTES_MAX).await {
+        Ok(body) => body,
+        Err(error) if crate::listener::is_body_timeout(&error) => {
+            return Err(ApiError::body_timeout().into_response())
+        }
+        Err(_) => {
+            let message = format!("bodies are at most {BODY_BYTES_MAX} bytes");
+            return Err(ApiError::new(ErrorCode::BodyTooLarge, message).into_response());
+        }
     };
     head.check_body(&body).map_err(|error| super::raft::refuse_peer(node, &error))?;
     Ok(Request::from_parts(parts, Body::from(body)))

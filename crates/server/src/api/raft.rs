@@ -8,7 +8,8 @@
 //!    read;
 //! 2. the sender may send this route ([`PeerRpc::accepts`]: members, and a leader this node does
 //!    not know yet under its conditions; `403 permission_denied`);
-//! 3. the body fits the route's limit (`413 body_too_large`), arrives within the body timeout,
+//! 3. the body fits the route's limit (`413 body_too_large`), arrives within the body timeout
+//!    (`408 body_timeout`),
 //!    and is the one the message was signed with (`401 unauthenticated`);
 //! 4. the message itself ([`crate::raft::peer_rpc`]): it decodes and carries sane terms
 //!    (`400 invalid_argument`), and names the credential's node (`403 permission_denied`).
@@ -37,7 +38,10 @@ async fn serve(node: &Node, route: PeerRoute, request: Request) -> Result<Vec<u8
     rpc.accepts(route, head.sender, &head.members)
         .map_err(|message| ApiError::new(ErrorCode::PermissionDenied, message).into_response())?;
     let limit = route.body_limit();
-    let body = axum::body::to_bytes(request.into_body(), limit).await.map_err(|_| {
+    let body = axum::body::to_bytes(request.into_body(), limit).await.map_err(|error| {
+        if crate::listener::is_body_timeout(&error) {
+            return ApiError::body_timeout().into_response();
+        }
         ApiError::new(
             ErrorCode::BodyTooLarge,
             format!("this peer route takes bodies of at most {limit} bytes"),
