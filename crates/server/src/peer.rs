@@ -559,7 +559,8 @@ mod tests {
             restarted.verify_head("POST", "/raft/vote", &headers).unwrap_err(),
             PeerAuthError::StaleNonce
         );
-        let other = PeerSigner::new(ClusterSecret::new(b"another-cluster-secret").unwrap(), 2);
+        let other =
+            PeerSigner::new(ClusterSecret::new(b"an0ther-Cluster-Secret-9f8e7d6c5b4a3f2e1d").unwrap(), 2);
         let forged = signed(&other, &node1, 1, b"");
         assert_eq!(
             node1.verify_head("POST", "/raft/vote", &forged).unwrap_err(),

@@ -51,7 +51,10 @@ async fn post_peer(url: &str, to: u64, path: &str, body: Vec<u8>, credential: Cr
     let headers = match credential {
         Credential::None => reqwest::header::HeaderMap::new(),
         Credential::Forged(id) => {
-            let signer = PeerSigner::new(ClusterSecret::new(b"not-the-cluster-secret").unwrap(), id);
+            let signer = PeerSigner::new(
+                ClusterSecret::new(b"n0t-The-Cluster-Secret-7d1e9c3a5b8f0e2d4c6a").unwrap(),
+                id,
+            );
             signed((url, to), path, &body, "", &signer).await
         }
         Credential::Valid(id) => {
@@ -367,7 +370,17 @@ async fn a_member_that_missed_membership_changes_follows_a_leader_it_does_not_kn
     for id in [1, 2] {
         let mut admin = Failover::new(&new_urls, 0);
         let path = format!("/v1/cluster/members/{id}");
-        let removed = admin.send("DELETE", &path, None, Duration::from_secs(20)).await.0;
+        // Removing the leader hands leadership over: until the new leader commits the last
+        // change, another answers `membership_change_in_progress` (bounded retries).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let removed = loop {
+            let removed = admin.send("DELETE", &path, None, Duration::from_secs(20)).await.0;
+            let in_progress = removed.body["error"]["code"] == "membership_change_in_progress";
+            if !in_progress || Instant::now() >= deadline {
+                break removed;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         assert_eq!(removed.status, 204, "{removed:?}");
     }
     cluster.nodes[0].kill9();
@@ -439,7 +452,7 @@ async fn peer_rpcs_are_counted_by_kind_where_they_are_sent_and_where_they_arrive
 /// peer request signed for another start.
 async fn nonce_of(url: &str) -> String {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let signer = PeerSigner::new(ClusterSecret::new(b"anyone-can-ask-this").unwrap(), 9);
+    let signer = PeerSigner::new(ClusterSecret::new(b"Any0ne-Can-Ask-This-3f9a1c7e5b2d8f4a6c0e").unwrap(), 9);
     let mut headers = reqwest::header::HeaderMap::new();
     signer.sign(1, "POST", "/raft/vote", b"", "", &mut headers);
     let answer = http.post(format!("{url}/raft/vote")).headers(headers).send().await.unwrap();
