@@ -53,7 +53,7 @@ pub const SECRET_HOWTO: &str = "make one with `head -c 32 /dev/urandom | base64 
 
 /// The secret shared by the nodes of a cluster. Its `Debug` output never shows it.
 #[derive(Clone)]
-pub struct ClusterSecret(Arc<[u8]>);
+pub struct ClusterSecret(Arc<Hmac<Sha256>>);
 
 impl fmt::Debug for ClusterSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -76,7 +76,9 @@ impl ClusterSecret {
         );
         crate::entropy::check("the cluster secret", trimmed)
             .map_err(|e| anyhow::anyhow!("{e}; {SECRET_HOWTO}"))?;
-        Ok(ClusterSecret(trimmed.into()))
+        // Keyed once: every message's authenticator starts from a copy of this state.
+        let keyed = <Hmac<Sha256> as Mac>::new_from_slice(trimmed).expect("HMAC takes keys of any length");
+        Ok(ClusterSecret(Arc::new(keyed)))
     }
 
     /// Reads a secret from a file (its content, whitespace trimmed).
@@ -99,7 +101,7 @@ impl ClusterSecret {
 
     /// The authenticator of one message.
     fn mac(&self, message: &Signed<'_>) -> Hmac<Sha256> {
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        let mut mac = (*self.0).clone();
         mac.update(CONTEXT);
         // Every field has a fixed size or is length-prefixed, so no two messages share an input.
         mac.update(&message.from.to_be_bytes());
@@ -222,7 +224,7 @@ impl PeerSigner {
         };
         let body_sha256: [u8; 32] = Sha256::digest(body).into();
         let signed = Signed { from: self.id, to, nonce, method, path, body_sha256: &body_sha256, members };
-        let tag = self.secret.mac(&signed).finalize().into_bytes();
+        let tag: [u8; 32] = self.secret.mac(&signed).finalize().into_bytes().into();
         headers.insert(PEER_ID_HEADER, HeaderValue::from(self.id));
         headers.insert(PEER_NONCE_HEADER, nonce.header());
         headers.insert(PEER_BODY_HEADER, hex_value(&body_sha256));
@@ -457,9 +459,14 @@ fn new_nonce() -> u64 {
     rand::random::<u64>() | 1
 }
 
-fn hex_value(bytes: &[u8]) -> HeaderValue {
-    let text: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
-    HeaderValue::try_from(text).expect("hex digits are a header value")
+fn hex_value(bytes: &[u8; 32]) -> HeaderValue {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = [0u8; 64];
+    for (pair, byte) in text.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0xf)];
+    }
+    HeaderValue::from_bytes(&text).expect("hex digits are a header value")
 }
 
 /// Bytes of an even-length hex string (either case), or `None`.
