@@ -19,7 +19,7 @@ import pytest
 
 import permit
 import permit.aio
-from conftest import Server, eventually
+from conftest import Server, eventually, metric_sum, metrics
 
 PYTHON_DIR = Path(__file__).resolve().parents[1]
 
@@ -129,6 +129,20 @@ def test_observe_leader_yields_each_change_and_ends(server: Server, name: str) -
         assert time.monotonic() - started < 5.0
 
 
+def test_observe_leader_waits_on_the_server_and_does_not_poll(server: Server, name: str) -> None:
+    def reads() -> float:
+        return metric_sum(metrics(server.url), "permit_http_requests_total", 'route="/v1/elections/{name}"')
+
+    before = reads()
+    with permit.Client(server.url) as client:
+        started = time.monotonic()
+        assert list(client.observe_leader(name, timeout=2.0)) == [None]
+        assert 2.0 <= time.monotonic() - started < 10.0
+    # The first read, then one blocking read that the server holds until the watch's end (and
+    # at most one more, should the server answer a hair before the deadline): no polling.
+    assert 2 <= reads() - before <= 3
+
+
 def _candidates(server: Server, name: str) -> int:
     import httpx
 
@@ -157,7 +171,6 @@ def test_events_stream_filters_by_prefix_and_ends(server: Server, name: str) -> 
     with permit.Client(server.url) as client, client.session() as session:
         with client.events(prefix=name, kinds=["granted", "released"], timeout=20.0) as stream:
             # The stream shows new events only: open it before acquiring.
-            opened = threading.Event()
             events: List[permit.Event] = []
 
             def read() -> None:
@@ -170,7 +183,6 @@ def test_events_stream_filters_by_prefix_and_ends(server: Server, name: str) -> 
             reader.start()
             # Wait until the connection is open (it opens at the first next()).
             assert eventually(lambda: stream._response is not None)
-            opened.set()
             with session.acquire("other." + name, capacity=1):
                 pass
             with session.acquire(name, capacity=1) as p:
