@@ -1134,7 +1134,8 @@ def close_sessions_on_sigterm() -> None:
     otherwise). Calling it again does nothing. The sessions' objects are not touched (the
     handler runs between two bytecodes of the main thread, which may be inside them); if the
     process goes on after the signal, their keepalives find the sessions gone and report them
-    lost (``on_lost``).
+    lost (``on_lost``). It covers the blocking client's sessions; an asyncio application
+    closes its :mod:`permit.aio` sessions from its own ``loop.add_signal_handler`` callback.
 
     Example::
 
@@ -1148,9 +1149,20 @@ def close_sessions_on_sigterm() -> None:
     _PREVIOUS_SIGTERM.append(previous)
 
 
+def _live_sessions() -> List[Session]:
+    # No lock: the main thread, which this handler interrupted, may hold it. A copy that races
+    # with another thread opening or closing a session is tried again (bounded).
+    for _ in range(10):
+        try:
+            return list(_LIVE)
+        except RuntimeError:  # the set changed size during the copy
+            continue
+    return []
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     pid = os.getpid()
-    for session in list(_LIVE):
+    for session in _live_sessions():
         if session._pid != pid or session._closed or session.lost.is_set():
             continue
         # A fresh pool: the main thread may have been interrupted inside the session's own.
