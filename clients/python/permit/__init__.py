@@ -12,7 +12,7 @@ Example::
             print(p.token)
 """
 
-from ._common import Holder, Leader, SemaphoreInfo, Waiter
+from ._common import Event, Holder, Leader, SemaphoreInfo, Waiter
 from ._errors import (
     CODES,
     AlreadyHeld,
@@ -29,7 +29,7 @@ from ._errors import (
     Timeout,
     Unavailable,
 )
-from ._sync import Client, Leadership, Permit, Session
+from ._sync import Client, EventStream, LeaderWatch, Leadership, Permit, Session, close_sessions_on_sigterm
 
 __version__ = "0.1.0"
 
@@ -42,6 +42,10 @@ __all__ = [
     "Holder",
     "Waiter",
     "Leader",
+    "Event",
+    "LeaderWatch",
+    "EventStream",
+    "close_sessions_on_sigterm",
     "PermitError",
     "InvalidRequest",
     "NotFound",

@@ -53,6 +53,54 @@ ONE_PASS = "one_pass"
 
 EndpointsArg = Union[str, Sequence[str]]
 
+#: The endpoint used when neither the ``endpoints`` argument nor ``PERMIT_SERVER`` names one
+#: (the CLI's default too).
+DEFAULT_ENDPOINT = "http://127.0.0.1:7376"
+
+
+def _env(name: str) -> Optional[str]:
+    # An empty variable counts as unset, as it does for the CLI (clap).
+    value = os.environ.get(name)
+    return value if value else None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A client's endpoints and credentials: each explicit argument, else the environment
+    variable the ``permit`` CLI reads for it, else the default."""
+
+    endpoints: List[str]
+    auth_token: Optional[str]
+    ca_file: Optional[str]
+    cert_file: Optional[str]
+    key_file: Optional[str]
+
+
+def settings(
+    endpoints: Optional[EndpointsArg],
+    auth_token: Optional[str],
+    ca_file: Optional[str],
+    cert_file: Optional[str],
+    key_file: Optional[str],
+) -> Settings:
+    """Fills what was not given from ``PERMIT_SERVER`` (comma-separated URLs),
+    ``PERMIT_AUTH_TOKEN``, ``PERMIT_CA_FILE``, ``PERMIT_CLIENT_CERT`` and ``PERMIT_CLIENT_KEY``,
+    the variables of the CLI's ``--server``, ``--auth-token``, ``--ca-file``, ``--client-cert``
+    and ``--client-key``. An explicit argument always wins over the environment. The client
+    certificate and key come from the environment only as a pair, and only when neither was
+    given explicitly (a half from each place would be a mismatched pair)."""
+    if endpoints is None:
+        endpoints = _env("PERMIT_SERVER") or DEFAULT_ENDPOINT
+    if auth_token is None:
+        auth_token = _env("PERMIT_AUTH_TOKEN")
+    if ca_file is None:
+        ca_file = _env("PERMIT_CA_FILE")
+    if cert_file is None and key_file is None:
+        cert_file, key_file = _env("PERMIT_CLIENT_CERT"), _env("PERMIT_CLIENT_KEY")
+        if (cert_file is None) != (key_file is None):
+            raise ValueError("PERMIT_CLIENT_CERT and PERMIT_CLIENT_KEY must be set together")
+    return Settings(normalize_endpoints(endpoints), auth_token, ca_file, cert_file, key_file)
+
 
 def normalize_endpoints(endpoints: EndpointsArg) -> List[str]:
     """``scheme://host:port`` for each endpoint; a bare ``host:port`` gets ``http://``."""
@@ -359,12 +407,15 @@ def acquire_body(
     max_hold: Optional[float],
     ephemeral: bool,
 ) -> Dict[str, Any]:
+    """The acquire request; ``ephemeral`` matters only when ``capacity`` creates the semaphore
+    (the server then deletes it when its last holder and waiter leave, as the CLI's semaphores
+    made with ``--capacity`` and without ``--keep``)."""
     body: Dict[str, Any] = {"session": session, "permits": permits, "wait_ms": ms(wait)}
     if capacity is not None:
         body["capacity"] = capacity
     if max_hold is not None:
         body["max_hold_ms"] = ms(max_hold)
-    if ephemeral:
+    if ephemeral and capacity is not None:
         body["ephemeral"] = True
     return body
 
@@ -584,3 +635,110 @@ class KeepaliveBatcher:
         for ask in asks:
             ask.settle(None)
         return True
+
+
+#: Longest an event stream may stay silent before the client presumes the connection dead: the
+#: server sends a ``: keepalive`` comment every 15 s.
+STREAM_READ_TIMEOUT = 45.0
+
+
+@dataclass(frozen=True)
+class Event:
+    """One frame of the event stream (``GET /v1/events``, see ``docs/observability.md``):
+    ``id`` is the event's seq on the node that sent it (``None`` on a ``missed`` frame),
+    ``kind`` its kind (``granted``, ``released``, ``leader_changed``, ..., or ``missed``),
+    ``data`` the decoded ``data:`` JSON.
+
+    Example::
+
+        for event in client.events(prefix="gpu", timeout=60.0):
+            print(event.kind, event.data.get("name"))
+    """
+
+    id: Optional[int]
+    kind: str
+    data: Dict[str, Any]
+
+
+class SseParser:
+    """Server-Sent Events, one line at a time (without its line ending): a blank line ends a
+    frame, ``:`` lines are comments (the server's keepalives)."""
+
+    def __init__(self) -> None:
+        self._id: Optional[str] = None
+        self._kind: Optional[str] = None
+        self._data: List[str] = []
+
+    def line(self, endpoint: str, line: str) -> Optional[Event]:
+        """The frame ``line`` completes, if any."""
+        if line == "":
+            if not self._data and self._kind is None:
+                return None
+            raw_id, kind, data = self._id, self._kind or "message", "\n".join(self._data)
+            self._id, self._kind, self._data = None, None, []
+            try:
+                body = json.loads(data) if data else {}
+                seq = int(raw_id) if raw_id is not None else None
+            except ValueError as error:
+                raise InternalError("protocol", 200, f"{endpoint}: a malformed event frame: {error}")
+            return Event(seq, kind, body if isinstance(body, dict) else {"data": body})
+        if line.startswith(":"):
+            return None
+        field, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if field == "id":
+            self._id = value
+        elif field == "event":
+            self._kind = value
+        elif field == "data":
+            self._data.append(value)
+        return None
+
+
+def events_params(prefix: Optional[str], kinds: Optional[Sequence[str]], timeout: Optional[float]) -> Dict[str, Any]:
+    """The query of ``GET /v1/events``; ``timeout`` becomes ``wait_ms``, so that the server
+    ends the stream (cleanly) when it passes."""
+    params: Dict[str, Any] = {}
+    if prefix:
+        params["prefix"] = prefix
+    if kinds:
+        params["kinds"] = ",".join(kinds)
+    if timeout is not None:
+        params["wait_ms"] = max(1, ms(timeout))
+    return params
+
+
+class LeaderTracker:
+    """The state of a leader watch (``observe_leader``): the blocking read to send next and
+    whether an answer is a change worth yielding."""
+
+    _UNSEEN: Any = object()
+
+    def __init__(self, election: str, timeout: Optional[float]) -> None:
+        self.path = f"/v1/elections/{segment(election)}"
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.index: Optional[int] = None
+        self.last: Any = self._UNSEEN
+
+    def next_read(self) -> Optional[Tuple[Dict[str, Any], float]]:
+        """``(params, wait)`` of the next read (no params for the first, plain one), or
+        ``None`` once the watch's time is up."""
+        if self.index is None:
+            return {}, 0.0
+        wait = WAIT_CHUNK
+        if self.deadline is not None:
+            wait = min(wait, self.deadline - time.monotonic())
+            if wait <= 0:
+                return None
+        return {"index": self.index, "wait_ms": max(1, ms(wait))}, wait
+
+    def answer(self, body: Any) -> Tuple[bool, Optional[Leader]]:
+        """``(changed, leader)``: the first answer always counts as a change. Candidates
+        joining or leaving move the index without changing the leader: not a change."""
+        self.index = int(body["index"])
+        leader = leader_of(body)
+        if self.last is self._UNSEEN or leader != self.last:
+            self.last = leader
+            return True, leader
+        return False, leader

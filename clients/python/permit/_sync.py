@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
+import weakref
 import time
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Type, Union
 
 import httpx
 
@@ -18,8 +20,14 @@ from ._common import (
     ONE_PASS,
     REQUEST_TIMEOUT,
     UNSENT,
+    STREAM_READ_TIMEOUT,
+    WAIT_CHUNK,
     Attempts,
     EndpointsArg,
+    Event,
+    LeaderTracker,
+    SseParser,
+    events_params,
     Failure,
     KeepaliveAsk,
     KeepaliveBatcher,
@@ -37,7 +45,7 @@ from ._common import (
     leader_hint,
     leader_of,
     ms,
-    normalize_endpoints,
+    settings,
     retry_pause,
     segment,
     semaphore_info,
@@ -65,6 +73,11 @@ class Client:
     (``False``, a CA bundle path or an ``ssl.SSLContext``); ``timeout`` bounds each request
     that does not wait in a queue.
 
+    What is not given comes from the environment variables the ``permit`` CLI reads:
+    ``PERMIT_SERVER`` (comma-separated URLs; else ``http://127.0.0.1:7376``),
+    ``PERMIT_AUTH_TOKEN``, ``PERMIT_CA_FILE`` and ``PERMIT_CLIENT_CERT``/``PERMIT_CLIENT_KEY``
+    (a pair). Explicit arguments always win; an empty variable counts as unset.
+
     Example::
 
         client = permit.Client(["http://10.0.0.1:7376", "http://10.0.0.2:7376"],
@@ -76,7 +89,7 @@ class Client:
 
     def __init__(
         self,
-        endpoints: EndpointsArg = "http://127.0.0.1:7376",
+        endpoints: Optional[EndpointsArg] = None,
         *,
         auth_token: Optional[str] = None,
         ca_file: Optional[str] = None,
@@ -86,9 +99,12 @@ class Client:
         timeout: float = REQUEST_TIMEOUT,
         headers: Optional[Dict[str, str]] = None,
     ) -> None:
-        self.endpoints: List[str] = normalize_endpoints(endpoints)
+        given = settings(endpoints, auth_token, ca_file, cert_file, key_file)
+        self.endpoints: List[str] = given.endpoints
         self.timeout = timeout
-        self._options = httpx_options(auth_token, ca_file, cert_file, key_file, verify, headers)
+        self._options = httpx_options(
+            given.auth_token, given.ca_file, given.cert_file, given.key_file, verify, headers
+        )
         self._preferred = 0
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -209,6 +225,44 @@ class Client:
         _, body = self._request("GET", f"/v1/elections/{segment(election)}")
         return leader_of(body)
 
+    def observe_leader(self, election: str, *, timeout: Optional[float] = None) -> "LeaderWatch":
+        """Follows the leader of ``election``: an iterator that yields the current leader
+        (``None`` when nobody leads) at once, then the new one each time it changes, until
+        ``timeout`` seconds (``None``: no end) pass or it is closed (a context manager). Pushed
+        by the server: blocking reads (``GET /v1/elections/{name}?index=N``), no polling.
+
+        Example::
+
+            with client.observe_leader("scheduler", timeout=3600.0) as leaders:
+                for leader in leaders:
+                    print("leader:", leader.value if leader else None)
+        """
+        return LeaderWatch(self, election, timeout)
+
+    def events(
+        self,
+        prefix: Optional[str] = None,
+        *,
+        kinds: Optional[Sequence[str]] = None,
+        after: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> "EventStream":
+        """The event stream of the node this client reaches (``GET /v1/events``, Server-Sent
+        Events): an iterator of :class:`permit.Event` and a context manager that closes the
+        connection. ``prefix`` keeps object events whose name starts with it (session events
+        pass only without a prefix), ``kinds`` only those kinds, ``after`` resumes after that
+        event seq (``Last-Event-ID``; else new events only); with ``timeout`` the server ends
+        the stream after that many seconds and the iteration stops. A dropped connection raises
+        :class:`permit.ClusterUnavailable`; ``stream.last_id`` is the seq to resume ``after``.
+
+        Example::
+
+            with client.events(prefix="gpu", kinds=["granted", "released"], timeout=60.0) as stream:
+                for event in stream:
+                    print(event.id, event.kind, event.data["name"])
+        """
+        return EventStream(self, events_params(prefix, kinds, timeout), after)
+
     def keepalive_many(self, ids: Sequence[str]) -> Dict[str, Union[float, PermitError]]:
         """Keeps sessions kept alive by hand (not ``Session`` objects, which keep themselves
         alive) alive with one request per 1024 ids (``POST /v1/sessions/keepalive``). Maps each
@@ -306,6 +360,7 @@ class Session:
         self._departed = False
         self._thread = threading.Thread(target=self._keepalive, name=f"permit-keepalive-{id[:8]}", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     @property
     def state(self) -> str:
@@ -352,13 +407,15 @@ class Session:
         capacity: Optional[int] = None,
         timeout: Optional[float] = None,
         max_hold: Optional[float] = None,
-        ephemeral: bool = False,
+        ephemeral: bool = True,
         on_lost: Optional[OnLost] = None,
     ) -> "Permit":
         """Waits its turn (strict FIFO) for ``permits`` of semaphore ``name`` and returns the
         :class:`Permit`, a context manager that releases on exit. The wait is pushed by the
-        server (one long-poll, no polling). ``capacity`` creates the semaphore if missing;
-        ``timeout`` (seconds, ``None`` = forever, ``0`` = try once) raises
+        server (one long-poll, no polling). ``capacity`` creates the semaphore if missing,
+        **ephemeral** by default: the server deletes it when its last holder and waiter leave,
+        as the CLI does (``ephemeral=False`` keeps it, like the CLI's ``--keep``; a
+        ``set_capacity`` also makes it permanent); ``timeout`` (seconds, ``None`` = forever, ``0`` = try once) raises
         :class:`permit.Timeout` and gives the queue place up (:class:`permit.Unavailable` when
         0); ``max_hold`` makes the server release the hold after that long.
 
@@ -383,7 +440,7 @@ class Session:
         *,
         capacity: Optional[int] = None,
         max_hold: Optional[float] = None,
-        ephemeral: bool = False,
+        ephemeral: bool = True,
         on_lost: Optional[OnLost] = None,
     ) -> Optional["Permit"]:
         """The :class:`Permit` if ``permits`` are free and nobody queues first, else ``None``;
@@ -640,6 +697,7 @@ class Session:
             self._closed = True
             holds = list(self._holds)
             self._holds.clear()
+        _LIVE.discard(self)
         self._halt()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=REQUEST_TIMEOUT)
@@ -894,4 +952,246 @@ class Leadership(_Hold):
         return f"Leadership(name={self.name!r}, token={self._token}, lost={self.lost.is_set()})"
 
 
-__all__ = ["Client", "Session", "Permit", "Leadership", "OnLost"]
+class LeaderWatch:
+    """What :meth:`Client.observe_leader` returns: an iterator of the election's leader
+    (:class:`permit.Leader` or ``None``), each change once, and a context manager. ``close``
+    ends it; a close from another thread takes effect when the blocking read in progress
+    returns (within 30 s, or at once when the leader changes).
+
+    Example::
+
+        leaders = client.observe_leader("scheduler", timeout=60.0)
+        current = next(leaders)   # the leader now, or None
+        changed = next(leaders)   # blocks until it changes (StopIteration after 60 s)
+        leaders.close()
+    """
+
+    def __init__(self, client: Client, election: str, timeout: Optional[float]) -> None:
+        self._client = client
+        self._tracker = LeaderTracker(election, timeout)
+        self._closed = False
+
+    def __iter__(self) -> "LeaderWatch":
+        return self
+
+    def __next__(self) -> Optional[Leader]:
+        while not self._closed:
+            read = self._tracker.next_read()
+            if read is None:
+                break
+            params, wait = read
+            _, body = self._client._request(
+                "GET", self._tracker.path, params=params or None, timeout=wait + LONG_POLL_MARGIN if params else None
+            )
+            if self._closed:
+                break
+            changed, leader = self._tracker.answer(body)
+            if changed:
+                return leader
+        self._closed = True
+        raise StopIteration
+
+    def close(self) -> None:
+        """Stops the watch (idempotent).
+
+        Example::
+
+            leaders.close()
+        """
+        self._closed = True
+
+    def __enter__(self) -> "LeaderWatch":
+        return self
+
+    def __exit__(
+        self, kind: Optional[Type[BaseException]], value: Optional[BaseException], tb: Optional[TracebackType]
+    ) -> None:
+        self.close()
+
+
+class EventStream:
+    """What :meth:`Client.events` returns: an iterator of :class:`permit.Event` over one
+    connection (opened at the first ``next``), and a context manager that closes it.
+    ``last_id`` is the seq of the last event received (pass it as ``after`` to resume).
+
+    Example::
+
+        stream = client.events(prefix="gpu")
+        try:
+            for event in stream:
+                print(event.kind, event.data.get("session_name"))
+        except permit.ClusterUnavailable:
+            stream = client.events(prefix="gpu", after=stream.last_id)   # resume
+    """
+
+    def __init__(self, client: Client, params: Dict[str, Any], after: Optional[int]) -> None:
+        self._client = client
+        self._params = params
+        self.last_id = after
+        self._parser = SseParser()
+        self._http: Optional[httpx.Client] = None
+        self._response: Optional[httpx.Response] = None
+        self._lines: Optional[Iterator[str]] = None
+        self._endpoint = ""
+        self._closed = False
+
+    def _open(self) -> Iterator[str]:
+        # A pool of its own: closing the stream closes only its connection.
+        self._http = self._client._new_pool()
+        headers = {"Last-Event-ID": str(self.last_id)} if self.last_id is not None else {}
+        endpoints = self._client.endpoints
+        failure: Optional[PermitError] = None
+        for step in range(len(endpoints)):
+            endpoint = endpoints[(self._client._preferred + step) % len(endpoints)]
+            request = self._http.build_request(
+                "GET",
+                endpoint + "/v1/events",
+                params=self._params,
+                headers=headers,
+                timeout=httpx.Timeout(STREAM_READ_TIMEOUT, connect=2.0),
+            )
+            try:
+                response = self._http.send(request, stream=True)
+            except httpx.TransportError as error:
+                failure = transport_failure(endpoint, error).error
+                continue
+            if response.status_code >= 300:
+                response.read()
+                response.close()
+                raise answer_failure(endpoint, response).error
+            self._endpoint, self._response = endpoint, response
+            return response.iter_lines()
+        assert failure is not None
+        raise failure
+
+    def __iter__(self) -> "EventStream":
+        return self
+
+    def __next__(self) -> Event:
+        if self._closed:
+            raise StopIteration
+        try:
+            if self._lines is None:
+                self._lines = self._open()
+            for line in self._lines:
+                event = self._parser.line(self._endpoint, line)
+                if event is not None:
+                    if event.id is not None:
+                        self.last_id = event.id
+                    return event
+        except httpx.TransportError as error:
+            self.close()
+            raise transport_failure(self._endpoint, error).error from None
+        except BaseException:
+            self.close()
+            raise
+        # The server ended the stream: its ``wait_ms`` passed (or it is shutting down).
+        self.close()
+        raise StopIteration
+
+    def close(self) -> None:
+        """Closes the connection (idempotent); the iteration stops.
+
+        Example::
+
+            stream.close()
+        """
+        self._closed = True
+        response, http = self._response, self._http
+        self._response, self._http = None, None
+        if response is not None:
+            response.close()
+        if http is not None:
+            http.close()
+
+    def __enter__(self) -> "EventStream":
+        return self
+
+    def __exit__(
+        self, kind: Optional[Type[BaseException]], value: Optional[BaseException], tb: Optional[TracebackType]
+    ) -> None:
+        self.close()
+
+
+# The sessions of this process not closed yet, for ``close_sessions_on_sigterm``.
+_LIVE: "weakref.WeakSet[Session]" = weakref.WeakSet()
+# The handler that ``close_sessions_on_sigterm`` replaced, once installed.
+_PREVIOUS_SIGTERM: List[Any] = []
+#: Longest the SIGTERM handler spends closing each session on the server.
+SIGTERM_CLOSE_TIMEOUT = 2.0
+
+
+def close_sessions_on_sigterm() -> None:
+    """Installs a SIGTERM handler that closes every open session of this process on the
+    server (``DELETE /v1/sessions/{id}``, at most ``SIGTERM_CLOSE_TIMEOUT`` seconds each), so
+    that a worker stopped by a supervisor frees its permits and leaderships at once rather
+    than when its TTL runs out, then hands the signal to the handler it replaced: the
+    application's own handler if it installed one (call this after it), else the default
+    action (the process ends by SIGTERM, as it would have), or nothing if SIGTERM was ignored.
+
+    Opt-in, not installed on import: a library must not take over an application's signals
+    behind its back, and only the main thread may install handlers (``ValueError``
+    otherwise). Calling it again does nothing. The sessions' objects are not touched (the
+    handler runs between two bytecodes of the main thread, which may be inside them); if the
+    process goes on after the signal, their keepalives find the sessions gone and report them
+    lost (``on_lost``). It covers the blocking client's sessions; an asyncio application
+    closes its :mod:`permit.aio` sessions from its own ``loop.add_signal_handler`` callback.
+
+    Example::
+
+        permit.close_sessions_on_sigterm()
+        with client.session() as session, session.acquire("migrations", capacity=4):
+            migrate()   # `kill -TERM` frees the permit at once
+    """
+    if _PREVIOUS_SIGTERM:
+        return
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    _PREVIOUS_SIGTERM.append(previous)
+
+
+def _live_sessions() -> List[Session]:
+    # No lock: the main thread, which this handler interrupted, may hold it. A copy that races
+    # with another thread opening or closing a session is tried again (bounded).
+    for _ in range(10):
+        try:
+            return list(_LIVE)
+        except RuntimeError:  # the set changed size during the copy
+            continue
+    return []
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    pid = os.getpid()
+    for session in _live_sessions():
+        if session._pid != pid or session._closed or session.lost.is_set():
+            continue
+        # A fresh pool: the main thread may have been interrupted inside the session's own.
+        http = session.client._new_pool()
+        try:
+            session.client._request(
+                "DELETE", f"/v1/sessions/{session.id}", policy=ONE_PASS, timeout=SIGTERM_CLOSE_TIMEOUT, http=http
+            )
+        except Exception as error:  # it expires on its own
+            log.debug("closing session %s on SIGTERM: %s", session.id, error)
+        finally:
+            http.close()
+    previous = _PREVIOUS_SIGTERM[0] if _PREVIOUS_SIGTERM else signal.SIG_DFL
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:
+        # The default action (also for a handler installed outside Python, ``None``): end by
+        # the signal, as the process would have without this handler.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(pid, signal.SIGTERM)
+
+
+__all__ = [
+    "Client",
+    "Session",
+    "Permit",
+    "Leadership",
+    "OnLost",
+    "LeaderWatch",
+    "EventStream",
+    "close_sessions_on_sigterm",
+]

@@ -20,11 +20,12 @@ import asyncio
 import threading
 import time
 from types import TracebackType
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
 
 import httpx
 
 from ._common import (
+    Event,
     Holder,
     Waiter,
 )
@@ -34,9 +35,13 @@ from ._common import (
     LONG_POLL_MARGIN,
     ONE_PASS,
     REQUEST_TIMEOUT,
+    STREAM_READ_TIMEOUT,
     UNSENT,
     Attempts,
     EndpointsArg,
+    LeaderTracker,
+    SseParser,
+    events_params,
     Failure,
     KeepaliveAsk,
     KeepaliveBatcher,
@@ -54,7 +59,7 @@ from ._common import (
     leader_hint,
     leader_of,
     ms,
-    normalize_endpoints,
+    settings,
     retry_pause,
     segment,
     semaphore_info,
@@ -91,6 +96,11 @@ class Client:
     (``False``, a CA bundle path or an ``ssl.SSLContext``); ``timeout`` bounds each request
     that does not wait in a queue.
 
+    What is not given comes from the environment variables the ``permit`` CLI reads:
+    ``PERMIT_SERVER`` (comma-separated URLs; else ``http://127.0.0.1:7376``),
+    ``PERMIT_AUTH_TOKEN``, ``PERMIT_CA_FILE`` and ``PERMIT_CLIENT_CERT``/``PERMIT_CLIENT_KEY``
+    (a pair). Explicit arguments always win; an empty variable counts as unset.
+
     Example::
 
         client = permit.Client(["http://10.0.0.1:7376", "http://10.0.0.2:7376"],
@@ -102,7 +112,7 @@ class Client:
 
     def __init__(
         self,
-        endpoints: EndpointsArg = "http://127.0.0.1:7376",
+        endpoints: Optional[EndpointsArg] = None,
         *,
         auth_token: Optional[str] = None,
         ca_file: Optional[str] = None,
@@ -112,9 +122,12 @@ class Client:
         timeout: float = REQUEST_TIMEOUT,
         headers: Optional[Dict[str, str]] = None,
     ) -> None:
-        self.endpoints: List[str] = normalize_endpoints(endpoints)
+        given = settings(endpoints, auth_token, ca_file, cert_file, key_file)
+        self.endpoints: List[str] = given.endpoints
         self.timeout = timeout
-        self._options = httpx_options(auth_token, ca_file, cert_file, key_file, verify, headers)
+        self._options = httpx_options(
+            given.auth_token, given.ca_file, given.cert_file, given.key_file, verify, headers
+        )
         self._preferred = 0
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -236,6 +249,42 @@ class Client:
         """
         _, body = await self._request("GET", f"/v1/elections/{segment(election)}")
         return leader_of(body)
+
+    def observe_leader(self, election: str, *, timeout: Optional[float] = None) -> "LeaderWatch":
+        """Follows the leader of ``election``: an async iterator that yields the current
+        leader (``None`` when nobody leads) at once, then the new one each time it changes,
+        until ``timeout`` seconds (``None``: no end) pass or it is closed (``aclose``, or an
+        async context manager; cancelling the task also ends the read in progress). Pushed by
+        the server: blocking reads (``GET /v1/elections/{name}?index=N``), no polling.
+
+        Example::
+
+            async with client.observe_leader("scheduler", timeout=3600.0) as leaders:
+                async for leader in leaders:
+                    print("leader:", leader.value if leader else None)
+        """
+        return LeaderWatch(self, election, timeout)
+
+    def events(
+        self,
+        prefix: Optional[str] = None,
+        *,
+        kinds: Optional[Sequence[str]] = None,
+        after: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> "EventStream":
+        """The event stream of the node this client reaches (``GET /v1/events``, Server-Sent
+        Events): an async iterator of :class:`permit.Event` and an async context manager that
+        closes the connection. ``prefix``, ``kinds``, ``after`` and ``timeout`` as in the
+        blocking client's :meth:`permit.Client.events`.
+
+        Example::
+
+            async with client.events(prefix="gpu", timeout=60.0) as stream:
+                async for event in stream:
+                    print(event.id, event.kind, event.data["name"])
+        """
+        return EventStream(self, events_params(prefix, kinds, timeout), after)
 
     async def keepalive_many(self, ids: Sequence[str]) -> Dict[str, Union[float, PermitError]]:
         """Keeps sessions kept alive by hand (not ``Session`` objects, which keep themselves
@@ -381,13 +430,15 @@ class Session:
         capacity: Optional[int] = None,
         timeout: Optional[float] = None,
         max_hold: Optional[float] = None,
-        ephemeral: bool = False,
+        ephemeral: bool = True,
         on_lost: Optional[OnLost] = None,
     ) -> "Permit":
         """Waits its turn (strict FIFO) for ``permits`` of semaphore ``name`` and returns the
         :class:`Permit`, a context manager that releases on exit. The wait is pushed by the
-        server (one long-poll, no polling). ``capacity`` creates the semaphore if missing;
-        ``timeout`` (seconds, ``None`` = forever, ``0`` = try once) raises
+        server (one long-poll, no polling). ``capacity`` creates the semaphore if missing,
+        **ephemeral** by default: the server deletes it when its last holder and waiter leave,
+        as the CLI does (``ephemeral=False`` keeps it, like the CLI's ``--keep``; a
+        ``set_capacity`` also makes it permanent); ``timeout`` (seconds, ``None`` = forever, ``0`` = try once) raises
         :class:`permit.Timeout` and gives the queue place up (:class:`permit.Unavailable` when
         0); ``max_hold`` makes the server release the hold after that long.
 
@@ -412,7 +463,7 @@ class Session:
         *,
         capacity: Optional[int] = None,
         max_hold: Optional[float] = None,
-        ephemeral: bool = False,
+        ephemeral: bool = True,
         on_lost: Optional[OnLost] = None,
     ) -> Optional["Permit"]:
         """The :class:`Permit` if ``permits`` are free and nobody queues first, else ``None``;
@@ -953,9 +1004,166 @@ class Leadership(_Hold):
         return f"Leadership(name={self.name!r}, token={self._token}, lost={self.lost.is_set()})"
 
 
+class LeaderWatch:
+    """What :meth:`Client.observe_leader` returns: an async iterator of the election's leader
+    (:class:`permit.Leader` or ``None``), each change once, and an async context manager.
+
+    Example::
+
+        async for leader in client.observe_leader("scheduler", timeout=60.0):
+            print(leader)
+    """
+
+    def __init__(self, client: Client, election: str, timeout: Optional[float]) -> None:
+        self._client = client
+        self._tracker = LeaderTracker(election, timeout)
+        self._closed = False
+
+    def __aiter__(self) -> "LeaderWatch":
+        return self
+
+    async def __anext__(self) -> Optional[Leader]:
+        while not self._closed:
+            read = self._tracker.next_read()
+            if read is None:
+                break
+            params, wait = read
+            _, body = await self._client._request(
+                "GET", self._tracker.path, params=params or None, timeout=wait + LONG_POLL_MARGIN if params else None
+            )
+            if self._closed:
+                break
+            changed, leader = self._tracker.answer(body)
+            if changed:
+                return leader
+        self._closed = True
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        """Stops the watch (idempotent).
+
+        Example::
+
+            await leaders.aclose()
+        """
+        self._closed = True
+
+    async def __aenter__(self) -> "LeaderWatch":
+        return self
+
+    async def __aexit__(
+        self, kind: Optional[Type[BaseException]], value: Optional[BaseException], tb: Optional[TracebackType]
+    ) -> None:
+        await self.aclose()
+
+
+class EventStream:
+    """What :meth:`Client.events` returns: an async iterator of :class:`permit.Event` over one
+    connection (opened at the first ``__anext__``), and an async context manager that closes
+    it. ``last_id`` is the seq of the last event received (pass it as ``after`` to resume).
+
+    Example::
+
+        async with client.events(kinds=["granted"], timeout=60.0) as stream:
+            async for event in stream:
+                print(event.id, event.data["name"])
+    """
+
+    def __init__(self, client: Client, params: Dict[str, Any], after: Optional[int]) -> None:
+        self._client = client
+        self._params = params
+        self.last_id = after
+        self._parser = SseParser()
+        self._http: Optional[httpx.AsyncClient] = None
+        self._response: Optional[httpx.Response] = None
+        self._lines: Optional[AsyncIterator[str]] = None
+        self._endpoint = ""
+        self._closed = False
+
+    async def _open(self) -> AsyncIterator[str]:
+        # A pool of its own: closing the stream closes only its connection.
+        self._http = self._client._new_pool()
+        headers = {"Last-Event-ID": str(self.last_id)} if self.last_id is not None else {}
+        endpoints = self._client.endpoints
+        failure: Optional[PermitError] = None
+        for step in range(len(endpoints)):
+            endpoint = endpoints[(self._client._preferred + step) % len(endpoints)]
+            request = self._http.build_request(
+                "GET",
+                endpoint + "/v1/events",
+                params=self._params,
+                headers=headers,
+                timeout=httpx.Timeout(STREAM_READ_TIMEOUT, connect=2.0),
+            )
+            try:
+                response = await self._http.send(request, stream=True)
+            except httpx.TransportError as error:
+                failure = transport_failure(endpoint, error).error
+                continue
+            if response.status_code >= 300:
+                await response.aread()
+                await response.aclose()
+                raise answer_failure(endpoint, response).error
+            self._endpoint, self._response = endpoint, response
+            return response.aiter_lines()
+        assert failure is not None
+        raise failure
+
+    def __aiter__(self) -> "EventStream":
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            if self._lines is None:
+                self._lines = await self._open()
+            async for line in self._lines:
+                event = self._parser.line(self._endpoint, line)
+                if event is not None:
+                    if event.id is not None:
+                        self.last_id = event.id
+                    return event
+        except httpx.TransportError as error:
+            await self.aclose()
+            raise transport_failure(self._endpoint, error).error from None
+        except BaseException:
+            await self.aclose()
+            raise
+        # The server ended the stream: its ``wait_ms`` passed (or it is shutting down).
+        await self.aclose()
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        """Closes the connection (idempotent); the iteration stops.
+
+        Example::
+
+            await stream.aclose()
+        """
+        self._closed = True
+        response, http = self._response, self._http
+        self._response, self._http = None, None
+        if response is not None:
+            await response.aclose()
+        if http is not None:
+            await http.aclose()
+
+    async def __aenter__(self) -> "EventStream":
+        return self
+
+    async def __aexit__(
+        self, kind: Optional[Type[BaseException]], value: Optional[BaseException], tb: Optional[TracebackType]
+    ) -> None:
+        await self.aclose()
+
+
 __all__ = [
     "Client",
     "Session",
+    "LeaderWatch",
+    "EventStream",
+    "Event",
     "Permit",
     "Leadership",
     "OnLost",

@@ -34,7 +34,7 @@ def test_acquire_holds_and_release_frees(server: Server, name: str) -> None:
     async def main() -> None:
         async with permit.aio.Client(server.url) as client:
             async with await client.session(ttl=5.0) as session:
-                async with await session.acquire(name, permits=2, capacity=8) as p:
+                async with await session.acquire(name, permits=2, capacity=8, ephemeral=False) as p:
                     assert p.permits == 2 and p.token > 0 and not p.lost.is_set()
                     info = await client.semaphore(name)
                     assert [(h.session, h.permits, h.token) for h in info.holders] == [(session.id, 2, p.token)]
@@ -48,7 +48,7 @@ def test_try_acquire_and_tokens_grow(server: Server, name: str) -> None:
     async def main() -> None:
         async with permit.aio.Client(server.url) as client:
             a, b = await client.session(), await client.session()
-            first = await a.try_acquire(name, capacity=1)
+            first = await a.try_acquire(name, capacity=1, ephemeral=False)
             assert first is not None
             assert await b.try_acquire(name) is None
             await first.release()
@@ -213,7 +213,7 @@ def test_exception_in_body_still_releases(server: Server, name: str) -> None:
         async with permit.aio.Client(server.url) as client:
             async with await client.session() as session:
                 with pytest.raises(ZeroDivisionError):
-                    async with await session.acquire(name, capacity=1):
+                    async with await session.acquire(name, capacity=1, ephemeral=False):
                         1 / 0
                 assert (await client.semaphore(name)).holders == ()
 
@@ -428,7 +428,7 @@ def test_a_second_acquire_of_a_held_name_fails_and_never_frees_the_outer_hold(se
     async def main() -> None:
         async with permit.aio.Client(server.url) as client:
             async with await client.session() as session, await client.session() as other:
-                async with await session.acquire(name, capacity=1) as outer:
+                async with await session.acquire(name, capacity=1, ephemeral=False) as outer:
                     with pytest.raises(permit.AlreadyHeld):
                         await session.acquire(name)
                     with pytest.raises(permit.AlreadyHeld):

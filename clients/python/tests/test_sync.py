@@ -19,7 +19,7 @@ from conftest import KeepaliveCounts, Server, batch_route_refused, eventually, m
 
 def test_acquire_holds_and_release_frees(server: Server, name: str) -> None:
     with permit.Client(server.url) as client, client.session(ttl=5.0, name="t1") as session:
-        with session.acquire(name, permits=2, capacity=8, timeout=5.0) as p:
+        with session.acquire(name, permits=2, capacity=8, ephemeral=False, timeout=5.0) as p:
             assert p.permits == 2 and p.token > 0 and not p.lost.is_set()
             info = client.semaphore(name)
             assert (info.capacity, info.held, info.available) == (8, 2, 6)
@@ -32,7 +32,7 @@ def test_acquire_holds_and_release_frees(server: Server, name: str) -> None:
 
 def test_try_acquire_never_queues(server: Server, name: str) -> None:
     with permit.Client(server.url) as client, client.session() as a, client.session() as b:
-        held = a.try_acquire(name, capacity=1)
+        held = a.try_acquire(name, capacity=1, ephemeral=False)
         assert held is not None
         assert b.try_acquire(name) is None
         assert client.semaphore(name).waiters == ()
@@ -164,7 +164,7 @@ def test_blocking_acquire_is_pushed_not_polled(server: Server, name: str) -> Non
 
 def test_timeout_gives_the_place_up(server: Server, name: str) -> None:
     with permit.Client(server.url) as client, client.session() as a, client.session() as b:
-        held = a.acquire(name, capacity=1)
+        held = a.acquire(name, capacity=1, ephemeral=False)
         started = time.monotonic()
         with pytest.raises(permit.Timeout) as raised:
             b.acquire(name, timeout=0.3)
@@ -197,7 +197,7 @@ def test_session_deleted_server_side_sets_lost_within_ttl(server: Server, name: 
 def test_exception_in_body_still_releases(server: Server, name: str) -> None:
     with permit.Client(server.url) as client, client.session() as session:
         with pytest.raises(ZeroDivisionError):
-            with session.acquire(name, capacity=1):
+            with session.acquire(name, capacity=1, ephemeral=False):
                 1 / 0
         assert client.semaphore(name).holders == ()
 
@@ -205,7 +205,7 @@ def test_exception_in_body_still_releases(server: Server, name: str) -> None:
 def test_session_close_releases_everything(server: Server, name: str) -> None:
     with permit.Client(server.url) as client:
         session = client.session()
-        p = session.acquire(name, capacity=2)
+        p = session.acquire(name, capacity=2, ephemeral=False)
         session.close()
         assert session.state == "closed"
         assert client.semaphore(name).holders == ()
@@ -249,7 +249,7 @@ def test_unreachable_server_is_presumed_lost_at_the_local_deadline(name: str) ->
 
 def test_max_hold_marks_the_permit_lost(server: Server, name: str) -> None:
     with permit.Client(server.url) as client, client.session(ttl=5.0) as session:
-        p = session.acquire(name, capacity=1, max_hold=0.3)
+        p = session.acquire(name, capacity=1, ephemeral=False, max_hold=0.3)
         assert p.lost.wait(2.0)
         assert eventually(lambda: client.semaphore(name).holders == ())
         assert not session.lost.is_set()
@@ -449,7 +449,7 @@ def test_a_second_acquire_of_a_held_name_fails_and_never_frees_the_outer_hold(se
     # The server answers a repeated acquire with the grant the session has; a second guard for it
     # would release the outer hold on its exit, and another session would take the lock.
     with permit.Client(server.url) as client, client.session() as session, client.session() as other:
-        with session.acquire(name, capacity=1) as outer:
+        with session.acquire(name, capacity=1, ephemeral=False) as outer:
             with pytest.raises(permit.AlreadyHeld) as raised:
                 with session.acquire(name):
                     pass

@@ -17,8 +17,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Ok(secret) = std::env::var("PERMIT_AUTH_TOKEN") {
         client = client.auth_token(secret); // for a server started with --auth
     }
-    let session = client.session(Duration::from_secs(10)).await?; // kept alive in the background
-                                                                  // Waits its turn (strict FIFO); creates the semaphore with 4 permits on first use.
+    // Kept alive in the background.
+    let session = client.session(Duration::from_secs(10)).await?;
+    // Waits its turn (strict FIFO); creates the semaphore with 4 permits on first use, ephemeral
+    // (the server deletes it when its last user leaves; `ephemeral: false` keeps it).
     let options = AcquireOptions { capacity: Some(4), ..AcquireOptions::default() };
     let permit = session.acquire_with("db.orders", 1, &options).await?.expect("no timeout was set");
     do_work(permit.token()).await; // pass the token to what you protect

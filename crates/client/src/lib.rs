@@ -18,7 +18,10 @@
 //!
 //! A *semaphore* has a capacity in *permits*; a session's *hold* on it is some permits plus a
 //! *token*, a number larger than every token granted before. Waiters queue in strict FIFO order.
-//! When a session expires (no keepalive for its TTL) the server frees its holds.
+//! When a session expires (no keepalive for its TTL) the server frees its holds. A semaphore
+//! that an acquire creates ([`AcquireOptions::capacity`]) is *ephemeral* by default, as with the
+//! CLI and the Python client: the server deletes it when its last holder and waiter leave;
+//! `ephemeral: false` keeps it (the CLI's `--keep`, Python's `ephemeral=False`).
 //!
 //! The client's view is conservative: a session's local deadline counts from when the last
 //! acknowledged keepalive was *sent* (for a batched one, when its batch was sent), so [`Permit::lost`] fires no later than the server frees

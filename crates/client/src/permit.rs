@@ -13,6 +13,12 @@ use crate::waiter::{wait_for_grant, Ask};
 
 /// Options of [`Session::acquire_with`].
 ///
+/// `AcquireOptions::default()` asks for an **ephemeral** semaphore (`ephemeral: true`): one
+/// that `capacity` creates is deleted by the server when its last holder and waiter leave, as
+/// the CLI's `--capacity` does without `--keep` and the Python client's `capacity=` does
+/// without `ephemeral=False`. Set `ephemeral: false` to keep it (a `put_semaphore` also makes
+/// it permanent). `ephemeral` changes nothing for a semaphore that already exists.
+///
 /// # Examples
 ///
 /// ```no_run
@@ -25,7 +31,7 @@ use crate::waiter::{wait_for_grant, Ask};
 ///     ephemeral: false,
 /// };
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AcquireOptions {
     /// Create the semaphore with this capacity if it does not exist (ignored if it does).
     pub capacity: Option<u64>,
@@ -35,8 +41,17 @@ pub struct AcquireOptions {
     /// waits as long as the session lives.
     pub timeout: Option<Duration>,
     /// If this acquire creates the semaphore, the server deletes it again when its last holder
-    /// and waiter leave (for names made on the fly).
+    /// and waiter leave (for names made on the fly). `true` by default, as in the CLI and the
+    /// Python client; `false` keeps it.
     pub ephemeral: bool,
+}
+
+impl Default for AcquireOptions {
+    /// No capacity, no `max_hold`, no timeout, and `ephemeral: true`: a semaphore that
+    /// `capacity` creates goes away with its last user, as with the CLI (`--keep` keeps it).
+    fn default() -> Self {
+        Self { capacity: None, max_hold: None, timeout: None, ephemeral: true }
+    }
 }
 
 /// Permits of a semaphore held by a session, with the grant's fencing token.
@@ -322,7 +337,7 @@ impl Session {
     ///     capacity: Some(4),
     ///     max_hold: Some(Duration::from_secs(3600)),
     ///     timeout: Some(Duration::from_secs(60)),
-    ///     ephemeral: false,
+    ///     ephemeral: true,
     /// };
     /// if let Some(permit) = session.acquire_with("builds", 1, &options).await? {
     ///     println!("token {}, held until {:?} at the latest", permit.token(), permit.deadline());

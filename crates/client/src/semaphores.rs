@@ -218,7 +218,7 @@ impl Client {
     ///     wait_ms: Some(10_000),
     ///     capacity: Some(8),
     ///     max_hold_ms: None,
-    ///     ephemeral: false,
+    ///     ephemeral: true,
     /// };
     /// match client.acquire("db.orders", &request).await? {
     ///     AcquireResponse::Acquired { token, .. } => println!("token {token}"),

@@ -132,7 +132,8 @@ async fn dropping_a_permit_releases_it() {
     let server = Server::start();
     let client = client(&server);
     let session = client.session(Duration::from_secs(10)).await.unwrap();
-    let options = AcquireOptions { capacity: Some(2), ..AcquireOptions::default() };
+    // Kept, so that its occupancy can be read after the release.
+    let options = AcquireOptions { capacity: Some(2), ephemeral: false, ..AcquireOptions::default() };
     let permit = session.acquire_with("dropped", 2, &options).await.unwrap().expect("granted");
     assert_eq!(occupancy(&client, "dropped").await, (2, 0));
     drop(permit);
@@ -196,6 +197,7 @@ async fn lost_fires_when_max_hold_passes() {
     let options = AcquireOptions {
         capacity: Some(1),
         max_hold: Some(Duration::from_millis(300)),
+        ephemeral: false,
         ..AcquireOptions::default()
     };
     let sent = Instant::now();
@@ -215,7 +217,7 @@ async fn closing_a_session_releases_its_holds() {
     let server = Server::start();
     let client = client(&server);
     let session = client.session(Duration::from_secs(10)).await.unwrap();
-    let options = AcquireOptions { capacity: Some(1), ..AcquireOptions::default() };
+    let options = AcquireOptions { capacity: Some(1), ephemeral: false, ..AcquireOptions::default() };
     let permit = session.acquire_with("closed", 1, &options).await.unwrap().expect("granted");
     let id = session.id().to_owned();
     session.clone().close().await.unwrap();
@@ -500,4 +502,25 @@ async fn a_second_acquire_of_a_held_name_fails_and_never_frees_the_outer_hold() 
     outer.release().await.unwrap();
     let next = bounded("acquire after release", session.acquire("lock.reentry", 1)).await.unwrap();
     next.release().await.unwrap();
+}
+
+/// Issue 29, "clients that agree": `AcquireOptions::default()` makes the semaphore that
+/// `capacity` creates ephemeral, as the CLI (`--capacity` without `--keep`) and the Python client
+/// do: gone once its holder releases; `ephemeral: false` keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_makes_an_ephemeral_semaphore_by_default_and_ephemeral_false_keeps_it() {
+    let server = Server::start();
+    let client = client(&server);
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let options = AcquireOptions { capacity: Some(2), ..AcquireOptions::default() };
+    let permit = session.acquire_with("made.on.the.fly", 1, &options).await.unwrap().expect("granted");
+    assert!(client.get_semaphore("made.on.the.fly").await.unwrap().ephemeral);
+    permit.release().await.unwrap();
+    let gone = client.get_semaphore("made.on.the.fly").await.unwrap_err();
+    assert_eq!(gone.code(), Some(ErrorCode::SemaphoreNotFound), "{gone}");
+
+    let kept = AcquireOptions { capacity: Some(2), ephemeral: false, ..AcquireOptions::default() };
+    let permit = session.acquire_with("kept", 1, &kept).await.unwrap().expect("granted");
+    permit.release().await.unwrap();
+    assert_eq!(client.get_semaphore("kept").await.unwrap().capacity, 2);
 }

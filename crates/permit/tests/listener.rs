@@ -196,7 +196,8 @@ async fn https_serves_the_rust_client_and_the_cli() {
 
     let client = Client::builder([&server.url]).ca_pem(pki.ca.clone()).build().unwrap();
     let session = client.session(Duration::from_secs(10)).await.unwrap();
-    let options = AcquireOptions { capacity: Some(2), ..AcquireOptions::default() };
+    // Kept: the listing below shows it after the release.
+    let options = AcquireOptions { capacity: Some(2), ephemeral: false, ..AcquireOptions::default() };
     let permit = session.acquire_with("tls.rust", 1, &options).await.unwrap().expect("granted");
     assert!(permit.token() > 0);
     permit.release().await.unwrap();
