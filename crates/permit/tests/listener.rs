@@ -381,17 +381,8 @@ const ROOT: &str = "listener-root-secret-0123456789abcdef";
 /// within the header-read timeout on the way to the leader (`408 body_timeout`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_refuses_slow_bodies_without_a_token_before_reading_them() {
-    let temp = tempfile::tempdir().unwrap();
-    let root_file = temp.path().join("root.secret");
-    std::fs::write(&root_file, ROOT).unwrap();
-    let root_arg = root_file.display().to_string();
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {ROOT}").parse().unwrap());
-    permit_client::install_crypto_provider();
-    let http = reqwest::Client::builder().no_proxy().default_headers(headers).build().unwrap();
-    let args =
-        ["--auth", "--root-token-file", &root_arg, "--connections-max", "64", "--header-read-timeout", "1s"];
-    let cluster = Cluster::start_with(3, &args, http).await;
+    let args = ["--connections-max", "64", "--header-read-timeout", "1s"];
+    let cluster = Cluster::start_secured(3, ROOT, &args).await;
     let leader = cluster.leader(PATIENCE).await.expect("a leader");
     let follower = &cluster.nodes[(leader + 1) % 3];
     let root = Api::with_token(&follower.url, ROOT);

@@ -11,16 +11,7 @@ const ROOT: &str = "cluster-root-secret-0123456789abcdef";
 
 #[tokio::test]
 async fn deleting_a_token_ends_its_sessions_and_frees_their_permits_on_every_node() {
-    let temp = tempfile::tempdir().unwrap();
-    let root_file = temp.path().join("root.secret");
-    std::fs::write(&root_file, ROOT).unwrap();
-    let root_arg = root_file.display().to_string();
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {ROOT}").parse().unwrap());
-    permit_client::install_crypto_provider();
-    let http = reqwest::Client::builder().no_proxy().default_headers(headers).build().unwrap();
-    // `POST /v1/cluster/init` on a pristine node is authorised by the root secret it was given.
-    let cluster = Cluster::start_with(3, &["--auth", "--root-token-file", &root_arg], http).await;
+    let cluster = Cluster::start_secured(3, ROOT, &[]).await;
     let roots: Vec<Api> = cluster.nodes.iter().map(|n| Api::with_token(&n.url, ROOT)).collect();
     let ready = eventually(Duration::from_secs(10), async || {
         roots[0].get("/v1/acl/tokens/self").await.body["id"] == "0".repeat(32)

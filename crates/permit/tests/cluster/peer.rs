@@ -187,19 +187,7 @@ async fn a_client_without_the_peer_credential_changes_no_term_and_no_state() {
     assert_eq!(after, before, "no node's term or leader moved");
     writes_succeed(&cluster, "after").await;
     // Every node reaches the same state (no forged entry diverged a follower).
-    let agree = crate::common::eventually(Duration::from_secs(10), async || {
-        let digests = futures::future::join_all(
-            cluster
-                .nodes
-                .iter()
-                .map(|node| async move { Api::at(&node.url).get("/v1/debug/digest").await.body }),
-        )
-        .await;
-        let state = |d: &Value| (d["applied_index"].clone(), d["digest"].clone());
-        digests.iter().all(|d| state(d) == state(&digests[0]))
-    })
-    .await;
-    assert!(agree, "every node applies the same log to the same state");
+    assert!(replicas_agree(&cluster).await, "every node applies the same log to the same state");
 }
 
 #[tokio::test]

@@ -11,16 +11,8 @@ const ROOT: &str = "cluster-root-secret-0123456789abcdef";
 
 /// A 3-node cluster with `--auth`, its root token bootstrapped, and a token that may read
 /// everything (its secret and id).
-async fn secured_cluster() -> (Cluster, tempfile::TempDir, String, String) {
-    let temp = tempfile::tempdir().unwrap();
-    let root_file = temp.path().join("root.secret");
-    std::fs::write(&root_file, ROOT).unwrap();
-    let root_arg = root_file.display().to_string();
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {ROOT}").parse().unwrap());
-    permit_client::install_crypto_provider();
-    let http = reqwest::Client::builder().no_proxy().default_headers(headers).build().unwrap();
-    let cluster = Cluster::start_with(3, &["--auth", "--root-token-file", &root_arg], http).await;
+async fn secured_cluster() -> (Cluster, String, String) {
+    let cluster = Cluster::start_secured(3, ROOT, &[]).await;
     let root = Api::with_token(&cluster.nodes[0].url, ROOT);
     let ready = eventually(Duration::from_secs(10), async || {
         root.get("/v1/acl/tokens/self").await.body["id"] == "0".repeat(32)
@@ -28,7 +20,7 @@ async fn secured_cluster() -> (Cluster, tempfile::TempDir, String, String) {
     .await;
     assert!(ready, "the root token was bootstrapped");
     let (secret, id) = root.create_token("reader", &["semaphore:=read", "session:=write"]).await;
-    (cluster, temp, secret, id)
+    (cluster, secret, id)
 }
 
 /// Whether the server ends the streaming `response` within `timeout`.
@@ -45,7 +37,7 @@ async fn ends_within(response: &mut reqwest::Response, timeout: Duration) -> boo
 
 #[tokio::test]
 async fn a_removed_node_left_running_serves_no_token_and_ends_its_streams() {
-    let (cluster, _temp, secret, id) = secured_cluster().await;
+    let (cluster, secret, id) = secured_cluster().await;
     let leader = cluster.leader(Duration::from_secs(10)).await.expect("a leader");
     let removed = (0..3).find(|i| *i != leader).unwrap();
     let on_removed = Api::with_token(&cluster.nodes[removed].url, &secret);
@@ -90,7 +82,7 @@ async fn a_removed_node_left_running_serves_no_token_and_ends_its_streams() {
 
 #[tokio::test]
 async fn a_leader_cut_off_from_its_quorum_serves_no_token() {
-    let (mut cluster, _temp, secret, _) = secured_cluster().await;
+    let (mut cluster, secret, _) = secured_cluster().await;
     let leader = cluster.leader(Duration::from_secs(10)).await.expect("a leader");
     let api = Api::with_token(&cluster.nodes[leader].url, &secret);
     assert_eq!(api.get("/v1/semaphores?stale=true").await.status, 200);

@@ -196,6 +196,8 @@ pub struct Cluster {
     /// The client the harness talks to the nodes with.
     pub http: reqwest::Client,
     _temp: tempfile::TempDir,
+    /// Files the nodes read at every start (the root secret of [`Cluster::start_secured`]).
+    _secrets: Option<tempfile::TempDir>,
 }
 
 impl Cluster {
@@ -204,6 +206,25 @@ impl Cluster {
         permit_client::install_crypto_provider();
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         Cluster::start_with(size, extra, http).await
+    }
+
+    /// Starts `size` nodes with `--auth`, `root` as their root secret (`--root-token-file`) and
+    /// `extra`; the harness talks to them as root (`POST /v1/cluster/init` on a pristine node is
+    /// authorised by the root secret it was given).
+    pub async fn start_secured(size: u64, root: &str, extra: &[&str]) -> Cluster {
+        let secrets = tempfile::tempdir().expect("temp dir");
+        let file = secrets.path().join("root.secret");
+        std::fs::write(&file, root).expect("write the root secret");
+        let file_arg = file.display().to_string();
+        let mut args = vec!["--auth", "--root-token-file", file_arg.as_str()];
+        args.extend_from_slice(extra);
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {root}").parse().unwrap());
+        permit_client::install_crypto_provider();
+        let http = reqwest::Client::builder().no_proxy().default_headers(headers).build().unwrap();
+        let mut cluster = Cluster::start_with(size, &args, http).await;
+        cluster._secrets = Some(secrets);
+        cluster
     }
 
     /// Like [`Cluster::start`], talking to the nodes with `http` (one that trusts their CA, for
@@ -235,7 +256,7 @@ impl Cluster {
             .await
             .expect("init");
         assert!(answer.status().is_success(), "init: {}", answer.text().await.unwrap_or_default());
-        let cluster = Cluster { nodes, secret_file, http, _temp: temp };
+        let cluster = Cluster { nodes, secret_file, http, _temp: temp, _secrets: None };
         cluster.leader(Duration::from_secs(10)).await.expect("a leader is elected");
         cluster
     }

@@ -8,27 +8,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::common::{eventually, permit_bin, Server};
+use crate::auth::{secured, ROOT};
+use crate::common::{eventually, permit_bin};
 use crate::Api;
-
-/// The root secret the tests start servers with.
-const ROOT: &str = "root-secret-for-tenant-tests-0123456789abcdef";
-
-/// A server with `--auth` whose root token is [`ROOT`], once the root token exists.
-async fn secured(extra: &[&str]) -> (Server, tempfile::TempDir) {
-    let temp = tempfile::tempdir().unwrap();
-    let file = temp.path().join("root.secret");
-    std::fs::write(&file, format!("{ROOT}\n")).unwrap();
-    let mut args = vec!["--auth", "--root-token-file", file.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    let server = Server::start_in(&temp.path().join("data"), "127.0.0.1:0", &args);
-    let root = Api::with_token(&server.url, ROOT);
-    let ready =
-        eventually(Duration::from_secs(10), async || root.get("/v1/acl/tokens/self").await.status == 200)
-            .await;
-    assert!(ready, "the root token was not created");
-    (server, temp)
-}
 
 async fn put(api: &Api, name: &str) -> u16 {
     api.send("PUT", &format!("/v1/semaphores/{name}"), Some(json!({ "capacity": 1 }))).await.status
