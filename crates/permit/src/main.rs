@@ -203,7 +203,17 @@ fn log_colours() -> bool {
     std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty())
 }
 
-fn main() -> anyhow::Result<()> {
+/// Runs the binary; an error is printed as its chain of causes (`permit: a: b: c`) and exits 1.
+/// Returning it from `main` instead would print its `Debug` form, which carries a stack trace
+/// when `RUST_BACKTRACE` is set: noise for an ordinary mistake such as a bad `--data-dir`.
+fn main() {
+    if let Err(error) = run() {
+        eprintln!("permit: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::from_arg_matches(&command_line().get_matches()).unwrap_or_else(|error| error.exit());
     let serving = matches!(cli.command, TopCommand::Serve(_));
     // A panic is a bug (a broken invariant); a half-dead server must not keep answering.
