@@ -222,8 +222,12 @@ fn run() -> anyhow::Result<()> {
         default_hook(info);
         std::process::abort();
     }));
-    // The server logs at info by default; client commands only warn.
-    let default_filter = if serving { "info,openraft=warn" } else { "warn" };
+    // The server logs at info by default; client commands only warn. openraft logs WARN lines
+    // during every healthy election (messages of an older vote it ignores) and WARN and ERROR
+    // lines on every retry to a down follower (twice a second): its errors stay, its
+    // replication module's per-retry lines go, and the peer network logs a peer going down and
+    // coming back once each (`raft::network::PeerReachability`).
+    let default_filter = if serving { "info,openraft=error,openraft::replication=off" } else { "warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
