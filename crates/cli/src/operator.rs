@@ -165,10 +165,19 @@ const HEALTH_POLL: Duration = Duration::from_millis(500);
 /// Runs `permit health`.
 pub(crate) async fn health(client: &Client, args: HealthArgs) -> anyhow::Result<i32> {
     let started = Instant::now();
-    // Bounded by --timeout: every pass either returns or sleeps, and a pass's request is
-    // bounded by the client's own timeouts.
+    // Bounded by --timeout: every pass either returns or sleeps, and with --wait a pass's
+    // request is cut off at the time left (without --wait, one pass returns).
     loop {
-        let answer = client.health().await;
+        let answer = if args.wait {
+            // A hung node must not hold --wait past its --timeout (one request may take 10 s).
+            let left = args.timeout.saturating_sub(started.elapsed()).max(HEALTH_POLL);
+            match tokio::time::timeout(left, client.health()).await {
+                Ok(answer) => answer.map_err(anyhow::Error::from),
+                Err(_) => Err(anyhow::anyhow!("no answer within {}", humantime::format_duration(left))),
+            }
+        } else {
+            client.health().await.map_err(anyhow::Error::from)
+        };
         let timed_out = started.elapsed() >= args.timeout;
         match answer {
             Ok(health) if health.status == "ok" => {
@@ -179,9 +188,12 @@ pub(crate) async fn health(client: &Client, args: HealthArgs) -> anyhow::Result<
                 print_health(&health, args.json)?;
                 return Ok(if args.wait { EXIT_TIMEOUT } else { EXIT_UNAVAILABLE });
             }
-            Err(error) if !args.wait => return Err(error).context("cannot read the node's health"),
+            Err(error) if !args.wait => return Err(error.context("cannot read the node's health")),
             Err(error) if timed_out => {
-                eprintln!("permit: not healthy within {}: {error}", humantime::format_duration(args.timeout));
+                eprintln!(
+                    "permit: not healthy within {}: {error:#}",
+                    humantime::format_duration(args.timeout)
+                );
                 return Ok(EXIT_TIMEOUT);
             }
             Ok(_) | Err(_) => {}

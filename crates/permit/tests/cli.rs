@@ -791,6 +791,14 @@ async fn health_reports_the_node_and_wait_is_bounded() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let url = format!("http://{closed}");
     assert_eq!(permit(&server, &["--server", &url, "health"]).await.code, EXIT_UNREACHABLE);
+    // A node that accepts connections but never answers does not hold --wait past --timeout.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung_url = format!("http://{}", hung.local_addr().unwrap());
+    let started = std::time::Instant::now();
+    let waited = permit(&server, &["--server", &hung_url, "health", "--wait", "--timeout", "1s"]).await;
+    assert_eq!(waited.code, EXIT_TIMEOUT, "{waited:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    drop(hung);
     assert_eq!(
         permit(&server, &["--server", &url, "health", "--wait", "--timeout", "1s"]).await.code,
         EXIT_TIMEOUT
