@@ -31,7 +31,8 @@ struct Cli {
     )]
     server: Vec<String>,
     /// The secret of an access token, for servers started with --auth (sent as
-    /// `Authorization: Bearer SECRET`).
+    /// `Authorization: Bearer SECRET`). Surrounding whitespace (a file's trailing newline) is
+    /// trimmed; a space or control character inside is refused (exit 64).
     #[arg(long, global = true, env = "PERMIT_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
     #[command(flatten)]
