@@ -1,5 +1,6 @@
 //! The client commands of the `permit` binary: `run`, `elect`, `lock`, `ls`, `show`,
-//! `set-capacity`, `delete`, `leader` and `cluster`.
+//! `set-capacity`, `delete`, `leader`, `cluster`, and the operator commands `revoke`, `release`,
+//! `validate`, `health` and `elections`.
 //!
 //! The binary flattens [`ClientCommand`] into its parser next to `serve`, owns the global
 //! `--server` option (a comma-separated list, env `PERMIT_SERVER`), the TLS options
@@ -23,6 +24,7 @@ mod cluster;
 mod elections;
 mod events;
 mod lock;
+mod operator;
 mod run;
 mod semaphores;
 mod supervise;
@@ -36,6 +38,7 @@ use permit_client::{Client, ErrorCode};
 
 pub use elections::{ElectArgs, LeaderArgs};
 pub use lock::LockArgs;
+pub use operator::{ElectionsArgs, HealthArgs, ReleaseArgs, RevokeArgs, ValidateArgs};
 pub use run::RunArgs;
 pub use semaphores::{DeleteArgs, LsArgs, SetCapacityArgs, ShowArgs};
 
@@ -44,6 +47,19 @@ pub use semaphores::{DeleteArgs, LsArgs, SetCapacityArgs, ShowArgs};
 pub const EXIT_ERROR: i32 = 1;
 /// Exit code of `permit leader` when nobody leads.
 pub const EXIT_NO_LEADER: i32 = 3;
+/// Exit code of `permit validate` when the token is not current (a negative answer, like
+/// [`EXIT_NO_LEADER`], not an error).
+pub const EXIT_NOT_CURRENT: i32 = 3;
+/// Exit code of a local mistake found before anything was sent: a malformed `--server` address
+/// or access token (`EX_USAGE` of sysexits.h). The message names the fix.
+pub const EXIT_USAGE: i32 = 64;
+/// Exit code of `permit health` when the node answered but is not healthy (`EX_UNAVAILABLE` of
+/// sysexits.h).
+pub const EXIT_UNAVAILABLE: i32 = 69;
+/// Exit code of a configuration that cannot work with this server, found on the first answer:
+/// `https://` against a plain-HTTP port, or `http://` against a TLS port (`EX_CONFIG` of
+/// sysexits.h). The message names the address to use.
+pub const EXIT_CONFIG: i32 = 78;
 /// Exit code when no server could be reached, or none could serve (no leader, shutting down)
 /// within the client's retries (`EX_IOERR` of sysexits.h).
 pub const EXIT_UNREACHABLE: i32 = 74;
@@ -64,16 +80,19 @@ pub const EXIT_CODES_RUN: &str = "\
 Exit codes:
   0      the command exited 0
   1      the server refused a request or answered something unexpected (printed on stderr)
+  64     a malformed --server address or access token (the message says which; nothing was sent)
   74     could not reach the server, or no server could serve (no leader, shutting down)
   75     --timeout passed before the grant; nothing is held or queued
   76     the hold was lost while the command ran (the session expired, no keepalive was
          acknowledged before the session's deadline, or --max-hold passed): the command got
          SIGTERM at once, then SIGKILL after --kill-after
+  78     https:// against a plain-HTTP port or http:// against a TLS port (the message names the
+         address to use)
   126    the command could not be executed
   127    the command was not found
   128+N  the command was killed by signal N, or permit got signal N while waiting for the grant
-  other  the command's own exit code (codes 1, 74-76 come from permit itself only when it
-         printed why on stderr)
+  other  the command's own exit code (codes 1, 64, 74-76 and 78 come from permit itself
+         only when it printed why on stderr)
 
 If permit itself is killed (even with SIGKILL), the command and its process group are killed.";
 
@@ -82,16 +101,19 @@ pub const EXIT_CODES_ELECT: &str = "\
 Exit codes:
   0      the command exited 0
   1      the server refused a request or answered something unexpected (printed on stderr)
+  64     a malformed --server address or access token (the message says which; nothing was sent)
   74     could not reach the server, or no server could serve (no leader, shutting down)
   75     --timeout passed before leadership was won; the candidacy is withdrawn
   76     leadership was lost while the command ran (the session expired, or no keepalive was
          acknowledged before the session's deadline): the command got SIGTERM at once, then
          SIGKILL after --kill-after
+  78     https:// against a plain-HTTP port or http:// against a TLS port (the message names the
+         address to use)
   126    the command could not be executed
   127    the command was not found
   128+N  the command was killed by signal N, or permit got signal N while campaigning
-  other  the command's own exit code (codes 1, 74-76 come from permit itself only when it
-         printed why on stderr)
+  other  the command's own exit code (codes 1, 64, 74-76 and 78 come from permit itself
+         only when it printed why on stderr)
 
 If permit itself is killed (even with SIGKILL), the command and its process group are killed.";
 
@@ -100,10 +122,13 @@ pub const EXIT_CODES_LOCK: &str = "\
 Exit codes:
   0      released after SIGINT (Ctrl-C), SIGTERM, SIGHUP or SIGQUIT
   1      the server refused a request or answered something unexpected (printed on stderr)
+  64     a malformed --server address or access token (the message says which; nothing was sent)
   74     could not reach the server, or no server could serve (no leader, shutting down)
   75     --timeout passed before the grant; nothing is held or queued
   76     the hold was lost (the session expired, or no keepalive was acknowledged before the
          session's deadline)
+  78     https:// against a plain-HTTP port or http:// against a TLS port (the message names the
+         address to use)
   128+N  interrupted by signal N while waiting for the grant";
 
 /// The exit codes of `permit leader`, printed at the end of its `--help`.
@@ -112,7 +137,10 @@ Exit codes:
   0   the leader was printed (--watch: stopped by SIGINT, SIGTERM, SIGHUP or SIGQUIT)
   1   the server refused the request or answered something unexpected (printed on stderr)
   3   nobody leads the election (without --watch)
-  74  could not reach the server, or no server could serve (no leader, shutting down)";
+  64  a malformed --server address or access token (the message says which; nothing was sent)
+  74  could not reach the server, or no server could serve (no leader, shutting down)
+  78  https:// against a plain-HTTP port or http:// against a TLS port (the message names the
+      address to use)";
 
 /// The exit codes of `ls`, `show`, `set-capacity`, `delete` and `cluster`, printed at the end of
 /// their `--help`.
@@ -121,7 +149,10 @@ Exit codes:
   0   success
   1   the server refused the request (for example semaphore_not_found) or answered something
       unexpected (printed on stderr)
-  74  could not reach the server, or no server could serve (no leader, shutting down)";
+  64  a malformed --server address or access token (the message says which; nothing was sent)
+  74  could not reach the server, or no server could serve (no leader, shutting down)
+  78  https:// against a plain-HTTP port or http:// against a TLS port (the message names the
+      address to use)";
 
 /// Default session TTL of `run` and `elect`.
 const TTL_DEFAULT: &str = "10s";
@@ -159,6 +190,17 @@ pub enum ClientCommand {
     /// Access tokens of a server started with `--auth`: create, list, delete, self.
     #[command(subcommand)]
     Acl(acl::AclCommand),
+    /// List elections: name, leader (value, session, token, tenure), candidates.
+    Elections(ElectionsArgs),
+    /// End another session's hold on a semaphore (or, with --election, its leadership): for a
+    /// stuck holder whose session is still kept alive.
+    Revoke(RevokeArgs),
+    /// Release a session's hold on a semaphore (or, with --election, resign its leadership).
+    Release(ReleaseArgs),
+    /// Check a fencing token: exit 0 when a current holder of the semaphore carries it, 3 when not.
+    Validate(ValidateArgs),
+    /// Print a node's health (status, role, leader, term); --wait blocks until it is healthy.
+    Health(HealthArgs),
 }
 
 /// TLS options of the client commands: global flags of the binary.
@@ -208,9 +250,19 @@ pub async fn execute(
     tls: &TlsArgs,
     auth_token: Option<&str>,
 ) -> anyhow::Result<i32> {
+    let token_given = auth_token.is_some();
+    execute_command(command, servers, tls, auth_token).await.map_err(|error| explain(error, token_given))
+}
+
+async fn execute_command(
+    command: ClientCommand,
+    servers: &[String],
+    tls: &TlsArgs,
+    auth_token: Option<&str>,
+) -> anyhow::Result<i32> {
     let mut client = tls.client(servers)?;
     if let Some(secret) = auth_token {
-        client = client.auth_token(secret);
+        client = client.auth_token(checked_token(secret)?);
     }
     match command {
         ClientCommand::Run(args) => run::run(&client, args).await,
@@ -226,11 +278,83 @@ pub async fn execute(
         ClientCommand::Sessions(args) => semaphores::sessions(&client, args).await,
         ClientCommand::Events(args) => events::events(&client, args).await,
         ClientCommand::Snapshot(command) => cluster::snapshot(&client, command).await,
+        ClientCommand::Elections(args) => operator::elections(&client, args).await,
+        ClientCommand::Revoke(args) => operator::revoke(&client, args).await,
+        ClientCommand::Release(args) => operator::release(&client, args).await,
+        ClientCommand::Validate(args) => operator::validate(&client, args).await,
+        ClientCommand::Health(args) => operator::health(&client, args).await,
     }
 }
 
-/// The exit code of a command that failed with `error`: [`EXIT_UNREACHABLE`] when no server
-/// could be reached (or none could serve), [`EXIT_ERROR`] otherwise.
+/// A local mistake found before anything was sent; exits [`EXIT_USAGE`].
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// The access token to send: `secret` without surrounding whitespace (a file read with
+/// `$(cat FILE)` or `echo` keeps no newline, but `PERMIT_AUTH_TOKEN="$(< FILE)"` from an editor
+/// or a pasted secret may end with one, and a header cannot carry it). Anything else that is not
+/// printable ASCII is refused: no secret the server issues contains it, so it is a mistake of
+/// the caller, and sending it would only fail as `unauthenticated` (or not at all, as a header
+/// value it cannot be).
+fn checked_token(secret: &str) -> Result<String, UsageError> {
+    let trimmed = secret.trim();
+    if trimmed.is_empty() {
+        return Err(UsageError(
+            "the access token from --auth-token / PERMIT_AUTH_TOKEN is empty: pass the secret, or \
+             unset it for a server without --auth"
+                .into(),
+        ));
+    }
+    if let Some((at, c)) = trimmed.char_indices().find(|(_, c)| !c.is_ascii_graphic()) {
+        return Err(UsageError(format!(
+            "the access token from --auth-token / PERMIT_AUTH_TOKEN has a {} at byte {at}: a token \
+             secret is printable ASCII without spaces; check how it was set (a stray character from \
+             a paste or an editor?)",
+            if c.is_whitespace() {
+                "space or line break".to_owned()
+            } else {
+                format!("non-printable character {c:?}")
+            }
+        )));
+    }
+    Ok(trimmed.to_owned())
+}
+
+/// `error` with a first line that names the fix, for the mistakes a user can make: no token (or
+/// a wrong one) for a server started with `--auth`. Other errors are returned as they are.
+fn explain(error: anyhow::Error, token_given: bool) -> anyhow::Error {
+    let unauthenticated = error
+        .chain()
+        .filter_map(|cause| cause.downcast_ref::<permit_client::Error>())
+        .any(|cause| cause.code() == Some(ErrorCode::Unauthenticated));
+    if !unauthenticated {
+        return error;
+    }
+    if token_given {
+        error.context(
+            "the server does not know the access token given with --auth-token / PERMIT_AUTH_TOKEN \
+             (deleted, mistyped, or of another cluster)",
+        )
+    } else {
+        error.context(
+            "the server requires an access token: pass --auth-token SECRET or set PERMIT_AUTH_TOKEN \
+             (the root token of a new cluster is in DATA_DIR/root-token)",
+        )
+    }
+}
+
+/// The exit code of a command that failed with `error`: [`EXIT_USAGE`] for a malformed address
+/// or token, [`EXIT_CONFIG`] for a scheme that does not match the server's port,
+/// [`EXIT_UNREACHABLE`] when no server could be reached (or none could serve), [`EXIT_ERROR`]
+/// otherwise.
 ///
 /// # Examples
 ///
@@ -239,6 +363,21 @@ pub async fn execute(
 /// assert_eq!(permit_cli::exit_code_of(&error), permit_cli::EXIT_ERROR);
 /// ```
 pub fn exit_code_of(error: &anyhow::Error) -> i32 {
+    let client_errors = || error.chain().filter_map(|cause| cause.downcast_ref::<permit_client::Error>());
+    if error.chain().any(|cause| cause.is::<UsageError>())
+        || client_errors().any(|error| matches!(error, permit_client::Error::InvalidEndpoint { .. }))
+    {
+        return EXIT_USAGE;
+    }
+    if client_errors().any(|error| {
+        matches!(
+            error,
+            permit_client::Error::SchemeMismatch { .. }
+                | permit_client::Error::Api { code: ErrorCode::TlsRequired, .. }
+        )
+    }) {
+        return EXIT_CONFIG;
+    }
     let unreachable =
         error.chain().filter_map(|cause| cause.downcast_ref::<permit_client::Error>()).any(|error| {
             matches!(

@@ -3,13 +3,14 @@
 use std::time::Duration;
 
 use permit_wire::{
-    CampaignRequest, CampaignResponse, ElectionView, LeaderView, ReleaseRequest, ReleaseResponse,
+    CampaignRequest, CampaignResponse, ElectionList, ElectionView, LeaderView, ReleaseRequest,
+    ReleaseResponse, RevokeRequest,
 };
 use reqwest::Method;
 
 use crate::client::Client;
 use crate::error::Result;
-use crate::semaphores::duration_ms;
+use crate::semaphores::{duration_ms, LIST_LIMIT_MAX, LIST_PAGES_MAX};
 use crate::transport::{long_poll_timeout, segment, Call};
 
 impl Client {
@@ -37,6 +38,78 @@ impl Client {
     /// Safe: a read.
     pub async fn leader(&self, election: &str) -> Result<Option<LeaderView>> {
         Ok(self.get_election(election).await?.leader)
+    }
+
+    /// `GET /v1/elections?after=NAME&limit=N`: one page of the elections the caller may read, in
+    /// name order, each with its leader.
+    ///
+    /// # Errors
+    ///
+    /// `invalid_argument` for a `limit` outside 1..=[`LIST_LIMIT_MAX`], `invalid_name` for a bad
+    /// `after`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: a read.
+    pub async fn list_elections(&self, after: Option<&str>, limit: u32) -> Result<ElectionList> {
+        let mut call = Call::new(Method::GET, "/v1/elections".into()).query("limit", limit);
+        if let Some(after) = after {
+            call = call.query("after", after);
+        }
+        self.transport.send(&call).await?.json()
+    }
+
+    /// Every election in name order, read page by page (each page is consistent, the whole list
+    /// is not a snapshot).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> permit_client::Result<()> {
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// for election in client.all_elections().await? {
+    ///     let leader = election.leader.map_or("-".to_owned(), |leader| leader.value);
+    ///     println!("{}: {leader}", election.name);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Transport errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Safe: reads.
+    pub async fn all_elections(&self) -> Result<Vec<ElectionView>> {
+        let mut all = Vec::new();
+        let mut after = None;
+        for _ in 0..LIST_PAGES_MAX {
+            let page = self.list_elections(after.as_deref(), LIST_LIMIT_MAX).await?;
+            all.extend(page.elections);
+            match page.next_after {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        Ok(all)
+    }
+
+    /// `POST /v1/elections/{name}/revoke`: ends `session`'s leadership of (or candidacy in) the
+    /// election, as an operator; the next candidate leads. The session itself lives on.
+    ///
+    /// # Errors
+    ///
+    /// `session_not_found`, `invalid_name`, `permission_denied`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may or may not revoke; repeating the call is harmless.
+    pub async fn revoke_election(&self, name: &str, session: &str) -> Result<ReleaseResponse> {
+        let call = Call::new(Method::POST, election_path(name, "/revoke"))
+            .body(&RevokeRequest { session: session.to_owned() });
+        self.transport.send(&call).await?.json()
     }
 
     /// `GET /v1/elections/{name}`: the leader and the number of candidates (a linearizable read).

@@ -39,11 +39,14 @@ pub enum Error {
         message: String,
     },
     /// No endpoint could be reached, or the connection failed mid-request.
+    ///
+    /// When more than one endpoint was tried, `source` lists every endpoint with its last error
+    /// (a [`Unreachable`]); otherwise it is what the HTTP library reported.
     #[error("cannot reach {endpoint}")]
     Transport {
         /// The endpoint tried last.
         endpoint: String,
-        /// What the HTTP library reported.
+        /// What the HTTP library reported, or every endpoint's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
@@ -71,6 +74,16 @@ pub enum Error {
         /// The URL as given.
         url: String,
         /// Why it was refused.
+        reason: String,
+    },
+    /// `https://` against a port that serves plain HTTP: the TLS handshake got an HTTP answer.
+    /// Nothing was done, and retrying cannot help: fix the address. (The reverse, `http://`
+    /// against a TLS port, is the server's answer [`ErrorCode::TlsRequired`].)
+    #[error("{endpoint}: {reason}")]
+    SchemeMismatch {
+        /// The endpoint as configured.
+        endpoint: String,
+        /// What was found, and the address to use instead.
         reason: String,
     },
     /// A value is out of range before anything was sent (for example a TTL that does not fit).
@@ -160,3 +173,24 @@ impl Error {
 
 /// The client's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The source of an [`Error::Transport`] after more than one endpoint was tried: each endpoint
+/// with the last error it gave, in the order of the client's endpoints.
+#[derive(Debug)]
+pub struct Unreachable {
+    /// `(endpoint, error)` for every endpoint that failed.
+    pub attempts: Vec<(String, String)>,
+}
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "tried {} endpoints: ", self.attempts.len())?;
+        for (i, (endpoint, error)) in self.attempts.iter().enumerate() {
+            let separator = if i == 0 { "" } else { "; " };
+            write!(f, "{separator}{endpoint}: {error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Unreachable {}

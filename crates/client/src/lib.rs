@@ -78,7 +78,7 @@ mod waiter;
 
 pub use builder::ClientBuilder;
 pub use client::Client;
-pub use error::{Error, Result};
+pub use error::{Error, Result, Unreachable};
 pub use events::{EventStream, EventsOptions, StreamEvent};
 pub use leadership::Leadership;
 pub use permit::{AcquireOptions, Permit};

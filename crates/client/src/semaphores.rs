@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use permit_wire::{
-    AcquireRequest, AcquireResponse, PutSemaphoreRequest, ReleaseRequest, ReleaseResponse, SemaphoreList,
-    SemaphoreSummary, SemaphoreView, ValidateRequest, ValidateResponse,
+    AcquireRequest, AcquireResponse, PutSemaphoreRequest, ReleaseRequest, ReleaseResponse, RevokeRequest,
+    SemaphoreList, SemaphoreSummary, SemaphoreView, ValidateRequest, ValidateResponse,
 };
 use reqwest::Method;
 
@@ -15,7 +15,7 @@ use crate::transport::{long_poll_timeout, segment, Call};
 /// Largest page [`Client::list_semaphores`] may ask for (the server's cap).
 pub const LIST_LIMIT_MAX: u32 = 1000;
 /// Most pages [`Client::all_semaphores`] reads: the server holds at most a million objects.
-const LIST_PAGES_MAX: u32 = 1000;
+pub(crate) const LIST_PAGES_MAX: u32 = 1000;
 
 impl Client {
     /// `PUT /v1/semaphores/{name}`: creates the semaphore with this capacity, or sets its capacity.
@@ -269,6 +269,34 @@ impl Client {
     pub async fn release(&self, name: &str, session: &str) -> Result<ReleaseResponse> {
         let call = Call::new(Method::POST, semaphore_path(name, "/release"))
             .body(&ReleaseRequest { session: session.to_owned() });
+        self.transport.send(&call).await?.json()
+    }
+
+    /// `POST /v1/semaphores/{name}/revoke`: ends `session`'s hold on (or place in the queue of)
+    /// the semaphore, as an operator: for a stuck holder whose session is still kept alive.
+    /// The session itself lives on; its guard learns of the loss from its next check.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(session: &str) -> permit_client::Result<()> {
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// let answer = client.revoke("db.orders", session).await?;
+    /// println!("revoked {} permits", answer.released);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `session_not_found`, `invalid_name`, `permission_denied`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may or may not revoke; repeating the call is harmless.
+    pub async fn revoke(&self, name: &str, session: &str) -> Result<ReleaseResponse> {
+        let call = Call::new(Method::POST, semaphore_path(name, "/revoke"))
+            .body(&RevokeRequest { session: session.to_owned() });
         self.transport.send(&call).await?.json()
     }
 

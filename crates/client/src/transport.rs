@@ -210,12 +210,15 @@ impl Transport {
         let mut attempt = 0;
         let mut timeouts = 0;
         let started = tokio::time::Instant::now();
+        // The last error of each endpoint, so that "cannot reach" names every endpoint tried.
+        let mut failed = FailedEndpoints::default();
         loop {
             let index = self.preferred.load(Ordering::Relaxed) % self.endpoints.len();
             let error = match self.send_once(&self.endpoints[index], call).await {
                 Ok(reply) => return Ok(reply),
                 Err(error) => error,
             };
+            failed.record(&self.endpoints[index], &error.error);
             attempt += 1;
             if matches!(error.error, Error::Timeout { .. }) {
                 timeouts += 1;
@@ -224,7 +227,7 @@ impl Transport {
                 || started.elapsed() >= RETRY_WINDOW
                 || (call.retry != Retry::OnePass && timeouts >= TIMEOUTS_MAX);
             if exhausted || !error.retryable(call.retry) {
-                return Err(error.error);
+                return Err(failed.summarize(&self.endpoints, error.error));
             }
             tracing::debug!(endpoint = %self.endpoints[index], error = %error.error, "retrying on the next endpoint");
             // Move on only if nobody else did meanwhile, so concurrent failures skip one endpoint.
@@ -246,8 +249,13 @@ impl Transport {
         headers: &[(&'static str, String)],
     ) -> Result<(String, reqwest::Response)> {
         let mut last = None;
+        let mut failed = FailedEndpoints::default();
         let start = self.preferred.load(Ordering::Relaxed);
         for i in 0..self.endpoints.len() {
+            if let Some(error) = &last {
+                let previous = &self.endpoints[(start + i - 1) % self.endpoints.len()];
+                failed.record(previous, error);
+            }
             let endpoint = &self.endpoints[(start + i) % self.endpoints.len()];
             let mut url = reqwest::Url::parse(&format!("{endpoint}{path}"))
                 .map_err(|error| Error::InvalidArgument { message: format!("bad path {path:?}: {error}") })?;
@@ -268,7 +276,11 @@ impl Transport {
                     continue;
                 }
                 Ok(Err(error)) => {
-                    last = Some(Error::Transport { endpoint: endpoint.clone(), source: Box::new(error) });
+                    let failure = Failure::transport(endpoint, REQUEST_TIMEOUT, error);
+                    if failure.scheme_mismatch() {
+                        return Err(failure.error);
+                    }
+                    last = Some(failure.error);
                     continue;
                 }
                 Ok(Ok(response)) => response,
@@ -284,7 +296,9 @@ impl Transport {
             }
             last = Some(failure.error);
         }
-        Err(last.expect("at least one endpoint"))
+        let last = last.expect("at least one endpoint");
+        failed.record(&self.endpoints[(start + self.endpoints.len() - 1) % self.endpoints.len()], &last);
+        Err(failed.summarize(&self.endpoints, last))
     }
 
     /// Prefers the endpoint that a successful answer from `endpoint` names as the leader
@@ -348,12 +362,27 @@ struct Failure {
 impl Failure {
     fn transport(endpoint: &str, timeout: Duration, error: reqwest::Error) -> Failure {
         let unsent = error.is_connect();
+        if endpoint.starts_with("https://") && is_plain_http_reply(&error) {
+            // A TLS handshake answered by a plain-HTTP server: rustls reads the HTTP reply as
+            // a record of an unknown content type. Retrying cannot help.
+            let plain = endpoint.replacen("https://", "http://", 1);
+            let reason = format!("this port serves plain HTTP, not TLS: use {plain}");
+            return Failure {
+                error: Error::SchemeMismatch { endpoint: endpoint.to_owned(), reason },
+                unsent,
+            };
+        }
         let error = if error.is_timeout() {
             Error::Timeout { endpoint: endpoint.to_owned(), after: timeout }
         } else {
             Error::Transport { endpoint: endpoint.to_owned(), source: Box::new(error) }
         };
         Failure { error, unsent }
+    }
+
+    /// Whether this failure is a scheme mismatch, which no retry can mend.
+    fn scheme_mismatch(&self) -> bool {
+        matches!(self.error, Error::SchemeMismatch { .. })
     }
 
     fn answer(endpoint: &str, status: StatusCode, bytes: &[u8]) -> Failure {
@@ -377,6 +406,9 @@ impl Failure {
     }
 
     fn retryable(&self, retry: Retry) -> bool {
+        if self.scheme_mismatch() {
+            return false;
+        }
         match retry {
             Retry::Unsent | Retry::OnePass => self.unsent,
             Retry::Idempotent => {
@@ -393,6 +425,83 @@ impl Failure {
             }
         }
     }
+}
+
+/// Whether `error` is a TLS handshake that got a plain-HTTP answer: rustls reports a record of
+/// an invalid content type (an HTTP reply starts with `H`, no TLS record type).
+fn is_plain_http_reply(error: &reqwest::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    // Bounded: error chains are finite and short; the bound guards against a cyclic one.
+    for _ in 0..16 {
+        let Some(current) = cause else { return false };
+        // `io::Error::source` skips the error it wraps, so look inside it explicitly.
+        let inner = current.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref());
+        for candidate in
+            [Some(current), inner.map(|e| e as &(dyn std::error::Error + 'static))].into_iter().flatten()
+        {
+            if let Some(rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)) =
+                candidate.downcast_ref::<rustls::Error>()
+            {
+                return true;
+            }
+        }
+        // The connector may carry the TLS error only as text (a boxed error of its own);
+        // rustls's text for this case names the variant.
+        if current.to_string().contains("InvalidContentType") {
+            return true;
+        }
+        cause = current.source();
+    }
+    false
+}
+
+/// The last error of every endpoint a call tried, in the order they failed first.
+#[derive(Default)]
+struct FailedEndpoints {
+    attempts: Vec<(String, String)>,
+}
+
+impl FailedEndpoints {
+    fn record(&mut self, endpoint: &str, error: &Error) {
+        let text = match error {
+            Error::Transport { source, .. } => innermost(source.as_ref()),
+            Error::Timeout { after, .. } => format!("no answer within {after:?}"),
+            other => other.to_string(),
+        };
+        match self.attempts.iter_mut().find(|(e, _)| e == endpoint) {
+            Some(slot) => slot.1 = text,
+            None => self.attempts.push((endpoint.to_owned(), text)),
+        }
+    }
+
+    /// `last` itself, unless it is a transport error after several endpoints failed: then a
+    /// transport error whose source names every endpoint and its error.
+    fn summarize(mut self, endpoints: &[String], last: Error) -> Error {
+        match last {
+            Error::Transport { endpoint, .. } if self.attempts.len() > 1 => {
+                self.attempts.sort_by_key(|(e, _)| endpoints.iter().position(|x| x == e));
+                Error::Transport {
+                    endpoint,
+                    source: Box::new(crate::error::Unreachable { attempts: self.attempts }),
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+/// The deepest cause of `error`: for reqwest errors, the OS or TLS error rather than "error
+/// sending request for url (...)".
+fn innermost(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut current = error;
+    // Bounded, as in `is_plain_http_reply`.
+    for _ in 0..16 {
+        match current.source() {
+            Some(next) => current = next,
+            None => break,
+        }
+    }
+    current.to_string()
 }
 
 /// `http://host:port` without a trailing slash; a bare `host:port` gets `http://`.

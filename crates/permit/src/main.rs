@@ -31,7 +31,8 @@ struct Cli {
     )]
     server: Vec<String>,
     /// The secret of an access token, for servers started with --auth (sent as
-    /// `Authorization: Bearer SECRET`).
+    /// `Authorization: Bearer SECRET`). Surrounding whitespace (a file's trailing newline) is
+    /// trimmed; a space or control character inside is refused (exit 64).
     #[arg(long, global = true, env = "PERMIT_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
     #[command(flatten)]
@@ -203,7 +204,17 @@ fn log_colours() -> bool {
     std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty())
 }
 
-fn main() -> anyhow::Result<()> {
+/// Runs the binary; an error is printed as its chain of causes (`permit: a: b: c`) and exits 1.
+/// Returning it from `main` instead would print its `Debug` form, which carries a stack trace
+/// when `RUST_BACKTRACE` is set: noise for an ordinary mistake such as a bad `--data-dir`.
+fn main() {
+    if let Err(error) = run() {
+        eprintln!("permit: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::from_arg_matches(&command_line().get_matches()).unwrap_or_else(|error| error.exit());
     let serving = matches!(cli.command, TopCommand::Serve(_));
     // A panic is a bug (a broken invariant); a half-dead server must not keep answering.
@@ -212,8 +223,12 @@ fn main() -> anyhow::Result<()> {
         default_hook(info);
         std::process::abort();
     }));
-    // The server logs at info by default; client commands only warn.
-    let default_filter = if serving { "info,openraft=warn" } else { "warn" };
+    // The server logs at info by default; client commands only warn. openraft logs WARN lines
+    // during every healthy election (messages of an older vote it ignores) and WARN and ERROR
+    // lines on every retry to a down follower (twice a second): its errors stay, its
+    // replication module's per-retry lines go, and the peer network logs a peer going down and
+    // coming back once each (`raft::network::PeerReachability`).
+    let default_filter = if serving { "info,openraft=error,openraft::replication=off" } else { "warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

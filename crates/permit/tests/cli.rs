@@ -21,6 +21,11 @@ const EXIT_UNREACHABLE: i32 = 74;
 const EXIT_TIMEOUT: i32 = 75;
 const EXIT_LOST: i32 = 76;
 const EXIT_NOT_FOUND: i32 = 127;
+/// Exit codes documented by the operator commands and for local mistakes.
+const EXIT_NOT_CURRENT: i32 = 3;
+const EXIT_USAGE: i32 = 64;
+const EXIT_UNAVAILABLE: i32 = 69;
+const EXIT_CONFIG: i32 = 78;
 
 /// The output of a short `permit` command.
 #[derive(Debug)]
@@ -592,6 +597,12 @@ async fn acl_token_create_list_self_and_delete_with_the_root_token() {
     let denied = permit(&server, &["ls"]).await;
     assert_eq!(denied.code, 1, "{denied:?}");
     assert!(denied.stderr.contains("unauthenticated"), "{}", denied.stderr);
+    // The message says how to pass a token, not which HTTP header carries it.
+    assert!(
+        denied.stderr.contains("--auth-token") && denied.stderr.contains("PERMIT_AUTH_TOKEN"),
+        "{}",
+        denied.stderr
+    );
 
     let created = permit(
         &server,
@@ -692,4 +703,174 @@ async fn events_prints_one_line_per_event_filtered_and_resumed() {
     let bad = permit(&server, &["events", "--kinds", "nope"]).await;
     assert_eq!(bad.code, EXIT_ERROR, "{bad:?}");
     assert!(bad.stderr.contains("unknown event kind"), "{bad:?}");
+}
+
+/// `permit validate`, `revoke`, `release` and `elections` against a real server: an operator ends
+/// a stuck hold (or leadership) from the command line, and a token stops being current.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_commands_validate_revoke_release_and_list_elections() {
+    let server = Server::start();
+    let client = client(&server);
+    let once = AcquireOptions { capacity: Some(1), ..AcquireOptions::default() };
+    let stuck = client.session(Duration::from_secs(30)).await.unwrap();
+    let permit_held = stuck.acquire_with("door", 1, &once);
+    let held = permit_held.await.unwrap().expect("granted");
+    let token = held.token().to_string();
+
+    let current = permit(&server, &["validate", "door", &token]).await;
+    assert_eq!(current.code, 0, "{current:?}");
+    assert!(current.stdout.contains(stuck.id()), "names the holder: {current:?}");
+    let other = (held.token() + 1).to_string();
+    assert_eq!(permit(&server, &["validate", "door", &other]).await.code, EXIT_NOT_CURRENT);
+
+    let revoked = permit(&server, &["revoke", "door", stuck.id()]).await;
+    assert_eq!(revoked.code, 0, "{revoked:?}");
+    let stale = permit(&server, &["validate", "door", &token]).await;
+    assert_eq!(stale.code, EXIT_NOT_CURRENT, "revoked: {stale:?}");
+    assert!(stale.stdout.contains("not current"), "{stale:?}");
+    drop(held);
+
+    let mine = client.session(Duration::from_secs(30)).await.unwrap();
+    let grant = mine.acquire_with("door", 1, &once);
+    let grant = grant.await.unwrap().expect("free again after the revoke");
+    let released = permit(&server, &["release", "door", "--session", mine.id()]).await;
+    assert_eq!(released.code, 0, "{released:?}");
+    assert_eq!(
+        permit(&server, &["validate", "door", &grant.token().to_string()]).await.code,
+        EXIT_NOT_CURRENT
+    );
+    drop(grant);
+
+    let leader = client.session(Duration::from_secs(30)).await.unwrap();
+    let leadership = leader.campaign("sched", "node-a").await.unwrap();
+    let listed = permit(&server, &["elections"]).await;
+    assert_eq!(listed.code, 0, "{listed:?}");
+    let row =
+        listed.stdout.lines().find(|line| line.starts_with("sched ")).unwrap_or_else(|| panic!("{listed:?}"));
+    assert!(row.contains("node-a") && row.contains(leader.id()), "{row}");
+    let json: serde_json::Value =
+        serde_json::from_str(&permit(&server, &["elections", "--json"]).await.stdout).unwrap();
+    assert_eq!(json[0]["leader"]["value"], "node-a", "{json}");
+
+    let ended = permit(&server, &["revoke", "--election", "sched", leader.id()]).await;
+    assert_eq!(ended.code, 0, "{ended:?}");
+    assert_eq!(permit(&server, &["leader", "sched"]).await.code, EXIT_NO_LEADER, "leadership revoked");
+    drop(leadership);
+
+    let bad = permit(&server, &["revoke", "door", "not-a-session"]).await;
+    assert_eq!(bad.code, EXIT_ERROR, "{bad:?}");
+}
+
+/// `permit health` prints the node's state; `--wait` returns once healthy and gives up after its
+/// `--timeout` with 75; a node that answers but is not ready exits 69, no answer exits 74.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reports_the_node_and_wait_is_bounded() {
+    let server = Server::start();
+    let healthy = permit(&server, &["health"]).await;
+    assert_eq!(healthy.code, 0, "{healthy:?}");
+    assert!(healthy.stdout.starts_with("ok: node 1, leader"), "{healthy:?}");
+    assert_eq!(permit(&server, &["health", "--wait", "--timeout", "5s"]).await.code, 0);
+
+    // A node started with --join is not a member: it answers, degraded.
+    let temp = tempfile::tempdir().unwrap();
+    let secret = common::write_cluster_secret(temp.path());
+    let secret = secret.display().to_string();
+    let joiner = Server::start_in(
+        &temp.path().join("data"),
+        "127.0.0.1:0",
+        &["--id", "2", "--join", "--cluster-secret-file", &secret],
+    );
+    let degraded = permit(&joiner, &["health"]).await;
+    assert_eq!(degraded.code, EXIT_UNAVAILABLE, "{degraded:?}");
+    assert!(degraded.stdout.starts_with("degraded"), "{degraded:?}");
+    let started = std::time::Instant::now();
+    let waited = permit(&joiner, &["health", "--wait", "--timeout", "1s"]).await;
+    assert_eq!(waited.code, EXIT_TIMEOUT, "{waited:?}");
+    assert!(started.elapsed() >= Duration::from_secs(1), "waited its timeout");
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let url = format!("http://{closed}");
+    assert_eq!(permit(&server, &["--server", &url, "health"]).await.code, EXIT_UNREACHABLE);
+    // A node that accepts connections but never answers does not hold --wait past --timeout.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung_url = format!("http://{}", hung.local_addr().unwrap());
+    let started = std::time::Instant::now();
+    let waited = permit(&server, &["--server", &hung_url, "health", "--wait", "--timeout", "1s"]).await;
+    assert_eq!(waited.code, EXIT_TIMEOUT, "{waited:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    drop(hung);
+    assert_eq!(
+        permit(&server, &["--server", &url, "health", "--wait", "--timeout", "1s"]).await.code,
+        EXIT_TIMEOUT
+    );
+}
+
+/// Local mistakes fail at once with 64 (usage) or 78 (config) and a message that names the fix,
+/// instead of seconds of retries and "cannot reach" (74).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_mistakes_fail_at_once_with_a_message_that_names_the_fix() {
+    let server = Server::start();
+    // Retrying a connection takes 6 s; a local mistake must be reported well before.
+    let at_once = Duration::from_secs(3);
+
+    // A trailing newline (a secret read from a file) is trimmed: the command works.
+    let trimmed = permit_with_env(&server, &["ls"], &[("PERMIT_AUTH_TOKEN", "0123456789abcdef\n")]).await;
+    assert_eq!(trimmed.code, 0, "{trimmed:?}");
+    // Whitespace or control characters inside are refused before anything is sent.
+    for bad in ["0123 4567", "01\u{7}23"] {
+        let started = std::time::Instant::now();
+        let refused = permit(&server, &["--auth-token", bad, "ls"]).await;
+        assert_eq!(refused.code, EXIT_USAGE, "{refused:?}");
+        assert!(refused.stderr.contains("PERMIT_AUTH_TOKEN"), "{refused:?}");
+        assert!(started.elapsed() < at_once, "{:?}", started.elapsed());
+    }
+
+    // https:// against the plain-HTTP port: 78, naming the address to use.
+    let https = server.url.replacen("http://", "https://", 1);
+    let started = std::time::Instant::now();
+    let mismatch = permit(&server, &["--server", &https, "ls"]).await;
+    assert_eq!(mismatch.code, EXIT_CONFIG, "{mismatch:?}");
+    assert!(mismatch.stderr.contains(&format!("use {}", server.url)), "{mismatch:?}");
+    assert!(started.elapsed() < at_once, "{:?}", started.elapsed());
+
+    // A malformed address: 64, naming it.
+    let malformed = permit(&server, &["--server", "http//127.0.0.1:7376", "ls"]).await;
+    assert_eq!(malformed.code, EXIT_USAGE, "{malformed:?}");
+    assert!(malformed.stderr.contains("http//127.0.0.1:7376"), "{malformed:?}");
+
+    // "cannot reach" names every endpoint tried, with its error.
+    let closed: Vec<String> = (0..2)
+        .map(|_| {
+            format!("http://{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap())
+        })
+        .collect();
+    let unreachable = permit(&server, &["--server", &closed.join(","), "ls"]).await;
+    assert_eq!(unreachable.code, EXIT_UNREACHABLE, "{unreachable:?}");
+    for url in &closed {
+        assert!(unreachable.stderr.contains(&format!("{url}: Connection refused")), "{url}: {unreachable:?}");
+    }
+}
+
+/// With `RUST_BACKTRACE=1`, ordinary errors of the client commands and of `permit serve` print
+/// their message, not a stack trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_backtrace_does_not_turn_user_errors_into_stack_traces() {
+    let server = Server::start();
+    let missing = permit_with_env(&server, &["show", "nothing-here"], &[("RUST_BACKTRACE", "1")]).await;
+    assert_eq!(missing.code, EXIT_ERROR, "{missing:?}");
+    assert!(!missing.stderr.to_lowercase().contains("backtrace"), "{missing:?}");
+
+    let temp = tempfile::tempdir().unwrap();
+    let not_a_dir = temp.path().join("file");
+    std::fs::write(&not_a_dir, "").unwrap();
+    let data_dir = not_a_dir.join("data").display().to_string();
+    let serve = permit_with_env(
+        &server,
+        &["serve", "--listen", "127.0.0.1:0", "--data-dir", &data_dir],
+        &[("RUST_BACKTRACE", "1")],
+    )
+    .await;
+    assert_eq!(serve.code, 1, "{serve:?}");
+    assert!(serve.stderr.starts_with("permit: ") || serve.stderr.contains("\npermit: "), "{serve:?}");
+    assert!(!serve.stderr.to_lowercase().contains("backtrace"), "{serve:?}");
 }

@@ -233,6 +233,14 @@ async fn plain_http_to_the_tls_port_gets_a_clear_400() {
     let client = Client::new(&format!("http://{}", server.addr)).unwrap();
     let error = client.health().await.unwrap_err();
     assert_eq!(error.code(), Some(ErrorCode::TlsRequired), "{error:?}");
+
+    // The CLI fails at once with 78 (a configuration mistake), saying to use https://.
+    let started = std::time::Instant::now();
+    let output = cli(&format!("http://{}", server.addr), &["ls"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("https://"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(3), "no retries: {:?}", started.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

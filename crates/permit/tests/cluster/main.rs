@@ -7,6 +7,7 @@ mod acl;
 mod client_failover;
 mod failover;
 mod leader_hint;
+mod logs;
 mod membership;
 mod minority;
 mod peer;

@@ -76,6 +76,33 @@ pub struct Network {
     signer: Option<Arc<PeerSigner>>,
     view: Arc<LocalView>,
     sent: PeerRpcCounts,
+    /// Peers whose last RPC found them unreachable, shared by every client of the network.
+    unreachable: PeerReachability,
+}
+
+/// Which peers are known to be down, so that a peer that goes down is logged once (and once more
+/// when it answers again) rather than on every retry: openraft retries a down follower twice a
+/// second and its own logs of that are filtered out by `permit serve`'s default log filter.
+#[derive(Clone, Default)]
+struct PeerReachability(Arc<std::sync::Mutex<std::collections::BTreeSet<NodeId>>>);
+
+impl PeerReachability {
+    /// Records the outcome of an RPC to `target`, logging a change of its reachability.
+    fn record(&self, target: NodeId, addr: &str, error: Option<&dyn std::fmt::Display>) {
+        let mut down = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match error {
+            Some(error) if down.insert(target) => {
+                tracing::warn!(
+                    peer = target,
+                    %addr,
+                    %error,
+                    "peer unreachable; retrying quietly (logged again when it answers)"
+                );
+            }
+            None if down.remove(&target) => tracing::info!(peer = target, %addr, "peer answers again"),
+            _ => {}
+        }
+    }
 }
 
 impl Network {
@@ -101,7 +128,7 @@ impl Network {
             idle_max: IDLE_PER_PEER_MAX,
             answer_max: ANSWER_BYTES_MAX,
         });
-        Ok(Network { pool, signer, view, sent })
+        Ok(Network { pool, signer, view, sent, unreachable: PeerReachability::default() })
     }
 }
 
@@ -116,6 +143,7 @@ pub struct PeerConnection {
     sent: PeerRpcCounts,
     /// The commit index in the last AppendEntries sent to this peer.
     commit_sent: Option<super::LogId>,
+    unreachable: PeerReachability,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -130,12 +158,38 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             sent: self.sent.clone(),
             commit_sent: None,
+            unreachable: self.unreachable.clone(),
         }
     }
 }
 
 impl PeerConnection {
+    /// Sends one RPC (see [`PeerConnection::send`]), logging when the peer stops or starts
+    /// answering.
     async fn call<Req, Resp, E>(
+        &self,
+        kind: PeerRpcKind,
+        route: &str,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned + PeerAnswer,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let result = self.send(kind, route, request, option).await;
+        match &result {
+            Err(RPCError::Unreachable(error)) => {
+                self.unreachable.record(self.target, &self.addr, Some(error))
+            }
+            Err(_) => {}
+            Ok(_) => self.unreachable.record(self.target, &self.addr, None),
+        }
+        result
+    }
+
+    async fn send<Req, Resp, E>(
         &self,
         kind: PeerRpcKind,
         route: &str,
