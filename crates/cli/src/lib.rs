@@ -64,46 +64,56 @@ pub const EXIT_CODES_RUN: &str = "\
 Exit codes:
   0      the command exited 0
   1      the server refused a request or answered something unexpected (printed on stderr)
-  74     could not reach the server, or no server could serve (no leader, shutting down)
+  74     could not reach the server, or no server could serve (no leader, shutting down),
+         before a session was opened (once queued, outages are ridden out until the session's
+         deadline)
   75     --timeout passed before the grant; nothing is held or queued
-  76     the hold was lost while the command ran (the session expired, no keepalive was
-         acknowledged before the session's deadline, or --max-hold passed): the command got
-         SIGTERM at once, then SIGKILL after --kill-after
+  76     the hold was lost while the command ran (the session expired, keepalives were not
+         acknowledged until --kill-after before the session's deadline, or --max-hold passed):
+         the command got SIGTERM, then SIGKILL after --kill-after (by the deadline); or the
+         session was lost while queued (an outage longer than --ttl)
   126    the command could not be executed
   127    the command was not found
   128+N  the command was killed by signal N, or permit got signal N while waiting for the grant
   other  the command's own exit code (codes 1, 74-76 come from permit itself only when it
          printed why on stderr)
 
-If permit itself is killed (even with SIGKILL), the command and its process group are killed.";
+If permit itself is killed (even with SIGKILL), the command and its process group are killed;
+if permit is stopped (SIGSTOP) or hangs, a watchdog kills them at the session's deadline.";
 
 /// The exit codes of `permit elect`, printed at the end of its `--help`.
 pub const EXIT_CODES_ELECT: &str = "\
 Exit codes:
   0      the command exited 0
   1      the server refused a request or answered something unexpected (printed on stderr)
-  74     could not reach the server, or no server could serve (no leader, shutting down)
+  74     could not reach the server, or no server could serve (no leader, shutting down),
+         before a session was opened (once campaigning, outages are ridden out until the
+         session's deadline)
   75     --timeout passed before leadership was won; the candidacy is withdrawn
-  76     leadership was lost while the command ran (the session expired, or no keepalive was
-         acknowledged before the session's deadline): the command got SIGTERM at once, then
-         SIGKILL after --kill-after
+  76     leadership was lost while the command ran (the session expired, or keepalives were not
+         acknowledged until --kill-after before the session's deadline): the command got
+         SIGTERM, then SIGKILL after --kill-after (by the deadline); or the session was lost
+         while campaigning (an outage longer than --ttl)
   126    the command could not be executed
   127    the command was not found
   128+N  the command was killed by signal N, or permit got signal N while campaigning
   other  the command's own exit code (codes 1, 74-76 come from permit itself only when it
          printed why on stderr)
 
-If permit itself is killed (even with SIGKILL), the command and its process group are killed.";
+If permit itself is killed (even with SIGKILL), the command and its process group are killed;
+if permit is stopped (SIGSTOP) or hangs, a watchdog kills them at the session's deadline.";
 
 /// The exit codes of `permit lock`, printed at the end of its `--help`.
 pub const EXIT_CODES_LOCK: &str = "\
 Exit codes:
   0      released after SIGINT (Ctrl-C), SIGTERM, SIGHUP or SIGQUIT
   1      the server refused a request or answered something unexpected (printed on stderr)
-  74     could not reach the server, or no server could serve (no leader, shutting down)
+  74     could not reach the server, or no server could serve (no leader, shutting down),
+         before a session was opened (once queued, outages are ridden out until the session's
+         deadline)
   75     --timeout passed before the grant; nothing is held or queued
   76     the hold was lost (the session expired, or no keepalive was acknowledged before the
-         session's deadline)
+         session's deadline), or the session was lost while queued (an outage longer than --ttl)
   128+N  interrupted by signal N while waiting for the grant";
 
 /// The exit codes of `permit leader`, printed at the end of its `--help`.
@@ -289,7 +299,7 @@ mod tests {
         assert_eq!(args.permit.semaphore, "db");
         assert_eq!(args.permit.permits, 2);
         assert_eq!(args.permit.ttl, Duration::from_millis(500));
-        assert_eq!(args.kill_after, Duration::from_secs(10));
+        assert_eq!(args.kill_after, None);
         assert_eq!(args.command, ["sh", "-c", "exit 3"]);
     }
 
