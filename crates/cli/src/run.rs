@@ -215,8 +215,12 @@ impl Hold {
         let mut signals = Signals::catch().context("cannot catch signals")?;
         let options = SessionOptions { ttl: self.ttl, name: Some(self.session_name.clone()) };
         let session = client.session_with(options).await.context("cannot open a session")?;
-        let progress =
-            (!self.quiet).then(|| tokio::spawn(report_progress(session.clone(), self.what.clone())));
+        // Subscribed before the wait starts: the waiter asks every second only while somebody
+        // follows the position (a subscription made later would wait for a 30 s answer).
+        let progress = (!self.quiet).then(|| {
+            let positions = session.watch_queue_position();
+            tokio::spawn(report_progress(session.clone(), positions, self.what.clone()))
+        });
         let granted = tokio::select! {
             granted = acquire(session.clone()) => granted,
             signal = signals.recv() => {
@@ -376,9 +380,12 @@ async fn stop_due(session: Session, kill_after: Duration) {
 /// Prints the queue position on stderr when the wait starts and when it changes, at most once a
 /// second, and once when the servers cannot be reached (the wait goes on until the session's
 /// deadline). Runs until aborted.
-async fn report_progress(session: Session, what: String) {
+async fn report_progress(
+    session: Session,
+    mut positions: tokio::sync::watch::Receiver<Option<permit_client::QueuePosition>>,
+    what: String,
+) {
     const EVERY: Duration = Duration::from_secs(1);
-    let mut positions = session.watch_queue_position();
     let mut state = session.watch_state();
     let mut shown = None;
     let mut warned = false;

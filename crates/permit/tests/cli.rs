@@ -805,3 +805,36 @@ async fn a_kill_after_that_does_not_fit_in_the_ttl_is_clamped_with_a_message() {
         output.stderr
     );
 }
+
+/// Finding 5 of issue 29 (queue position): queued `lock` and `elect` print their position on
+/// stderr when they start waiting and again when it changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_lock_and_elect_print_their_position_and_its_changes() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let holder = client(&server).session(Duration::from_secs(30)).await.unwrap();
+    let options = AcquireOptions { capacity: Some(1), ..AcquireOptions::default() };
+    let held = holder.acquire_with("pos", 1, &options).await.unwrap().expect("granted");
+    let _leading = holder.campaign("pos-e", "holder").await.unwrap();
+
+    let mut first = Running::spawn(&server, dir.path(), &["lock", "pos"]);
+    let first_queued = common::eventually(STEP_TIMEOUT, async || first.stderr().contains("position 1")).await;
+    assert!(first_queued, "{}", first.stderr());
+    let mut second = Running::spawn(&server, dir.path(), &["lock", "pos"]);
+    let second_queued =
+        common::eventually(STEP_TIMEOUT, async || second.stderr().contains("position 2")).await;
+    assert!(second_queued, "{}", second.stderr());
+    let elect = Running::spawn(&server, dir.path(), &["elect", "pos-e", "--value", "x", "--", "true"]);
+    let candidate = common::eventually(STEP_TIMEOUT, async || elect.stderr().contains("position 1")).await;
+    assert!(candidate, "{}", elect.stderr());
+
+    // The first waiter leaves: the second moves up and says so.
+    first.signal(libc::SIGTERM);
+    assert_eq!(first.exit_code().await, 128 + libc::SIGTERM, "stderr: {}", first.stderr());
+    let moved = common::eventually(STEP_TIMEOUT, async || second.stderr().contains("position 1")).await;
+    assert!(moved, "{}", second.stderr());
+    held.release().await.unwrap();
+    file_contents(&second.stdout).await;
+    second.signal(libc::SIGTERM);
+    assert_eq!(second.exit_code().await, 0, "stderr: {}", second.stderr());
+}
