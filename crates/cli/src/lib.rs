@@ -15,7 +15,10 @@
 //!
 //! `run`, `elect` and `lock` release what they hold and close their session before exiting,
 //! whatever the outcome (within `run`'s short bound after a lost hold). The command of `run`
-//! and `elect` dies with `permit`, even when `permit` is killed with SIGKILL.
+//! and `elect` dies with `permit`, even when `permit` is killed with SIGKILL, and is dead by the
+//! session's local deadline even when `permit` is stopped (a forked watchdog, re-armed after
+//! each acknowledged keepalive: see `supervise.rs`). While queued, an outage is ridden out with
+//! the queue place until that deadline.
 #![deny(missing_docs)]
 
 mod acl;
