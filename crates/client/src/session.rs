@@ -389,8 +389,8 @@ impl Session {
 
     /// Follows the queue position of this session's waits: every `waiting` answer of an acquire
     /// or campaign updates it. While anybody watches, waits ask the server at least once a
-    /// second (instead of every 30 s), so that the position stays current; without a watcher
-    /// nothing changes.
+    /// second (instead of every 30 s), so that the position stays current (each ask is one
+    /// small replicated write); without a watcher nothing changes.
     ///
     /// # Examples
     ///

@@ -15,6 +15,8 @@ use crate::session::{Session, SessionState};
 const WAIT_CHUNK: Duration = Duration::from_secs(30);
 /// Longest wait asked while somebody follows the queue position
 /// ([`Session::watch_queue_position`]): a `waiting` answer at least this often keeps it current.
+/// Each ask is proposed to the log (an idempotent acquire or campaign), so a watched wait costs
+/// one small log entry a second; unwatched waits ask every 30 s.
 const WATCHED_CHUNK: Duration = Duration::from_secs(1);
 /// Pauses between asks while the servers cannot be reached (after the transport's own retries):
 /// from the first, doubling up to the last.
