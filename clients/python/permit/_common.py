@@ -420,6 +420,13 @@ def acquire_body(
     return body
 
 
+# Pauses between the asks of a blocked acquire or campaign while the cluster is unavailable
+# (after the request's own retries): from the first, doubling up to the last, until the session's
+# local deadline. The server keeps a queue place as long as its session lives.
+OUTAGE_PAUSE_MIN = 0.1
+OUTAGE_PAUSE_MAX = 1.0
+
+
 def wait_slice(deadline: Optional[float], try_once: bool, ttl: float) -> float:
     """How long the next long-poll asks the server to wait: at most WAIT_CHUNK and one TTL, so
     a session lost meanwhile is noticed; at least 1 ms so that it waits rather than tries."""

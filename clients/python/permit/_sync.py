@@ -50,6 +50,8 @@ from ._common import (
     segment,
     semaphore_info,
     transport_failure,
+    OUTAGE_PAUSE_MAX,
+    OUTAGE_PAUSE_MIN,
     wait_slice,
 )
 from ._errors import AlreadyHeld, ClusterUnavailable, PermitError, SessionLost, Timeout, Unavailable
@@ -525,6 +527,7 @@ class Session:
         deadline = None if timeout is None else time.monotonic() + timeout
         armed = False
         last_waiting_sent: Optional[float] = None
+        outage_pause = OUTAGE_PAUSE_MIN
         try:
             while True:
                 wait = wait_slice(deadline, try_once, self.ttl)
@@ -544,10 +547,20 @@ class Session:
                     self._lose(error)
                     raise
                 except ClusterUnavailable:
-                    raise  # the outcome is unknown: a place may be left, given up below
+                    # An outage (no node reachable, no leader, ...): the server keeps the place
+                    # while the session lives, so ask again until the session's local deadline
+                    # (the keepalive thread then marks it lost) or the timeout. A place that may
+                    # be left is given up below.
+                    if try_once:
+                        raise
+                    outage_pause = self._ride_out(outage_pause, deadline)
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise Timeout("wait_timeout", 0, f"{name}: not granted within {timeout} s (the cluster was unreachable); the queue place is given up")
+                    continue
                 except PermitError:
                     armed = False
                     raise
+                outage_pause = OUTAGE_PAUSE_MIN
                 if status == 200:
                     armed = False
                     return answer, (last_waiting_sent if last_waiting_sent is not None else sent)
@@ -561,6 +574,15 @@ class Session:
         finally:
             if armed:
                 self._give_up_quietly(kind, name)
+
+    def _ride_out(self, pause: float, deadline: Optional[float]) -> float:
+        """Pauses between asks during an outage (shorter if the wait's ``deadline`` is nearer);
+        raises SessionLost when the session is lost meanwhile; returns the next pause."""
+        if deadline is not None:
+            pause = max(0.0, min(pause, deadline - time.monotonic()))
+        self.lost.wait(pause)
+        self._check()
+        return min(pause * 2, OUTAGE_PAUSE_MAX) if pause > 0 else OUTAGE_PAUSE_MIN
 
     def _give_up(self, kind: str, name: str) -> None:
         action = "release" if kind == "semaphores" else "resign"

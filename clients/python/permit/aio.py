@@ -64,6 +64,8 @@ from ._common import (
     segment,
     semaphore_info,
     transport_failure,
+    OUTAGE_PAUSE_MAX,
+    OUTAGE_PAUSE_MIN,
     wait_slice,
 )
 from ._errors import (
@@ -548,6 +550,7 @@ class Session:
         deadline = None if timeout is None else time.monotonic() + timeout
         armed = False
         last_waiting_sent: Optional[float] = None
+        outage_pause = OUTAGE_PAUSE_MIN
         try:
             while True:
                 wait = wait_slice(deadline, try_once, self.ttl)
@@ -569,10 +572,18 @@ class Session:
                     self._lose(error)
                     raise
                 except ClusterUnavailable:
-                    raise  # the outcome is unknown: a place may be left, given up below
+                    # An outage: ask again, keeping the place, until the session's local
+                    # deadline or the timeout (see the sync client's _wait).
+                    if try_once:
+                        raise
+                    outage_pause = await self._ride_out(outage_pause, deadline)
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise Timeout("wait_timeout", 0, f"{name}: not granted within {timeout} s (the cluster was unreachable); the queue place is given up")
+                    continue
                 except PermitError:
                     armed = False
                     raise
+                outage_pause = OUTAGE_PAUSE_MIN
                 if status == 200:
                     armed = False
                     return answer, (last_waiting_sent if last_waiting_sent is not None else sent)
@@ -586,6 +597,18 @@ class Session:
         finally:
             if armed:
                 await self._give_up_quietly(kind, name)
+
+    async def _ride_out(self, pause: float, deadline: Optional[float]) -> float:
+        """Pauses between asks during an outage (shorter if the wait's ``deadline`` is nearer);
+        raises SessionLost when the session is lost meanwhile; returns the next pause."""
+        if deadline is not None:
+            pause = max(0.0, min(pause, deadline - time.monotonic()))
+        try:
+            await asyncio.wait_for(self.lost.wait(), pause)
+        except asyncio.TimeoutError:
+            pass
+        self._check()
+        return min(pause * 2, OUTAGE_PAUSE_MAX) if pause > 0 else OUTAGE_PAUSE_MIN
 
     async def _until_lost(self, call: Awaitable[Tuple[int, Any]]) -> Tuple[int, Any]:
         """``call``'s answer, or SessionLost as soon as the session is lost meanwhile."""

@@ -29,10 +29,10 @@ def permit_bin() -> str:
 class Server:
     """One ``permit serve`` child process; ``kill9`` ends it by its PID."""
 
-    def __init__(self, data_dir: Path, extra: List[str]) -> None:
-        self.log = open(data_dir.parent / f"{data_dir.name}.log", "wb")
+    def __init__(self, data_dir: Path, extra: List[str], listen: str = "127.0.0.1:0") -> None:
+        self.log = open(data_dir.parent / f"{data_dir.name}.log", "ab")
         self.proc = subprocess.Popen(
-            [permit_bin(), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir), *extra],
+            [permit_bin(), "serve", "--listen", listen, "--data-dir", str(data_dir), *extra],
             stdout=subprocess.PIPE,
             stderr=self.log,
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn,openraft=off")},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Awaitable, Callable, List, TypeVar
 
 import httpx
@@ -453,3 +454,42 @@ def async_waiters(client: "permit.aio.Client", name: str, count: int) -> Callabl
         return len((await client.semaphore(name)).waiters) == count
 
     return check
+
+
+def test_a_blocked_acquire_rides_out_an_outage_shorter_than_the_session() -> None:
+    """Issue 29, finding 2, asyncio: as the sync client's test of the same name."""
+    with tempfile.TemporaryDirectory(prefix="permit-py-outage-") as temp:
+        data = Path(temp) / "data"
+        node = Server(data, [])
+
+        async def main() -> None:
+            nonlocal node
+            async with permit.aio.Client(node.url) as client:
+                holder = await client.session(ttl=30.0)
+                held = await holder.acquire("outage", capacity=1)
+                waiter = await client.session(ttl=30.0)
+                short = await client.session(ttl=2.0)
+                long_wait = asyncio.ensure_future(waiter.acquire("outage", timeout=60))
+                short_wait = asyncio.ensure_future(short.acquire("outage", timeout=60))
+                assert await until(lambda: waiting(client, 2))
+                node.kill9()
+                await asyncio.sleep(7.5)  # the outage itself, longer than the retries of one request
+                assert not long_wait.done()
+                node = Server(data, [], listen=node.addr)
+                with pytest.raises(permit.SessionLost):
+                    await asyncio.wait_for(short_wait, 10)
+                await held.release()
+                granted = await asyncio.wait_for(long_wait, 20)
+                assert granted.session is waiter
+                await granted.release()
+                await holder.close()
+                await waiter.close()
+
+        try:
+            run(main)
+        finally:
+            node.kill9()
+
+
+async def waiting(client: permit.aio.Client, count: int) -> bool:
+    return len((await client.semaphore("outage")).waiters) == count

@@ -479,3 +479,44 @@ def test_an_acquire_in_flight_claims_its_name(server: Server, name: str) -> None
         blocker.release()
         waiter.join(10.0)
         assert len(granted) == 1 and granted[0] > 0
+
+
+def test_a_blocked_acquire_rides_out_an_outage_shorter_than_the_session() -> None:
+    """Issue 29, finding 2: a blocked acquire survives the cluster being down for longer than
+    the request's own retries (≈ 6 s) but shorter than the session, keeping its place; an outage
+    longer than the session ends it with SessionLost."""
+    with tempfile.TemporaryDirectory(prefix="permit-py-outage-") as temp:
+        node = Server(Path(temp) / "data", [])
+        try:
+            with permit.Client(node.url) as client:
+                holder = client.session(ttl=30.0)
+                held = holder.acquire("outage", capacity=1)
+                waiter = client.session(ttl=30.0)
+                short = client.session(ttl=2.0)
+                outcome: List[object] = []
+
+                def wait(session: permit.Session) -> None:
+                    try:
+                        outcome.append(session.acquire("outage", timeout=60))
+                    except permit.PermitError as error:
+                        outcome.append(error)
+
+                threads = [threading.Thread(target=wait, args=(s,), daemon=True) for s in (waiter, short)]
+                for thread in threads:
+                    thread.start()
+                assert eventually(lambda: len(client.semaphore("outage").waiters) == 2)
+                node.kill9()
+                time.sleep(7.5)  # the outage itself, longer than the retries of one request
+                assert threads[0].is_alive(), outcome
+                node = Server(Path(temp) / "data", [], listen=node.addr)
+                threads[1].join(10)
+                assert len(outcome) == 1 and isinstance(outcome[0], permit.SessionLost), outcome
+                held.release()
+                threads[0].join(20)
+                assert len(outcome) == 2 and isinstance(outcome[1], permit.Permit), outcome
+                assert outcome[1].session is waiter
+                outcome[1].release()
+                holder.close()
+                waiter.close()
+        finally:
+            node.kill9()

@@ -28,9 +28,15 @@ pub struct ElectArgs {
     /// Give up campaigning after this long and exit with 75 (default: wait as long as it takes).
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<Duration>,
-    /// When leadership is lost, wait this long after SIGTERM before sending SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub kill_after: Duration,
+    /// The stop budget: the command gets SIGTERM this long before the session's local deadline
+    /// when no keepalive was acknowledged (or at once when leadership is lost), and SIGKILL at
+    /// the deadline, so that it is dead before the server can elect someone else. At most a
+    /// third of --ttl (a larger value is clamped, with a message); default a quarter.
+    #[arg(long, value_parser = parse_duration)]
+    pub kill_after: Option<Duration>,
+    /// Do not print the position among the candidates on stderr while waiting.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
     /// Keep the command in this terminal's process group and signal only it.
     #[arg(long)]
     pub foreground: bool,
@@ -77,11 +83,13 @@ pub(crate) async fn elect(client: &Client, args: ElectArgs) -> anyhow::Result<i3
         ttl: args.ttl,
         session_name: name,
         timeout: args.timeout,
+        quiet: args.quiet,
         job: Some(Job {
             command: args.command,
-            kill_after: args.kill_after,
+            kill_after: crate::run::stop_budget(args.ttl, args.kill_after),
             foreground: args.foreground,
             pass_token: args.pass_token,
+            deadline: tokio::time::Instant::now(),
         }),
     };
     let (election, value, timeout) = (args.election, args.value, args.timeout);

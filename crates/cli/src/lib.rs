@@ -16,7 +16,10 @@
 //!
 //! `run`, `elect` and `lock` release what they hold and close their session before exiting,
 //! whatever the outcome (within `run`'s short bound after a lost hold). The command of `run`
-//! and `elect` dies with `permit`, even when `permit` is killed with SIGKILL.
+//! and `elect` dies with `permit`, even when `permit` is killed with SIGKILL, and is dead by the
+//! session's local deadline even when `permit` is stopped (a forked watchdog, re-armed after
+//! each acknowledged keepalive: see `supervise.rs`). While queued, an outage is ridden out with
+//! the queue place until that deadline.
 #![deny(missing_docs)]
 
 mod acl;
@@ -81,11 +84,14 @@ Exit codes:
   0      the command exited 0
   1      the server refused a request or answered something unexpected (printed on stderr)
   64     a malformed --server address or access token (the message says which; nothing was sent)
-  74     could not reach the server, or no server could serve (no leader, shutting down)
+  74     could not reach the server, or no server could serve (no leader, shutting down),
+         before a session was opened (once queued, outages are ridden out until the session's
+         deadline)
   75     --timeout passed before the grant; nothing is held or queued
-  76     the hold was lost while the command ran (the session expired, no keepalive was
-         acknowledged before the session's deadline, or --max-hold passed): the command got
-         SIGTERM at once, then SIGKILL after --kill-after
+  76     the hold was lost while the command ran (the session expired, keepalives were not
+         acknowledged until --kill-after before the session's deadline, or --max-hold passed):
+         the command got SIGTERM, then SIGKILL after --kill-after (by the deadline); or the
+         session was lost while queued (an outage longer than --ttl)
   78     https:// against a plain-HTTP port or http:// against a TLS port (the message names the
          address to use)
   126    the command could not be executed
@@ -94,7 +100,8 @@ Exit codes:
   other  the command's own exit code (codes 1, 64, 74-76 and 78 come from permit itself
          only when it printed why on stderr)
 
-If permit itself is killed (even with SIGKILL), the command and its process group are killed.";
+If permit itself is killed (even with SIGKILL), the command and its process group are killed;
+if permit is stopped (SIGSTOP) or hangs, a watchdog kills them at the session's deadline.";
 
 /// The exit codes of `permit elect`, printed at the end of its `--help`.
 pub const EXIT_CODES_ELECT: &str = "\
@@ -102,11 +109,14 @@ Exit codes:
   0      the command exited 0
   1      the server refused a request or answered something unexpected (printed on stderr)
   64     a malformed --server address or access token (the message says which; nothing was sent)
-  74     could not reach the server, or no server could serve (no leader, shutting down)
+  74     could not reach the server, or no server could serve (no leader, shutting down),
+         before a session was opened (once campaigning, outages are ridden out until the
+         session's deadline)
   75     --timeout passed before leadership was won; the candidacy is withdrawn
-  76     leadership was lost while the command ran (the session expired, or no keepalive was
-         acknowledged before the session's deadline): the command got SIGTERM at once, then
-         SIGKILL after --kill-after
+  76     leadership was lost while the command ran (the session expired, or keepalives were not
+         acknowledged until --kill-after before the session's deadline): the command got
+         SIGTERM, then SIGKILL after --kill-after (by the deadline); or the session was lost
+         while campaigning (an outage longer than --ttl)
   78     https:// against a plain-HTTP port or http:// against a TLS port (the message names the
          address to use)
   126    the command could not be executed
@@ -115,7 +125,8 @@ Exit codes:
   other  the command's own exit code (codes 1, 64, 74-76 and 78 come from permit itself
          only when it printed why on stderr)
 
-If permit itself is killed (even with SIGKILL), the command and its process group are killed.";
+If permit itself is killed (even with SIGKILL), the command and its process group are killed;
+if permit is stopped (SIGSTOP) or hangs, a watchdog kills them at the session's deadline.";
 
 /// The exit codes of `permit lock`, printed at the end of its `--help`.
 pub const EXIT_CODES_LOCK: &str = "\
@@ -123,10 +134,12 @@ Exit codes:
   0      released after SIGINT (Ctrl-C), SIGTERM, SIGHUP or SIGQUIT
   1      the server refused a request or answered something unexpected (printed on stderr)
   64     a malformed --server address or access token (the message says which; nothing was sent)
-  74     could not reach the server, or no server could serve (no leader, shutting down)
+  74     could not reach the server, or no server could serve (no leader, shutting down),
+         before a session was opened (once queued, outages are ridden out until the session's
+         deadline)
   75     --timeout passed before the grant; nothing is held or queued
   76     the hold was lost (the session expired, or no keepalive was acknowledged before the
-         session's deadline)
+         session's deadline), or the session was lost while queued (an outage longer than --ttl)
   78     https:// against a plain-HTTP port or http:// against a TLS port (the message names the
          address to use)
   128+N  interrupted by signal N while waiting for the grant";
@@ -428,7 +441,7 @@ mod tests {
         assert_eq!(args.permit.semaphore, "db");
         assert_eq!(args.permit.permits, 2);
         assert_eq!(args.permit.ttl, Duration::from_millis(500));
-        assert_eq!(args.kill_after, Duration::from_secs(10));
+        assert_eq!(args.kill_after, None);
         assert_eq!(args.command, ["sh", "-c", "exit 3"]);
     }
 

@@ -24,9 +24,12 @@ pub struct RunArgs {
     /// command is then stopped as on a lost hold).
     #[arg(long, value_parser = parse_duration)]
     pub max_hold: Option<Duration>,
-    /// When the hold is lost, wait this long after SIGTERM before sending SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub kill_after: Duration,
+    /// The stop budget: the command gets SIGTERM this long before the session's local deadline
+    /// when no keepalive was acknowledged (or at once when the hold is lost), and SIGKILL at the
+    /// deadline, so that it is dead before the server can give the hold to someone else. At
+    /// most a third of --ttl (a larger value is clamped, with a message); default a quarter.
+    #[arg(long, value_parser = parse_duration)]
+    pub kill_after: Option<Duration>,
     /// Keep the command in this terminal's process group (for interactive commands) and signal
     /// only it; by default it gets its own process group, which is signalled as a whole.
     #[arg(long)]
@@ -66,6 +69,9 @@ pub struct PermitArgs {
     /// Give up waiting after this long and exit with 75 (default: wait as long as it takes).
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<Duration>,
+    /// Do not print the queue position on stderr while waiting.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
 }
 
 impl PermitArgs {
@@ -84,8 +90,31 @@ impl PermitArgs {
             ttl: self.ttl,
             session_name: name,
             timeout: self.timeout,
+            quiet: self.quiet,
             job,
         }
+    }
+}
+
+/// The stop budget of a command run while holding (`--kill-after`): at most a third of the TTL,
+/// by default a quarter. Keepalives go out every third of the TTL, so a healthy session always
+/// has about two thirds of it left; a budget within a third starts stopping the command only
+/// when keepalives have failed for a while, and leaves it dead by the local deadline, which is
+/// never later than the server's. A larger value is clamped, with a message.
+pub(crate) fn stop_budget(ttl: Duration, kill_after: Option<Duration>) -> Duration {
+    let most = ttl / 3;
+    match kill_after {
+        None => ttl / 4,
+        Some(asked) if asked > most => {
+            eprintln!(
+                "permit: --kill-after {} does not fit in --ttl {}: the command must be dead before the session can expire on the server; using {} (a third of the TTL)",
+                humantime::format_duration(asked),
+                humantime::format_duration(ttl),
+                humantime::format_duration(Duration::from_millis(most.as_millis() as u64)),
+            );
+            most
+        }
+        Some(asked) => asked,
     }
 }
 
@@ -94,9 +123,10 @@ pub(crate) async fn run(client: &Client, args: RunArgs) -> anyhow::Result<i32> {
     let options = args.permit.options(args.max_hold);
     let job = Job {
         command: args.command,
-        kill_after: args.kill_after,
+        kill_after: stop_budget(args.permit.ttl, args.kill_after),
         foreground: args.foreground,
         pass_token: args.pass_token,
+        deadline: tokio::time::Instant::now(),
     };
     let hold = args.permit.hold("run", args.name, Some(job));
     let (semaphore, permits) = (args.permit.semaphore, args.permit.permits);
@@ -150,6 +180,8 @@ pub(crate) struct Hold {
     pub ttl: Duration,
     pub session_name: String,
     pub timeout: Option<Duration>,
+    /// Do not print the queue position while waiting (`--quiet`).
+    pub quiet: bool,
     /// The command to run while holding; `None` (`permit lock`) prints the token and holds until
     /// SIGINT or SIGTERM.
     pub job: Option<Job>,
@@ -183,6 +215,12 @@ impl Hold {
         let mut signals = Signals::catch().context("cannot catch signals")?;
         let options = SessionOptions { ttl: self.ttl, name: Some(self.session_name.clone()) };
         let session = client.session_with(options).await.context("cannot open a session")?;
+        // Subscribed before the wait starts: the waiter asks every second only while somebody
+        // follows the position (a subscription made later would wait for a 30 s answer).
+        let progress = (!self.quiet).then(|| {
+            let positions = session.watch_queue_position();
+            tokio::spawn(report_progress(session.clone(), positions, self.what.clone()))
+        });
         let granted = tokio::select! {
             granted = acquire(session.clone()) => granted,
             signal = signals.recv() => {
@@ -191,6 +229,9 @@ impl Hold {
                 return Ok(EXIT_SIGNAL_BASE + signal);
             }
         };
+        if let Some(progress) = progress {
+            progress.abort();
+        }
         let (held, mut env) = match granted {
             Ok(Some(grant)) => grant,
             Ok(None) => {
@@ -202,6 +243,19 @@ impl Hold {
                 );
                 close(session).await;
                 return Ok(EXIT_TIMEOUT);
+            }
+            Err(permit_client::Error::SessionExpired) => {
+                // The wait rode out what it could (an outage is retried, with the queue place,
+                // until the session's local deadline): the session, and the place, are lost.
+                eprintln!(
+                    "permit: lost the session while waiting for {} (the server was unreachable, or no keepalive was acknowledged, until the session's deadline: --ttl {}); the queue place is gone",
+                    self.what,
+                    humantime::format_duration(self.ttl)
+                );
+                if tokio::time::timeout(LOST_CLEANUP_TIMEOUT, close(session)).await.is_err() {
+                    eprintln!("permit: could not close the session in time; it expires after its TTL");
+                }
+                return Ok(EXIT_LOST);
             }
             Err(error) => {
                 close(session).await;
@@ -243,6 +297,7 @@ impl Hold {
         env: &[(&str, String)],
         signals: &mut Signals,
     ) -> anyhow::Result<Outcome> {
+        let job = &Job { deadline: session.deadline(), ..job.clone() };
         let running = match supervise::spawn(job, env).await {
             Ok(running) => running,
             Err(code) => return Ok(Outcome { code, lost: false }),
@@ -254,9 +309,22 @@ impl Hold {
                 why_lost(session)
             );
         };
+        // Stop when the hold is lost, or `kill_after` before the local deadline when keepalives
+        // are not acknowledged (SIGKILL then comes at the deadline itself).
+        let lost = held.lost();
+        let due = stop_due(session.clone(), job.kill_after);
+        let stop = async move {
+            tokio::select! {
+                () = lost => {}
+                () = due => {}
+            }
+        };
+        let deadline = || session.deadline();
         let ended =
-            running.supervise(signals, held.lost(), on_lost).await.context("waiting for the command")?;
-        Ok(if ended.lost {
+            running.supervise(signals, stop, on_lost, deadline).await.context("waiting for the command")?;
+        // Killed by the watchdog while `permit` was stopped: the deadline has passed.
+        let lapsed = tokio::time::Instant::now() >= session.deadline();
+        Ok(if ended.lost || lapsed {
             Outcome { code: EXIT_LOST, lost: true }
         } else {
             Outcome { code: ended.code, lost: false }
@@ -290,7 +358,57 @@ impl Hold {
 fn why_lost(session: &Session) -> &'static str {
     match session.state() {
         SessionState::Expired => "the session expired, or no keepalive was acknowledged before its deadline",
-        _ => "--max-hold passed",
+        SessionState::Jeopardy => {
+            "no keepalive was acknowledged, and the session's deadline is within --kill-after; it may expire"
+        }
+        SessionState::Alive => "--max-hold passed",
+    }
+}
+
+/// Resolves `kill_after` before the session's local deadline, which acknowledged keepalives
+/// keep moving on (it only moves later).
+async fn stop_due(session: Session, kill_after: Duration) {
+    loop {
+        let at = session.deadline().checked_sub(kill_after).unwrap_or_else(tokio::time::Instant::now);
+        tokio::time::sleep_until(at).await;
+        if session.deadline().checked_sub(kill_after).is_none_or(|at| tokio::time::Instant::now() >= at) {
+            return;
+        }
+    }
+}
+
+/// Prints the queue position on stderr when the wait starts and when it changes, at most once a
+/// second, and once when the servers cannot be reached (the wait goes on until the session's
+/// deadline). Runs until aborted.
+async fn report_progress(
+    session: Session,
+    mut positions: tokio::sync::watch::Receiver<Option<permit_client::QueuePosition>>,
+    what: String,
+) {
+    const EVERY: Duration = Duration::from_secs(1);
+    let mut state = session.watch_state();
+    let mut shown = None;
+    let mut warned = false;
+    loop {
+        let position = positions.borrow_and_update().as_ref().map(|place| place.position);
+        if position.is_some() && position != shown {
+            eprintln!("permit: waiting for {what}: position {} in the queue", position.unwrap_or_default());
+            shown = position;
+        }
+        let jeopardy = *state.borrow_and_update() == SessionState::Jeopardy;
+        if jeopardy && !warned {
+            let left = session.deadline().saturating_duration_since(tokio::time::Instant::now());
+            eprintln!(
+                "permit: cannot reach the server; still waiting for {what}, keeping the queue place for up to {}",
+                humantime::format_duration(Duration::from_millis(left.as_millis() as u64))
+            );
+        }
+        warned = jeopardy;
+        tokio::time::sleep(EVERY).await;
+        tokio::select! {
+            changed = positions.changed() => if changed.is_err() { return },
+            changed = state.changed() => if changed.is_err() { return },
+        }
     }
 }
 

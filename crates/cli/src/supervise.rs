@@ -47,7 +47,7 @@ impl Signals {
 }
 
 /// The command to run while holding, and how to stop it.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Job {
     /// Program and arguments.
     pub command: Vec<OsString>,
@@ -60,6 +60,9 @@ pub(crate) struct Job {
     /// is removed: the command runs under the lock, it is not the lock's owner, and a token
     /// in its environment leaks into whatever it runs, logs or dumps.
     pub pass_token: bool,
+    /// The hold's local deadline when the command starts (the session's conservative
+    /// deadline): the [`Watchdog`]'s first arming.
+    pub deadline: Instant,
 }
 
 /// The variable the CLI reads its token from, removed from a command's environment unless
@@ -84,6 +87,9 @@ pub(crate) struct Running {
     kill_after: Duration,
     /// Kills the command's process group if `permit` dies; `None` in the foreground.
     guard: Option<Guard>,
+    /// Kills the command (its group) at the hold's local deadline unless re-armed, even while
+    /// `permit` is stopped; `None` if it could not be started (reported on stderr).
+    watchdog: Option<Watchdog>,
 }
 
 /// The signal the kernel sends the command when `permit` dies, however it dies (even by
@@ -200,7 +206,15 @@ pub(crate) async fn spawn(job: &Job, env: &[(&str, String)]) -> Result<Running, 
         (Some(guard), false) => Some(guard.group),
         (None, false) => Some(pid),
     };
-    Ok(Running { child, pid, group, kill_after: job.kill_after, guard })
+    let target = group.map_or(pid, |group| -group);
+    let watchdog = match Watchdog::start(target, job.deadline) {
+        Ok(watchdog) => Some(watchdog),
+        Err(error) => {
+            eprintln!("permit: cannot start the watchdog ({error}); if permit is stopped, nothing stops the command at the session's deadline");
+            None
+        }
+    };
+    Ok(Running { child, pid, group, kill_after: job.kill_after, guard, watchdog })
 }
 
 /// Makes the command die when this process dies: in the child, before exec, set the parent-death
@@ -266,22 +280,177 @@ async fn on_lasting_thread<T: Send + 'static>(
     answer.await.map_err(|_| io::Error::other("the spawner thread dropped the work"))?
 }
 
+/// How often [`Running::supervise`] passes the hold's deadline on to the [`Watchdog`]: often
+/// enough that a renewal reaches it long before the old deadline (a third of the TTL at least).
+const REARM_EVERY: Duration = Duration::from_millis(100);
+
+/// The dead-man switch of `permit run` and `permit elect`: a process forked from `permit`, in a
+/// process group of its own, that holds the hold's local deadline and sends SIGKILL to the
+/// command (its process group) when the deadline passes. `permit` moves the deadline on after
+/// each acknowledged keepalive by writing it to a pipe ([`Watchdog::rearm`]); when `permit` is
+/// stopped (SIGSTOP, a frozen VM that thaws for the watchdog first, a hung runtime), the
+/// deadline stays where it was and the command dies at it, before the server can expire the
+/// session and grant the hold to someone else (the local deadline is never later than the
+/// server's). Writing `0`, or closing the pipe, ends the watchdog without killing anything
+/// (the command ended; if `permit` died, the [`Guard`] and the parent-death signal act).
+///
+/// It is forked rather than executed, so it needs no program on disk; between fork and exit it
+/// makes only async-signal-safe system calls (`close`, `setpgid`, `clock_gettime`, `poll`,
+/// `read`, `kill`, `_exit`), as required in the child of a multi-threaded process. Deadlines
+/// travel as milliseconds of `CLOCK_MONOTONIC`, which every process shares.
+struct Watchdog {
+    pipe: std::io::PipeWriter,
+    pid: libc::pid_t,
+    /// The last deadline written, in ms of `CLOCK_MONOTONIC`.
+    armed: i64,
+}
+
+/// Milliseconds of `CLOCK_MONOTONIC` (the clock of [`Instant`] on Linux).
+fn monotonic_ms() -> i64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime(2) writes the timespec we own; it is async-signal-safe.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec * 1000 + now.tv_nsec / 1_000_000
+}
+
+/// `at` in ms of `CLOCK_MONOTONIC`, rounded down (so never later than `at`).
+fn instant_ms(at: Instant) -> i64 {
+    let now = Instant::now();
+    let ms = monotonic_ms();
+    match at.checked_duration_since(now) {
+        Some(ahead) => ms + i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX / 2),
+        None => ms - i64::try_from(now.duration_since(at).as_millis()).unwrap_or(0) - 1,
+    }
+}
+
+impl Watchdog {
+    /// Forks the watchdog of `target` (a pid, or minus a process group id), armed for `deadline`.
+    fn start(target: libc::pid_t, deadline: Instant) -> io::Result<Watchdog> {
+        use std::os::fd::AsRawFd;
+        let (reader, pipe) = std::io::pipe()?;
+        let (read_fd, write_fd) = (reader.as_raw_fd(), pipe.as_raw_fd());
+        let first = instant_ms(deadline).max(1);
+        // SAFETY: the child runs only `watch`, which makes async-signal-safe calls and never
+        // returns (it ends with _exit); the parent goes on as usual.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid == 0 {
+            // SAFETY: in the forked child: see `watch`.
+            unsafe { watch(read_fd, write_fd, target, first) }
+        }
+        drop(reader);
+        Ok(Watchdog { pipe, pid, armed: first })
+    }
+
+    /// Moves the deadline to `deadline` (only later: a deadline never moves back).
+    fn rearm(&mut self, deadline: Instant) {
+        let at = instant_ms(deadline).max(1);
+        if at > self.armed {
+            use std::io::Write;
+            // 8 bytes are below PIPE_BUF: the write is atomic, never half-read.
+            if self.pipe.write_all(&at.to_le_bytes()).is_ok() {
+                self.armed = at;
+            }
+        }
+    }
+
+    /// Ends the watchdog without killing anything, and reaps it.
+    fn disarm(mut self) {
+        use std::io::Write;
+        let _ = self.pipe.write_all(&0i64.to_le_bytes());
+        drop(self.pipe);
+        // SAFETY: waitpid(2) on our own child.
+        unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), 0) };
+    }
+}
+
+/// The watchdog's loop, in the forked child: wait on the pipe until the deadline; at the
+/// deadline SIGKILL `target`; a `0` or end of file ends it quietly.
+///
+/// # Safety
+///
+/// Only in the child of `fork`: it closes every other descriptor and exits with `_exit`.
+unsafe fn watch(read_fd: i32, write_fd: i32, target: libc::pid_t, mut deadline: i64) -> ! {
+    // SAFETY (whole body): only async-signal-safe system calls on our own descriptors and
+    // stack memory.
+    unsafe {
+        // Hold no descriptor but the read end: not `permit`'s connections, nor the write end
+        // (whose last close by `permit` is the end-of-file that ends the watchdog).
+        let _ = write_fd;
+        for fd in 0..4096 {
+            if fd != read_fd {
+                libc::close(fd);
+            }
+        }
+        // A group of its own: a Ctrl-Z or a signal to `permit`'s group does not stop it.
+        libc::setpgid(0, 0);
+        let mut buffer = [0u8; 8];
+        let mut filled = 0usize;
+        loop {
+            let now = monotonic_ms();
+            if now >= deadline {
+                libc::kill(target, libc::SIGKILL);
+                libc::_exit(0);
+            }
+            let timeout = (deadline - now).min(i64::from(i32::MAX)) as libc::c_int;
+            let mut poll = libc::pollfd { fd: read_fd, events: libc::POLLIN, revents: 0 };
+            if libc::poll(&mut poll, 1, timeout) <= 0 {
+                continue; // Timed out (the deadline is checked above) or interrupted.
+            }
+            let read = libc::read(read_fd, buffer.as_mut_ptr().add(filled).cast(), 8 - filled);
+            if read == 0 {
+                libc::_exit(0);
+            }
+            if read < 0 {
+                if *libc::__errno_location() == libc::EINTR {
+                    continue;
+                }
+                libc::_exit(0);
+            }
+            filled += read as usize;
+            if filled == 8 {
+                filled = 0;
+                let next = i64::from_le_bytes(buffer);
+                if next == 0 {
+                    libc::_exit(0);
+                }
+                deadline = deadline.max(next);
+            }
+        }
+    }
+}
+
 impl Running {
-    /// Waits for the command to end, forwarding caught signals to it. When `lost` resolves,
-    /// calls `on_lost`, sends SIGTERM, and SIGKILL after the grace period.
+    /// Waits for the command to end, forwarding caught signals to it and re-arming the
+    /// [`Watchdog`] with `deadline()` (the hold's local deadline, moved on by each acknowledged
+    /// keepalive). When `lost` resolves, calls `on_lost`, sends SIGTERM, and SIGKILL after the
+    /// grace period.
     pub async fn supervise(
         mut self,
         signals: &mut Signals,
         lost: impl Future<Output = ()>,
         on_lost: impl FnOnce(),
+        deadline: impl Fn() -> Instant,
     ) -> io::Result<Ended> {
         tokio::pin!(lost);
         let mut on_lost = Some(on_lost);
         let mut kill_at: Option<Instant> = None;
         let mut killed = false;
+        let mut rearm = tokio::time::interval(REARM_EVERY);
+        rearm.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                _ = rearm.tick(), if on_lost.is_some() => {
+                    if let Some(watchdog) = &mut self.watchdog {
+                        watchdog.rearm(deadline());
+                    }
+                }
                 status = self.child.wait() => {
+                    if let Some(watchdog) = self.watchdog.take() {
+                        watchdog.disarm();
+                    }
                     let lost = on_lost.is_none();
                     // After a lost hold the guard kills what the command left behind in its
                     // group; after a normal end it lets it be.
@@ -354,6 +523,7 @@ mod tests {
             kill_after: Duration::from_secs(1),
             foreground: false,
             pass_token: false,
+            deadline: Instant::now() + Duration::from_secs(60),
         };
         let handle = runtime.handle().clone();
         let started = std::thread::spawn(move || handle.block_on(spawn(&job, &[]))).join().unwrap();

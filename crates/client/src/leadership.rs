@@ -186,7 +186,10 @@ impl Session {
     ///
     /// [`Error::SessionExpired`](crate::Error::SessionExpired) if the session ends while waiting;
     /// `wait_cancelled` (the candidacy was withdrawn by another handle), `limit_exceeded`,
-    /// `invalid_name`, `invalid_argument` (value over 4096 bytes); transport errors.
+    /// `invalid_name`, `invalid_argument` (value over 4096 bytes); transport errors only when
+    /// nothing may be waiting: an outage while waiting (no server reachable, `no_leader`,
+    /// `shutting_down`, `leader_unreachable`, an unknown outcome) is retried with the queue place
+    /// until the session's local deadline, and ends as `SessionExpired` if it lasts that long.
     ///
     /// # Cancel safety
     ///

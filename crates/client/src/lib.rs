@@ -84,7 +84,7 @@ pub use leadership::Leadership;
 pub use permit::{AcquireOptions, Permit};
 pub use permit_wire::ErrorCode;
 pub use semaphores::LIST_LIMIT_MAX;
-pub use session::{Session, SessionOptions, SessionState};
+pub use session::{QueuePosition, Session, SessionOptions, SessionState};
 pub use transport::install_crypto_provider;
 
 /// The JSON bodies of the HTTP API, as the low-level [`Client`] methods take and return them.

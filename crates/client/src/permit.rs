@@ -250,7 +250,10 @@ impl Session {
     /// [`Error::SessionExpired`](crate::Error::SessionExpired) if the session ends while waiting;
     /// `semaphore_not_found`, `permits_exceed_capacity`, `permits_mismatch`, `wait_cancelled`
     /// (the wait was released by another handle, or the capacity shrank below `permits`),
-    /// `limit_exceeded`, `invalid_name`, `invalid_argument`; transport errors.
+    /// `limit_exceeded`, `invalid_name`, `invalid_argument`; transport errors only when
+    /// nothing may be waiting: an outage while waiting (no server reachable, `no_leader`,
+    /// `shutting_down`, `leader_unreachable`, an unknown outcome) is retried with the queue place
+    /// until the session's local deadline, and ends as `SessionExpired` if it lasts that long.
     ///
     /// # Cancel safety
     ///

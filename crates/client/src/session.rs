@@ -103,6 +103,18 @@ struct Inner {
     stop: Mutex<Option<oneshot::Sender<Stop>>>,
     /// The names this session holds or is acquiring (one guard each).
     claims: Claims,
+    /// The queue place of the latest wait, as the server last reported it.
+    queue: watch::Sender<Option<QueuePosition>>,
+}
+
+/// Where a waiting acquire or campaign of a session stands in its queue (see
+/// [`Session::watch_queue_position`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuePosition {
+    /// The semaphore or election waited on.
+    pub name: String,
+    /// 1-based position in its queue (among the waiters, or among the candidates).
+    pub position: u64,
 }
 
 impl Drop for Inner {
@@ -213,6 +225,7 @@ impl Session {
             liveness,
             stop: Mutex::new(Some(stop)),
             claims: Claims::default(),
+            queue: watch::Sender::new(None),
         };
         Ok(Session { inner: Arc::new(inner) })
     }
@@ -372,6 +385,44 @@ impl Session {
             Err(error) if !error.is_session_not_found() => Err(error),
             _ => Ok(()),
         }
+    }
+
+    /// Follows the queue position of this session's waits: every `waiting` answer of an acquire
+    /// or campaign updates it. While anybody watches, waits ask the server at least once a
+    /// second (instead of every 30 s), so that the position stays current (each ask is one
+    /// small replicated write); without a watcher nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(session: permit_client::Session) {
+    /// let mut positions = session.watch_queue_position();
+    /// tokio::spawn(async move {
+    ///     while positions.changed().await.is_ok() {
+    ///         if let Some(place) = positions.borrow_and_update().clone() {
+    ///             eprintln!("position {} in the queue of {}", place.position, place.name);
+    ///         }
+    ///     }
+    /// });
+    /// # }
+    /// ```
+    pub fn watch_queue_position(&self) -> watch::Receiver<Option<QueuePosition>> {
+        self.inner.queue.subscribe()
+    }
+
+    /// Records a `waiting` answer's position.
+    pub(crate) fn report_position(&self, name: &str, position: u64) {
+        let place = QueuePosition { name: name.to_owned(), position };
+        self.inner.queue.send_if_modified(|current| {
+            let changed = current.as_ref() != Some(&place);
+            *current = Some(place);
+            changed
+        });
+    }
+
+    /// Whether anybody follows the queue position.
+    pub(crate) fn positions_watched(&self) -> bool {
+        self.inner.queue.receiver_count() > 0
     }
 
     pub(crate) fn liveness(&self) -> &Liveness {

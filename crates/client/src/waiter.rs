@@ -13,6 +13,15 @@ use crate::session::{Session, SessionState};
 
 /// Longest wait asked of the server in one request; the loop repeats the idempotent call.
 const WAIT_CHUNK: Duration = Duration::from_secs(30);
+/// Longest wait asked while somebody follows the queue position
+/// ([`Session::watch_queue_position`]): a `waiting` answer at least this often keeps it current.
+/// Each ask is proposed to the log (an idempotent acquire or campaign), so a watched wait costs
+/// one small log entry a second; unwatched waits ask every 30 s.
+const WATCHED_CHUNK: Duration = Duration::from_secs(1);
+/// Pauses between asks while the servers cannot be reached (after the transport's own retries):
+/// from the first, doubling up to the last.
+const OUTAGE_PAUSE_MIN: Duration = Duration::from_millis(100);
+const OUTAGE_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 /// What to ask for.
 pub(crate) enum Ask<'a> {
@@ -45,7 +54,19 @@ pub(crate) struct Granted {
 
 enum Answer {
     Granted { permits: u64, token: u64 },
-    Waiting,
+    Waiting { position: u64 },
+}
+
+/// Whether `error` may come from an outage (no server reachable, no leader, a node shutting
+/// down, an unknown outcome) rather than a refusal. The server keeps a session's queue place as
+/// long as the session lives, so the wait asks again (the call is idempotent per session and
+/// name) until the session's conservative local deadline passes.
+fn is_outage(error: &Error) -> bool {
+    error.is_outcome_unknown()
+        || matches!(
+            error.code(),
+            Some(ErrorCode::NoLeader | ErrorCode::ShuttingDown | ErrorCode::LeaderUnreachable)
+        )
 }
 
 impl Ask<'_> {
@@ -70,7 +91,7 @@ impl Ask<'_> {
                 };
                 Ok(match client.acquire(name, &request).await? {
                     AcquireResponse::Acquired { permits, token } => Answer::Granted { permits, token },
-                    AcquireResponse::Waiting { .. } => Answer::Waiting,
+                    AcquireResponse::Waiting { position } => Answer::Waiting { position },
                 })
             }
             Ask::Campaign { value } => {
@@ -81,7 +102,7 @@ impl Ask<'_> {
                 };
                 Ok(match client.campaign(name, &request).await? {
                     CampaignResponse::Leader { token } => Answer::Granted { permits: 1, token },
-                    CampaignResponse::Waiting { .. } => Answer::Waiting,
+                    CampaignResponse::Waiting { position } => Answer::Waiting { position },
                 })
             }
         }
@@ -89,7 +110,8 @@ impl Ask<'_> {
 }
 
 /// Asks until granted, the session ends, or `timeout` passes (`Some(ZERO)`: ask once without
-/// queueing). On timeout the wait is cancelled on the server (a grant that raced with the
+/// queueing). An outage (see [`is_outage`]) does not end the wait: it asks again, keeping the
+/// place, until the session's local deadline (then [`Error::SessionExpired`]) or the timeout. On timeout the wait is cancelled on the server (a grant that raced with the
 /// cancel is released) and the answer is `None`. Dropping the future does the same in the
 /// background.
 ///
@@ -109,11 +131,13 @@ pub(crate) async fn wait_for_grant(
     let deadline = timeout.map(|timeout| Instant::now() + timeout);
     let mut place = QueuePlace { session, object: ask.object(), name, armed: true, claim: Some(claim) };
     let mut last_waiting_sent = None;
+    let mut outage_pause = OUTAGE_PAUSE_MIN;
     loop {
+        let chunk = if session.positions_watched() { WATCHED_CHUNK } else { WAIT_CHUNK };
         let wait = match deadline {
             _ if try_once => Duration::ZERO,
-            None => WAIT_CHUNK,
-            Some(deadline) => deadline.saturating_duration_since(Instant::now()).min(WAIT_CHUNK),
+            None => chunk,
+            Some(deadline) => deadline.saturating_duration_since(Instant::now()).min(chunk),
         };
         let sent = Instant::now();
         // Round up, so that a wait under a millisecond still waits rather than tries.
@@ -129,10 +153,33 @@ pub(crate) async fn wait_for_grant(
                 let claim = place.claim.take().expect("the claim stays with the place until granted");
                 return Ok(Some((Granted { permits, token, not_before }, claim)));
             }
-            Ok(Answer::Waiting) => {}
+            Ok(Answer::Waiting { position }) => {
+                outage_pause = OUTAGE_PAUSE_MIN;
+                session.report_position(name, position);
+            }
             Err(error) if try_once && error.code() == Some(ErrorCode::Unavailable) => {
                 place.armed = false;
                 return Ok(None);
+            }
+            Err(error) if !try_once && is_outage(&error) => {
+                // The place may still be there (or a grant nobody took yet): keep it armed, and
+                // ask again after a pause, until the session's local deadline or the timeout.
+                tracing::debug!(%error, name, "waiting through an outage");
+                let pause = match deadline {
+                    Some(deadline) => outage_pause.min(deadline.saturating_duration_since(Instant::now())),
+                    None => outage_pause,
+                };
+                outage_pause = (outage_pause * 2).min(OUTAGE_PAUSE_MAX);
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = session.expired() => return Err(Error::SessionExpired),
+                }
+                if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                    // Timed out during the outage: the place is given up in the background
+                    // (the armed guard), and the session's end frees it anyway.
+                    return Ok(None);
+                }
+                continue;
             }
             Err(error) => {
                 // A refusal settles that nothing is queued; only an unknown outcome may have

@@ -874,3 +874,148 @@ async fn rust_backtrace_does_not_turn_user_errors_into_stack_traces() {
     assert!(serve.stderr.starts_with("permit: ") || serve.stderr.contains("\npermit: "), "{serve:?}");
     assert!(!serve.stderr.to_lowercase().contains("backtrace"), "{serve:?}");
 }
+
+/// Finding 2 of issue 29: a queued `permit run` rides out a server outage longer than the
+/// transport's retry budget (≈ 6 s) but shorter than its session's TTL, keeping its queue place;
+/// and finding 5's queue position is printed while it waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_run_rides_out_an_outage_shorter_than_its_session_and_keeps_its_place() {
+    let mut server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut holder =
+        Running::spawn(&server, dir.path(), &["lock", "outage", "--capacity", "1", "--ttl", "30s"]);
+    file_contents(&holder.stdout).await;
+    let command = script(dir.path(), "echo $PERMIT_TOKEN > $DIR/granted");
+    let mut waiter = Running::spawn(
+        &server,
+        dir.path(),
+        &["run", "outage", "--capacity", "1", "--ttl", "30s", "--", "sh", "-c", &command],
+    );
+    let queued = common::eventually(STEP_TIMEOUT, async || waiter.stderr().contains("position 1")).await;
+    assert!(queued, "the waiter did not say it is queued: {}", waiter.stderr());
+
+    // The outage: longer than the transport's retry window, shorter than the sessions' TTL.
+    server.kill9();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(waiter.child.try_wait().unwrap().is_none(), "the waiter gave up: {}", waiter.stderr());
+    server.restart();
+
+    holder.signal(libc::SIGTERM);
+    assert_eq!(holder.exit_code().await, 0, "stderr: {}", holder.stderr());
+    assert_eq!(waiter.exit_code().await, 0, "stderr: {}", waiter.stderr());
+    assert!(!file_contents(&dir.path().join("granted")).await.trim().is_empty());
+}
+
+/// Finding 2 of issue 29: an outage longer than the session's TTL ends the wait with 76 (the
+/// session, and its place, are lost), not 74; `--quiet` prints no queue position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_run_exits_76_when_an_outage_outlasts_its_session() {
+    let mut server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let holder = client(&server).session(Duration::from_secs(60)).await.unwrap();
+    let options = AcquireOptions { capacity: Some(1), ..AcquireOptions::default() };
+    let _held = holder.acquire_with("long", 1, &options).await.unwrap().expect("granted");
+    let mut waiter = Running::spawn(
+        &server,
+        dir.path(),
+        &["run", "long", "--quiet", "--ttl", "2s", "--", "sh", "-c", "echo should-not-run"],
+    );
+    let queued = common::eventually(STEP_TIMEOUT, async || {
+        client(&server).get_semaphore("long").await.is_ok_and(|view| view.waiters.len() == 1)
+    })
+    .await;
+    assert!(queued, "stderr: {}", waiter.stderr());
+
+    server.kill9();
+    assert_eq!(waiter.exit_code().await, EXIT_LOST, "stderr: {}", waiter.stderr());
+    assert!(waiter.stderr().contains("lost the session"), "{}", waiter.stderr());
+    assert!(!waiter.stderr().contains("position"), "--quiet: {}", waiter.stderr());
+    assert!(!waiter.stdout().contains("should-not-run"));
+}
+
+/// Finding 3 of issue 29: with `permit run` itself stopped (SIGSTOP), its watchdog kills the
+/// command at the session's local deadline, before the server expires the session and grants
+/// the lock to the next `permit run`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_permit_runs_command_is_dead_before_the_next_holder_starts() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let first_command =
+        script(dir.path(), "echo $$ > $DIR/first; while :; do date +%s%N >> $DIR/beat; sleep 0.05; done");
+    let mut first = Running::spawn(
+        &server,
+        dir.path(),
+        &["run", "frozen", "--capacity", "1", "--ttl", "2s", "--", "sh", "-c", &first_command],
+    );
+    let first_pid = pid_in(&dir.path().join("first")).await;
+    first.signal(libc::SIGSTOP);
+
+    // The next holder records the first command's state when it starts: gone, or a zombie.
+    let second_command = script(
+        dir.path(),
+        &format!(
+            "s=$(cut -d' ' -f3 /proc/{first_pid}/stat 2>/dev/null); echo \"${{s:-gone}}\" > $DIR/second"
+        ),
+    );
+    let second = permit(
+        &server,
+        &["run", "frozen", "--capacity", "1", "--ttl", "2s", "--", "sh", "-c", &second_command],
+    )
+    .await;
+    first.signal(libc::SIGCONT);
+    assert_eq!(second.code, 0, "stderr: {}", second.stderr);
+    let state = file_contents(&dir.path().join("second")).await;
+    assert!(matches!(state.trim(), "gone" | "Z"), "the first command was {state:?} when the second started");
+    assert_eq!(first.exit_code().await, EXIT_LOST, "stderr: {}", first.stderr());
+}
+
+/// Finding 3 of issue 29: a `--kill-after` that does not fit in a third of the TTL is clamped,
+/// with a message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_after_that_does_not_fit_in_the_ttl_is_clamped_with_a_message() {
+    let server = Server::start();
+    let output = permit(
+        &server,
+        &["run", "fit", "--capacity", "1", "--ttl", "3s", "--kill-after", "10s", "--", "true"],
+    )
+    .await;
+    assert_eq!(output.code, 0, "stderr: {}", output.stderr);
+    assert!(
+        output.stderr.contains("does not fit") && output.stderr.contains("using 1s"),
+        "{}",
+        output.stderr
+    );
+}
+
+/// Finding 5 of issue 29 (queue position): queued `lock` and `elect` print their position on
+/// stderr when they start waiting and again when it changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_lock_and_elect_print_their_position_and_its_changes() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let holder = client(&server).session(Duration::from_secs(30)).await.unwrap();
+    let options = AcquireOptions { capacity: Some(1), ..AcquireOptions::default() };
+    let held = holder.acquire_with("pos", 1, &options).await.unwrap().expect("granted");
+    let _leading = holder.campaign("pos-e", "holder").await.unwrap();
+
+    let mut first = Running::spawn(&server, dir.path(), &["lock", "pos"]);
+    let first_queued = common::eventually(STEP_TIMEOUT, async || first.stderr().contains("position 1")).await;
+    assert!(first_queued, "{}", first.stderr());
+    let mut second = Running::spawn(&server, dir.path(), &["lock", "pos"]);
+    let second_queued =
+        common::eventually(STEP_TIMEOUT, async || second.stderr().contains("position 2")).await;
+    assert!(second_queued, "{}", second.stderr());
+    let elect = Running::spawn(&server, dir.path(), &["elect", "pos-e", "--value", "x", "--", "true"]);
+    let candidate = common::eventually(STEP_TIMEOUT, async || elect.stderr().contains("position 1")).await;
+    assert!(candidate, "{}", elect.stderr());
+
+    // The first waiter leaves: the second moves up and says so.
+    first.signal(libc::SIGTERM);
+    assert_eq!(first.exit_code().await, 128 + libc::SIGTERM, "stderr: {}", first.stderr());
+    let moved = common::eventually(STEP_TIMEOUT, async || second.stderr().contains("position 1")).await;
+    assert!(moved, "{}", second.stderr());
+    held.release().await.unwrap();
+    file_contents(&second.stdout).await;
+    second.signal(libc::SIGTERM);
+    assert_eq!(second.exit_code().await, 0, "stderr: {}", second.stderr());
+}
