@@ -215,7 +215,7 @@ impl Hold {
         let mut signals = Signals::catch().context("cannot catch signals")?;
         let options = SessionOptions { ttl: self.ttl, name: Some(self.session_name.clone()) };
         let session = client.session_with(options).await.context("cannot open a session")?;
-        // Subscribed before the wait starts: the waiter asks every second only while somebody
+        // Subscribed before the wait starts: the waiter asks every 5 s only while somebody
         // follows the position (a subscription made later would wait for a 30 s answer).
         let progress = (!self.quiet).then(|| {
             let positions = session.watch_queue_position();

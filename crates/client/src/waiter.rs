@@ -16,8 +16,9 @@ const WAIT_CHUNK: Duration = Duration::from_secs(30);
 /// Longest wait asked while somebody follows the queue position
 /// ([`Session::watch_queue_position`]): a `waiting` answer at least this often keeps it current.
 /// Each ask is proposed to the log (an idempotent acquire or campaign), so a watched wait costs
-/// one small log entry a second; unwatched waits ask every 30 s.
-const WATCHED_CHUNK: Duration = Duration::from_secs(1);
+/// one small log entry per this period: 5 s keeps a queue of a hundred CLI waiters at twenty
+/// entries a second, and a position at most 5 s stale; unwatched waits ask every 30 s.
+const WATCHED_CHUNK: Duration = Duration::from_secs(5);
 /// Pauses between asks while the servers cannot be reached (after the transport's own retries):
 /// from the first, doubling up to the last.
 const OUTAGE_PAUSE_MIN: Duration = Duration::from_millis(100);
