@@ -142,8 +142,11 @@ struct Nonce {
 
 impl Nonce {
     fn header(self) -> HeaderValue {
-        let text = format!("{:016x}.{:016x}.{:x}", self.receiver, self.sender, self.counter);
-        HeaderValue::try_from(text).expect("hex digits and dots are a header value")
+        let mut text = [b'.'; 50];
+        write_hex(&mut text[0..16], self.receiver);
+        write_hex(&mut text[17..33], self.sender);
+        write_hex(&mut text[34..50], self.counter);
+        HeaderValue::from_bytes(&text).expect("hex digits and dots are a header value")
     }
 
     fn parse(text: &str) -> Option<Nonce> {
@@ -348,7 +351,7 @@ struct Head<'a> {
     sender: NodeId,
     nonce: Nonce,
     body_sha256: [u8; 32],
-    tag: Vec<u8>,
+    tag: [u8; 32],
     members: &'a str,
 }
 
@@ -358,11 +361,8 @@ impl<'a> Head<'a> {
         let sender: NodeId =
             text(PEER_ID_HEADER).and_then(|id| id.parse().ok()).ok_or(PeerAuthError::Missing)?;
         let nonce = text(PEER_NONCE_HEADER).and_then(Nonce::parse).ok_or(PeerAuthError::Missing)?;
-        let body_sha256: [u8; 32] = text(PEER_BODY_HEADER)
-            .and_then(decode_hex)
-            .and_then(|bytes| bytes.try_into().ok())
-            .ok_or(PeerAuthError::Missing)?;
-        let tag = text(PEER_AUTH_HEADER).and_then(decode_hex).ok_or(PeerAuthError::Missing)?;
+        let body_sha256 = text(PEER_BODY_HEADER).and_then(decode_hex32).ok_or(PeerAuthError::Missing)?;
+        let tag = text(PEER_AUTH_HEADER).and_then(decode_hex32).ok_or(PeerAuthError::Missing)?;
         let members = match headers.get(PEER_MEMBERS_HEADER) {
             None => "",
             Some(value) => value
@@ -459,6 +459,14 @@ fn new_nonce() -> u64 {
     rand::random::<u64>() | 1
 }
 
+/// Writes `value` as 16 lowercase hex digits into `out`.
+fn write_hex(out: &mut [u8], value: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (i, digit) in out.iter_mut().enumerate().take(16) {
+        *digit = DIGITS[((value >> (60 - 4 * i)) & 0xf) as usize];
+    }
+}
+
 fn hex_value(bytes: &[u8; 32]) -> HeaderValue {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut text = [0u8; 64];
@@ -469,14 +477,18 @@ fn hex_value(bytes: &[u8; 32]) -> HeaderValue {
     HeaderValue::from_bytes(&text).expect("hex digits are a header value")
 }
 
-/// Bytes of an even-length hex string (either case), or `None`.
-fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    let pairs = text.as_bytes().chunks_exact(2);
-    if !pairs.remainder().is_empty() || text.len() > 128 {
+/// The 32 bytes of a 64-digit hex string (either case), or `None`.
+fn decode_hex32(text: &str) -> Option<[u8; 32]> {
+    let text = text.as_bytes();
+    if text.len() != 64 {
         return None;
     }
     let nibble = |digit: u8| (digit as char).to_digit(16).map(|n| n as u8);
-    pairs.map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?)).collect()
+    let mut bytes = [0u8; 32];
+    for (byte, pair) in bytes.iter_mut().zip(text.chunks_exact(2)) {
+        *byte = nibble(pair[0])? << 4 | nibble(pair[1])?;
+    }
+    Some(bytes)
 }
 
 #[cfg(test)]
@@ -596,9 +608,15 @@ mod tests {
     }
 
     #[test]
-    fn hex_decoding_refuses_odd_lengths_and_non_digits() {
-        assert_eq!(decode_hex("0aFf"), Some(vec![0x0a, 0xff]));
-        assert_eq!(decode_hex("0a0"), None);
-        assert_eq!(decode_hex("0g"), None);
+    fn hex_reads_back_and_refuses_other_lengths_and_non_digits() {
+        let bytes: [u8; 32] = std::array::from_fn(|i| (i * 37) as u8);
+        let value = hex_value(&bytes);
+        assert_eq!(decode_hex32(value.to_str().unwrap()), Some(bytes));
+        assert_eq!(decode_hex32(&value.to_str().unwrap().to_uppercase()), Some(bytes));
+        assert_eq!(decode_hex32(&value.to_str().unwrap()[1..]), None);
+        assert_eq!(decode_hex32(&"0g".repeat(32)), None);
+        let nonce = Nonce { receiver: 0xfedc_ba98_7654_3210, sender: 1, counter: 0x2a };
+        assert_eq!(nonce.header(), "fedcba9876543210.0000000000000001.000000000000002a");
+        assert_eq!(Nonce::parse(nonce.header().to_str().unwrap()), Some(nonce));
     }
 }

@@ -53,14 +53,21 @@ pub struct LocalView {
 /// Keeps `view` up to date with `raft`'s term and membership until the Raft core stops.
 pub async fn follow(raft: Raft, view: Arc<LocalView>) {
     let mut metrics = raft.metrics();
+    // The metrics change with every append and apply; the membership rarely: its claim is made
+    // again only when openraft hands over another membership.
+    let mut membership = None;
     loop {
-        let (term, claim) = {
+        let changed = {
             let current = metrics.borrow_and_update();
-            (current.current_term, super::peer_rpc::claim_of(&current.membership_config))
+            view.term.store(current.current_term, Ordering::Relaxed);
+            let same =
+                membership.as_ref().is_some_and(|known| Arc::ptr_eq(known, &current.membership_config));
+            (!same).then(|| current.membership_config.clone())
         };
-        view.term.store(term, Ordering::Relaxed);
-        if *view.members.read().unwrap_or_else(PoisonError::into_inner).as_ref() != *claim {
+        if let Some(current) = changed {
+            let claim = super::peer_rpc::claim_of(&current);
             *view.members.write().unwrap_or_else(PoisonError::into_inner) = claim.into();
+            membership = Some(current);
         }
         if metrics.changed().await.is_err() {
             return;
