@@ -10,12 +10,13 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 from urllib.parse import quote, urlsplit
 
 import httpx
 
 from ._errors import (
+    AlreadyHeld,
     ClusterUnavailable,
     InternalError,
     LimitExceeded,
@@ -749,3 +750,35 @@ class LeaderTracker:
             self.last = leader
             return True, leader
         return False, leader
+
+
+class Claims:
+    """The ``(kind, name)`` of every hold a session's guard has or an acquire is waiting for:
+    one guard per hold. The server answers a repeated acquire with the grant the session has
+    (that makes retries safe), so a second guard would share the first one's hold and its exit
+    would release it under the first. A name stays claimed from the start of the acquire until
+    the guard made of the grant is released (and the release answered), or the wait left
+    nothing on the server."""
+
+    def __init__(self, session_id: str) -> None:
+        self._session_id = session_id
+        self._lock = threading.Lock()
+        self._held: Set[Tuple[str, str]] = set()
+
+    def claim(self, kind: str, name: str) -> None:
+        """Claims ``name`` of ``kind`` (``"semaphores"`` or ``"elections"``), or raises
+        :class:`AlreadyHeld`."""
+        with self._lock:
+            if (kind, name) in self._held:
+                raise AlreadyHeld(
+                    "already_held",
+                    0,
+                    f"session {self._session_id} already holds or is acquiring {kind[:-1]} {name}; "
+                    "use the guard you have, or another session",
+                )
+            self._held.add((kind, name))
+
+    def unclaim(self, kind: str, name: str) -> None:
+        """Gives the claim back."""
+        with self._lock:
+            self._held.discard((kind, name))

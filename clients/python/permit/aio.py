@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional
 import httpx
 
 from ._common import (
+    Claims,
     Event,
     Holder,
     Waiter,
@@ -77,7 +78,7 @@ from ._errors import (
     NotFound,
     SessionForked,
 )
-from ._errors import AlreadyHeld, ClusterUnavailable, PermitError, SessionLost, Timeout, Unavailable
+from ._errors import ClusterUnavailable, PermitError, SessionLost, Timeout, Unavailable
 
 log = logging.getLogger("permit.aio")
 
@@ -372,9 +373,7 @@ class Session:
         self._jeopardy = False
         self._closed = False
         self._holds: Set[_Hold] = set()
-        # (kind, name) of every hold a guard of this session has or an acquire is waiting for:
-        # one guard per hold (see ``_claim``).
-        self._claims: Set[Tuple[str, str]] = set()
+        self._claims = Claims(id)
         # A pool of its own: the session's long-polls and keepalives never queue behind (or
         # make the client's pool scan) other sessions' connections.
         self._http = client._new_pool()
@@ -508,37 +507,19 @@ class Session:
     async def _wait_claimed(
         self, kind: str, name: str, body: Callable[[float], Dict[str, Any]], timeout: Optional[float]
     ) -> Tuple[Dict[str, Any], float]:
-        # One guard per hold: the server answers a repeated acquire with the grant this session
-        # has (that makes retries safe), so a second guard would share the first one's hold and
-        # its exit would release it under the first. The name stays claimed from here until the
-        # guard made of the grant is released, or the wait left nothing on the server.
+        # One guard per hold (see ``Claims``).
         self._check()
-        self._claim(kind, name)
+        self._claims.claim(kind, name)
         granted = None
         try:
             granted = await self._wait(kind, name, body, timeout)
         finally:
             if granted is None:
-                self._unclaim(kind, name)
+                self._claims.unclaim(kind, name)
         if granted is None:
             what = "not enough free permits now" if kind == "semaphores" else "another session leads"
             raise Unavailable("unavailable", 409, f"{kind[:-1]} {name}: {what}")
         return granted
-
-    def _claim(self, kind: str, name: str) -> None:
-        with self._lock:
-            if (kind, name) in self._claims:
-                raise AlreadyHeld(
-                    "already_held",
-                    0,
-                    f"session {self.id} already holds or is acquiring {kind[:-1]} {name}; "
-                    "use the guard you have, or another session",
-                )
-            self._claims.add((kind, name))
-
-    def _unclaim(self, kind: str, name: str) -> None:
-        with self._lock:
-            self._claims.discard((kind, name))
 
     async def _wait(
         self, kind: str, name: str, body: Callable[[float], Dict[str, Any]], timeout: Optional[float]
@@ -959,7 +940,7 @@ class _Hold:
                 self.session._lose(error)
         finally:
             # Only once the release is answered: an acquire before that would get this grant.
-            self.session._unclaim(self._kind, self.name)
+            self.session._claims.unclaim(self._kind, self.name)
 
     async def __aexit__(
         self, kind: Optional[Type[BaseException]], value: Optional[BaseException], tb: Optional[TracebackType]
