@@ -51,7 +51,7 @@ async def w1_asyncio(url: str, name: str, duration: float) -> Dict[str, Any]:
     acquire: List[float] = []
     release: List[float] = []
     async with permit.aio.Client(url) as client:
-        async with await client.session(ttl=60.0) as session:
+        async with client.session(ttl=60.0) as session:
             await client.set_capacity(name, 4)
             started = time.perf_counter()
             while time.perf_counter() - started < duration:

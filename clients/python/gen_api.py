@@ -6,6 +6,7 @@ is out of date, and this script fails if a public item has no docstring with an 
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import re
 import sys
@@ -30,6 +31,8 @@ def _doc(obj: object, where: str, problems: List[str]) -> str:
 
 
 def _members(cls: type) -> List[str]:
+    if issubclass(cls, collections.abc.Coroutine):
+        return []  # ``permit.aio.Pending``: only the coroutine protocol
     names = []
     for member, value in vars(cls).items():
         if member.startswith("_") and member not in ("__enter__", "__aenter__"):
@@ -94,7 +97,7 @@ def render() -> str:
         "",
     ]
     lines += module_section(permit, "permit (blocking)", list(permit.__all__), problems)
-    aio_own = ["Client", "Session", "Permit", "Leadership"]
+    aio_own = ["Client", "Session", "Pending", "Permit", "Leadership"]
     lines += module_section(permit.aio, "permit.aio (asyncio)", aio_own, problems)
     lines += ["The errors and views of `permit.aio` are those of `permit`.", ""]
     if problems:

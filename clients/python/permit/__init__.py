@@ -29,7 +29,8 @@ from ._errors import (
     Timeout,
     Unavailable,
 )
-from ._sync import Client, EventStream, LeaderWatch, Leadership, Permit, Session, close_sessions_on_sigterm
+from ._sync import Client, EventStream, LeaderWatch, Leadership, Permit, Session
+from ._sync_io import close_sessions_on_sigterm
 
 __version__ = "0.1.0"
 

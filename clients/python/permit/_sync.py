@@ -1,31 +1,34 @@
-"""The blocking client: threads, a keepalive thread per session, guards as context managers."""
+"""The blocking client: threads, a keepalive thread per session, guards as context managers.
+
+Generated from ``permit/aio.py`` by ``gen_sync.py``: edit that file, then run the script.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
-import weakref
 import time
 from types import TracebackType
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Type, Union
+from typing import Any, Iterator, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
 
 import httpx
 
+from ._sync_io import is_cancellation, join, spawn, track, unless_set, untrack, wait_event, wait_riders
 from ._common import (
     Claims,
+    Event,
+    Holder,
+    Waiter,
     IDEMPOTENT,
     KEEPALIVE_BATCH_MAX,
     LONG_POLL_MARGIN,
     ONE_PASS,
     REQUEST_TIMEOUT,
-    UNSENT,
     STREAM_READ_TIMEOUT,
-    WAIT_CHUNK,
+    UNSENT,
     Attempts,
     EndpointsArg,
-    Event,
     LeaderTracker,
     SseParser,
     events_params,
@@ -55,7 +58,20 @@ from ._common import (
     OUTAGE_PAUSE_MIN,
     wait_slice,
 )
-from ._errors import ClusterUnavailable, PermitError, SessionLost, Timeout, Unavailable
+from ._errors import (
+    AuthError,
+    ClusterUnavailable,
+    Conflict,
+    InternalError,
+    InvalidRequest,
+    LimitExceeded,
+    NotFound,
+    PermitError,
+    SessionForked,
+    SessionLost,
+    Timeout,
+    Unavailable,
+)
 
 log = logging.getLogger("permit")
 
@@ -164,7 +180,9 @@ class Client:
                 if pause:
                     time.sleep(pause)
 
-    def session(self, ttl: float = 10.0, name: Optional[str] = None, on_lost: Optional[OnLost] = None) -> "Session":
+    def session(
+        self, ttl: float = 10.0, name: Optional[str] = None, on_lost: Optional[OnLost] = None
+    ) -> "Session":
         """Creates a session that lives ``ttl`` seconds after its last keepalive; a thread
         sends one every ``ttl/3``. ``on_lost`` is called (from the keepalive thread) with a
         :class:`permit.SessionLost` the moment the session is known or presumed lost. The
@@ -180,6 +198,9 @@ class Client:
             with client.session(ttl=10.0, name="worker-1") as session:
                 print(session.id)
         """
+        return self._session(ttl, name, on_lost)
+
+    def _session(self, ttl: float, name: Optional[str], on_lost: Optional[OnLost]) -> "Session":
         body: Dict[str, Any] = {"ttl_ms": ms(ttl)}
         if name is not None:
             body["name"] = name
@@ -192,7 +213,7 @@ class Client:
 
         Example::
 
-            client.set_capacity("gpu", 8).capacity   # 8
+            info = client.set_capacity("gpu", 8)   # info.capacity == 8
         """
         _, body = self._request("PUT", f"/v1/semaphores/{segment(name)}", json={"capacity": capacity})
         return semaphore_info(body)
@@ -229,10 +250,11 @@ class Client:
         return leader_of(body)
 
     def observe_leader(self, election: str, *, timeout: Optional[float] = None) -> "LeaderWatch":
-        """Follows the leader of ``election``: an iterator that yields the current leader
-        (``None`` when nobody leads) at once, then the new one each time it changes, until
-        ``timeout`` seconds (``None``: no end) pass or it is closed (a context manager). Pushed
-        by the server: blocking reads (``GET /v1/elections/{name}?index=N``), no polling.
+        """Follows the leader of ``election``: an iterator that yields the current
+        leader (``None`` when nobody leads) at once, then the new one each time it changes,
+        until ``timeout`` seconds (``None``: no end) pass or it is closed (it is also a
+        context manager). Pushed by the server: blocking reads
+        (``GET /v1/elections/{name}?index=N``), no polling.
 
         Example::
 
@@ -251,12 +273,13 @@ class Client:
         timeout: Optional[float] = None,
     ) -> "EventStream":
         """The event stream of the node this client reaches (``GET /v1/events``, Server-Sent
-        Events): an iterator of :class:`permit.Event` and a context manager that closes the
-        connection. ``prefix`` keeps object events whose name starts with it (session events
-        pass only without a prefix), ``kinds`` only those kinds, ``after`` resumes after that
-        event seq (``Last-Event-ID``; else new events only); with ``timeout`` the server ends
-        the stream after that many seconds and the iteration stops. A dropped connection raises
-        :class:`permit.ClusterUnavailable`; ``stream.last_id`` is the seq to resume ``after``.
+        Events): an iterator of :class:`permit.Event` and a context manager that
+        closes the connection. ``prefix`` keeps object events whose name starts with it (session
+        events pass only without a prefix), ``kinds`` only those kinds, ``after`` resumes after
+        that event seq (``Last-Event-ID``; else new events only); with ``timeout`` the server
+        ends the stream after that many seconds and the iteration stops. A dropped connection
+        raises :class:`permit.ClusterUnavailable`; ``stream.last_id`` is the seq to resume
+        ``after``.
 
         Example::
 
@@ -306,9 +329,9 @@ class Client:
             client.close()
         """
         with self._lock:
-            if self._http is not None and self._pid == os.getpid():
-                self._http.close()
-            self._http = None
+            http, self._http = self._http, None
+        if http is not None and self._pid == os.getpid():
+            http.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -359,9 +382,8 @@ class Session:
         # Set to wake the keepalive thread: stopped, or a batch departs (``_departed``).
         self._wake = threading.Event()
         self._departed = False
-        self._thread = threading.Thread(target=self._keepalive, name=f"permit-keepalive-{id[:8]}", daemon=True)
-        self._thread.start()
-        _LIVE.add(self)
+        self._worker = spawn(self._keepalive, f"permit-keepalive-{id[:8]}")
+        track(self)
 
     @property
     def state(self) -> str:
@@ -425,9 +447,20 @@ class Session:
             with session.acquire("gpu", permits=2, capacity=8, timeout=30.0) as p:
                 do_work(p.token)
         """
-        body = lambda wait: acquire_body(self.id, permits, wait, capacity, max_hold, ephemeral)  # noqa: E731
-        granted = self._wait_claimed("semaphores", name, body, timeout)
-        answer, not_before = granted
+        return self._acquire(name, permits, capacity, timeout, max_hold, ephemeral, on_lost)
+
+    def _acquire(
+        self,
+        name: str,
+        permits: int,
+        capacity: Optional[int],
+        timeout: Optional[float],
+        max_hold: Optional[float],
+        ephemeral: bool,
+        on_lost: Optional[OnLost],
+    ) -> "Permit":
+        body: Callable[[float], Dict[str, Any]] = lambda wait: acquire_body(self.id, permits, wait, capacity, max_hold, ephemeral)  # noqa: E731
+        answer, not_before = self._wait_claimed("semaphores", name, body, timeout)
         hold = Permit(self, name, answer["permits"], answer["token"], on_lost)
         if max_hold is not None:
             hold._expires = not_before + max_hold
@@ -455,9 +488,7 @@ class Session:
                     do_work(p.token)
         """
         try:
-            return self.acquire(
-                name, permits, capacity=capacity, timeout=0, max_hold=max_hold, ephemeral=ephemeral, on_lost=on_lost
-            )
+            return self._acquire(name, permits, capacity, 0, max_hold, ephemeral, on_lost)
         except Unavailable:
             return None
 
@@ -473,10 +504,14 @@ class Session:
             with session.campaign("scheduler", value="host-a") as leadership:
                 run_scheduler(leadership.token)
         """
-        granted = self._wait_claimed(
+        return self._campaign(election, value, timeout, on_lost)
+
+    def _campaign(
+        self, election: str, value: str, timeout: Optional[float], on_lost: Optional[OnLost]
+    ) -> "Leadership":
+        answer, _ = self._wait_claimed(
             "elections", election, lambda wait: {"session": self.id, "value": value, "wait_ms": ms(wait)}, timeout
         )
-        answer, _ = granted
         hold = Leadership(self, election, value, answer["token"], on_lost)
         self._adopt(hold)
         return hold
@@ -515,8 +550,12 @@ class Session:
                 sent = time.monotonic()
                 armed = True
                 try:
-                    status, answer = self._request(
-                        "POST", path, json=body(wait), timeout=max(self.client.timeout, wait + LONG_POLL_MARGIN)
+                    status, answer = unless_set(
+                        self._request(
+                            "POST", path, json=body(wait), timeout=max(self.client.timeout, wait + LONG_POLL_MARGIN)
+                        ),
+                        self.lost,
+                        SessionLost("session_lost", 0, f"session {self.id} is lost"),
                     )
                 except Unavailable:
                     armed = False
@@ -561,7 +600,7 @@ class Session:
         raises SessionLost when the session is lost meanwhile; returns the next pause."""
         if deadline is not None:
             pause = max(0.0, min(pause, deadline - time.monotonic()))
-        self.lost.wait(pause)
+        wait_event(self.lost, pause)
         self._check()
         return min(pause * 2, OUTAGE_PAUSE_MAX) if pause > 0 else OUTAGE_PAUSE_MIN
 
@@ -622,7 +661,7 @@ class Session:
                     batcher.ride(id(self), self._on_departure)
                 else:
                     wake = min(wake, ride_from)
-            self._wake.wait(max(0.0, wake - now))
+            wait_event(self._wake, wake - now)
             batcher.unride(id(self))
             self._wake.clear()
             departed, self._departed = self._departed, False
@@ -638,7 +677,7 @@ class Session:
                 continue  # woken for a hold's expiry or to ride from now on
             try:
                 outcome = batcher.keepalive(self, keepalive_timeout(deadline - sent, endpoints), deadline - sent)
-            except Exception as error:  # keep the thread alive whatever happens
+            except Exception as error:  # keep the keepalive thread alive whatever happens
                 log.warning("keepalive of %s failed: %r", self.id, error)
                 self._jeopardy = True
                 continue
@@ -700,10 +739,9 @@ class Session:
             self._closed = True
             holds = list(self._holds)
             self._holds.clear()
-        _LIVE.discard(self)
+        untrack(self)
         self._halt()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=REQUEST_TIMEOUT)
+        join(self._worker, REQUEST_TIMEOUT)
         for hold in holds:
             hold._released = True
         if not self.lost.is_set():
@@ -742,8 +780,8 @@ class _Ask(KeepaliveAsk):
 
 
 class _Batcher(KeepaliveBatcher):
-    """The sync client's keepalive batcher: a short-lived thread sends the batches while asks
-    keep coming (see :class:`permit._common.KeepaliveBatcher`)."""
+    """A client's keepalive batcher: a short-lived thread sends the batches while asks keep
+    coming (see :class:`permit._common.KeepaliveBatcher`)."""
 
     def __init__(self, client: Client) -> None:
         super().__init__()
@@ -755,16 +793,13 @@ class _Batcher(KeepaliveBatcher):
         if not self.unbatched():
             ask = _Ask(session.id, timeout)
             if self.put(ask):
-                threading.Thread(target=self._send_batches, name="permit-keepalive-batch", daemon=True).start()
-            start = time.monotonic()
-            # Polled in short steps so that a stopped session stops waiting.
-            while not ask.done.is_set() and not session._stop.is_set():
-                left = wait - (time.monotonic() - start)
-                if left <= 0:
-                    break
-                ask.done.wait(min(0.05, left))
+                spawn(self._send_batches, "permit-keepalive-batch")
+            try:
+                wait_event(ask.done, wait, session._stop)
+            finally:
+                if not ask.done.is_set():
+                    ask.abandoned = True
             if not ask.done.is_set():
-                ask.abandoned = True
                 return ClusterUnavailable("timeout", 0, "the batched keepalive was not answered in time")
             if not ask.unsupported:
                 assert ask.outcome is not None
@@ -781,9 +816,7 @@ class _Batcher(KeepaliveBatcher):
         try:
             while True:
                 # Sessions due soon join this batch rather than the next one.
-                riders = self.depart()
-                if riders:
-                    self.wait_joined(riders)
+                wait_riders(self, self.depart())
                 asks = self.take()
                 if asks is None:
                     return
@@ -801,7 +834,8 @@ class _Batcher(KeepaliveBatcher):
                     continue
                 self.settle(asks, ids, sent, body=body)
         except BaseException as error:
-            log.warning("the keepalive batcher failed: %r", error)
+            if not is_cancellation(error):
+                log.warning("the keepalive batcher failed: %r", error)
             self.stopped(asks or [])
             raise
 
@@ -957,16 +991,14 @@ class Leadership(_Hold):
 
 class LeaderWatch:
     """What :meth:`Client.observe_leader` returns: an iterator of the election's leader
-    (:class:`permit.Leader` or ``None``), each change once, and a context manager. ``close``
-    ends it; a close from another thread takes effect when the blocking read in progress
+    (:class:`permit.Leader` or ``None``), each change once, and a context manager.
+    ``close`` ends it; a close from elsewhere takes effect when the blocking read in progress
     returns (within 30 s, or at once when the leader changes).
 
     Example::
 
-        leaders = client.observe_leader("scheduler", timeout=60.0)
-        current = next(leaders)   # the leader now, or None
-        changed = next(leaders)   # blocks until it changes (StopIteration after 60 s)
-        leaders.close()
+        for leader in client.observe_leader("scheduler", timeout=60.0):
+            print(leader)
     """
 
     def __init__(self, client: Client, election: str, timeout: Optional[float]) -> None:
@@ -1014,8 +1046,8 @@ class LeaderWatch:
 
 class EventStream:
     """What :meth:`Client.events` returns: an iterator of :class:`permit.Event` over one
-    connection (opened at the first ``next``), and a context manager that closes it.
-    ``last_id`` is the seq of the last event received (pass it as ``after`` to resume).
+    connection (opened at the first ``__next__``), and a context manager that closes
+    it. ``last_id`` is the seq of the last event received (pass it as ``after`` to resume).
 
     Example::
 
@@ -1116,85 +1148,29 @@ class EventStream:
         self.close()
 
 
-# The sessions of this process not closed yet, for ``close_sessions_on_sigterm``.
-_LIVE: "weakref.WeakSet[Session]" = weakref.WeakSet()
-# The handler that ``close_sessions_on_sigterm`` replaced, once installed.
-_PREVIOUS_SIGTERM: List[Any] = []
-#: Longest the SIGTERM handler spends closing each session on the server.
-SIGTERM_CLOSE_TIMEOUT = 2.0
-
-
-def close_sessions_on_sigterm() -> None:
-    """Installs a SIGTERM handler that closes every open session of this process on the
-    server (``DELETE /v1/sessions/{id}``, at most ``SIGTERM_CLOSE_TIMEOUT`` seconds each), so
-    that a worker stopped by a supervisor frees its permits and leaderships at once rather
-    than when its TTL runs out, then hands the signal to the handler it replaced: the
-    application's own handler if it installed one (call this after it), else the default
-    action (the process ends by SIGTERM, as it would have), or nothing if SIGTERM was ignored.
-
-    Opt-in, not installed on import: a library must not take over an application's signals
-    behind its back, and only the main thread may install handlers (``ValueError``
-    otherwise). Calling it again does nothing. The sessions' objects are not touched (the
-    handler runs between two bytecodes of the main thread, which may be inside them); if the
-    process goes on after the signal, their keepalives find the sessions gone and report them
-    lost (``on_lost``). It covers the blocking client's sessions; an asyncio application
-    closes its :mod:`permit.aio` sessions from its own ``loop.add_signal_handler`` callback.
-
-    Example::
-
-        permit.close_sessions_on_sigterm()
-        with client.session() as session, session.acquire("migrations", capacity=4):
-            migrate()   # `kill -TERM` frees the permit at once
-    """
-    if _PREVIOUS_SIGTERM:
-        return
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    _PREVIOUS_SIGTERM.append(previous)
-
-
-def _live_sessions() -> List[Session]:
-    # No lock: the main thread, which this handler interrupted, may hold it. A copy that races
-    # with another thread opening or closing a session is tried again (bounded).
-    for _ in range(10):
-        try:
-            return list(_LIVE)
-        except RuntimeError:  # the set changed size during the copy
-            continue
-    return []
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    pid = os.getpid()
-    for session in _live_sessions():
-        if session._pid != pid or session._closed or session.lost.is_set():
-            continue
-        # A fresh pool: the main thread may have been interrupted inside the session's own.
-        http = session.client._new_pool()
-        try:
-            session.client._request(
-                "DELETE", f"/v1/sessions/{session.id}", policy=ONE_PASS, timeout=SIGTERM_CLOSE_TIMEOUT, http=http
-            )
-        except Exception as error:  # it expires on its own
-            log.debug("closing session %s on SIGTERM: %s", session.id, error)
-        finally:
-            http.close()
-    previous = _PREVIOUS_SIGTERM[0] if _PREVIOUS_SIGTERM else signal.SIG_DFL
-    if callable(previous):
-        previous(signum, frame)
-    elif previous != signal.SIG_IGN:
-        # The default action (also for a handler installed outside Python, ``None``): end by
-        # the signal, as the process would have without this handler.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(pid, signal.SIGTERM)
-
-
 __all__ = [
     "Client",
     "Session",
+    "LeaderWatch",
+    "EventStream",
+    "Event",
     "Permit",
     "Leadership",
     "OnLost",
-    "LeaderWatch",
-    "EventStream",
-    "close_sessions_on_sigterm",
+    "SemaphoreInfo",
+    "Holder",
+    "Waiter",
+    "Leader",
+    "PermitError",
+    "InvalidRequest",
+    "NotFound",
+    "Conflict",
+    "Unavailable",
+    "LimitExceeded",
+    "AuthError",
+    "ClusterUnavailable",
+    "InternalError",
+    "Timeout",
+    "SessionLost",
+    "SessionForked",
 ]

@@ -1,36 +1,39 @@
 """The asyncio client: the same API as :mod:`permit` with ``async with`` and ``await``;
 each session's keepalive is an asyncio task.
 
+This module is the one implementation of both clients: ``gen_sync.py`` makes the blocking
+client (``permit/_sync.py``) from it, and a test fails while that file is out of date.
+
 Example::
 
     import permit.aio
 
     async def main() -> None:
         async with permit.aio.Client("http://127.0.0.1:7376") as client:
-            async with await client.session(ttl=10.0) as session:
-                async with await session.acquire("gpu", capacity=8) as p:
+            async with client.session(ttl=10.0) as session:
+                async with session.acquire("gpu", capacity=8) as p:
                     print(p.token)
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-import asyncio
 import threading
 import time
 from types import TracebackType
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
 
 import httpx
 
+from ._async_io import Pending
+from ._async_io import is_cancellation, join, spawn, track, unless_set, untrack, wait_event, wait_riders
 from ._common import (
     Claims,
     Event,
     Holder,
     Waiter,
-)
-from ._common import (
     IDEMPOTENT,
     KEEPALIVE_BATCH_MAX,
     LONG_POLL_MARGIN,
@@ -71,14 +74,18 @@ from ._common import (
 )
 from ._errors import (
     AuthError,
+    ClusterUnavailable,
     Conflict,
     InternalError,
     InvalidRequest,
     LimitExceeded,
     NotFound,
+    PermitError,
     SessionForked,
+    SessionLost,
+    Timeout,
+    Unavailable,
 )
-from ._errors import ClusterUnavailable, PermitError, SessionLost, Timeout, Unavailable
 
 log = logging.getLogger("permit.aio")
 
@@ -108,9 +115,9 @@ class Client:
 
         client = permit.Client(["http://10.0.0.1:7376", "http://10.0.0.2:7376"],
                                auth_token=os.environ.get("PERMIT_AUTH_TOKEN"))
-        async with await client.session(ttl=10.0) as session:
+        async with client.session(ttl=10.0) as session:
             ...
-        client.close()
+        await client.close()
     """
 
     def __init__(
@@ -187,7 +194,9 @@ class Client:
                 if pause:
                     await asyncio.sleep(pause)
 
-    async def session(self, ttl: float = 10.0, name: Optional[str] = None, on_lost: Optional[OnLost] = None) -> "Session":
+    def session(
+        self, ttl: float = 10.0, name: Optional[str] = None, on_lost: Optional[OnLost] = None
+    ) -> "Pending[Session]":
         """Creates a session that lives ``ttl`` seconds after its last keepalive; a task
         sends one every ``ttl/3``. ``on_lost`` is called (from the keepalive task) with a
         :class:`permit.SessionLost` the moment the session is known or presumed lost. The
@@ -200,24 +209,25 @@ class Client:
 
         Example::
 
-            async with await client.session(ttl=10.0, name="worker-1") as session:
+            async with client.session(ttl=10.0, name="worker-1") as session:
                 print(session.id)
         """
+        return Pending(self._session(ttl, name, on_lost))
+
+    async def _session(self, ttl: float, name: Optional[str], on_lost: Optional[OnLost]) -> "Session":
         body: Dict[str, Any] = {"ttl_ms": ms(ttl)}
         if name is not None:
             body["name"] = name
         sent = time.monotonic()
         _, answer = await self._request("POST", "/v1/sessions", json=body, policy=UNSENT)
-        session = Session(self, answer["id"], answer["ttl_ms"] / 1000.0, name, on_lost, sent)
-        session._start()
-        return session
+        return Session(self, answer["id"], answer["ttl_ms"] / 1000.0, name, on_lost, sent)
 
     async def set_capacity(self, name: str, capacity: int) -> SemaphoreInfo:
         """Creates semaphore ``name`` with ``capacity`` permits, or changes its capacity.
 
         Example::
 
-            (await client.set_capacity("gpu", 8)).capacity   # 8
+            info = await client.set_capacity("gpu", 8)   # info.capacity == 8
         """
         _, body = await self._request("PUT", f"/v1/semaphores/{segment(name)}", json={"capacity": capacity})
         return semaphore_info(body)
@@ -256,9 +266,9 @@ class Client:
     def observe_leader(self, election: str, *, timeout: Optional[float] = None) -> "LeaderWatch":
         """Follows the leader of ``election``: an async iterator that yields the current
         leader (``None`` when nobody leads) at once, then the new one each time it changes,
-        until ``timeout`` seconds (``None``: no end) pass or it is closed (``aclose``, or an
-        async context manager; cancelling the task also ends the read in progress). Pushed by
-        the server: blocking reads (``GET /v1/elections/{name}?index=N``), no polling.
+        until ``timeout`` seconds (``None``: no end) pass or it is closed (it is also an
+        async context manager). Pushed by the server: blocking reads
+        (``GET /v1/elections/{name}?index=N``), no polling.
 
         Example::
 
@@ -278,12 +288,16 @@ class Client:
     ) -> "EventStream":
         """The event stream of the node this client reaches (``GET /v1/events``, Server-Sent
         Events): an async iterator of :class:`permit.Event` and an async context manager that
-        closes the connection. ``prefix``, ``kinds``, ``after`` and ``timeout`` as in the
-        blocking client's :meth:`permit.Client.events`.
+        closes the connection. ``prefix`` keeps object events whose name starts with it (session
+        events pass only without a prefix), ``kinds`` only those kinds, ``after`` resumes after
+        that event seq (``Last-Event-ID``; else new events only); with ``timeout`` the server
+        ends the stream after that many seconds and the iteration stops. A dropped connection
+        raises :class:`permit.ClusterUnavailable`; ``stream.last_id`` is the seq to resume
+        ``after``.
 
         Example::
 
-            async with client.events(prefix="gpu", timeout=60.0) as stream:
+            async with client.events(prefix="gpu", kinds=["granted", "released"], timeout=60.0) as stream:
                 async for event in stream:
                     print(event.id, event.kind, event.data["name"])
         """
@@ -328,7 +342,8 @@ class Client:
 
             await client.close()
         """
-        http, self._http = self._http, None
+        with self._lock:
+            http, self._http = self._http, None
         if http is not None and self._pid == os.getpid():
             await http.aclose()
 
@@ -352,8 +367,8 @@ class Session:
 
     Example::
 
-        async with await client.session(ttl=10.0) as session:
-            async with await session.acquire("gpu") as p:
+        async with client.session(ttl=10.0) as session:
+            async with session.acquire("gpu") as p:
                 do_work(p.token)
     """
 
@@ -381,10 +396,8 @@ class Session:
         # Set to wake the keepalive task: stopped, or a batch departs (``_departed``).
         self._wake = asyncio.Event()
         self._departed = False
-        self._task: Optional["asyncio.Task[None]"] = None
-
-    def _start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._keepalive(), name=f"permit-keepalive-{self.id[:8]}")
+        self._worker = spawn(self._keepalive, f"permit-keepalive-{id[:8]}")
+        track(self)
 
     @property
     def state(self) -> str:
@@ -423,7 +436,7 @@ class Session:
         if self.lost.is_set():
             raise SessionLost("session_lost", 0, f"session {self.id} is lost")
 
-    async def acquire(
+    def acquire(
         self,
         name: str,
         permits: int = 1,
@@ -433,7 +446,7 @@ class Session:
         max_hold: Optional[float] = None,
         ephemeral: bool = True,
         on_lost: Optional[OnLost] = None,
-    ) -> "Permit":
+    ) -> "Pending[Permit]":
         """Waits its turn (strict FIFO) for ``permits`` of semaphore ``name`` and returns the
         :class:`Permit`, a context manager that releases on exit. The wait is pushed by the
         server (one long-poll, no polling). ``capacity`` creates the semaphore if missing,
@@ -445,12 +458,23 @@ class Session:
 
         Example::
 
-            async with await session.acquire("gpu", permits=2, capacity=8, timeout=30.0) as p:
+            async with session.acquire("gpu", permits=2, capacity=8, timeout=30.0) as p:
                 do_work(p.token)
         """
+        return Pending(self._acquire(name, permits, capacity, timeout, max_hold, ephemeral, on_lost))
+
+    async def _acquire(
+        self,
+        name: str,
+        permits: int,
+        capacity: Optional[int],
+        timeout: Optional[float],
+        max_hold: Optional[float],
+        ephemeral: bool,
+        on_lost: Optional[OnLost],
+    ) -> "Permit":
         body: Callable[[float], Dict[str, Any]] = lambda wait: acquire_body(self.id, permits, wait, capacity, max_hold, ephemeral)  # noqa: E731
-        granted = await self._wait_claimed("semaphores", name, body, timeout)
-        answer, not_before = granted
+        answer, not_before = await self._wait_claimed("semaphores", name, body, timeout)
         hold = Permit(self, name, answer["permits"], answer["token"], on_lost)
         if max_hold is not None:
             hold._expires = not_before + max_hold
@@ -478,28 +502,30 @@ class Session:
                     do_work(p.token)
         """
         try:
-            return await self.acquire(
-                name, permits, capacity=capacity, timeout=0, max_hold=max_hold, ephemeral=ephemeral, on_lost=on_lost
-            )
+            return await self._acquire(name, permits, capacity, 0, max_hold, ephemeral, on_lost)
         except Unavailable:
             return None
 
-    async def campaign(
+    def campaign(
         self, election: str, value: str = "", *, timeout: Optional[float] = None, on_lost: Optional[OnLost] = None
-    ) -> "Leadership":
+    ) -> "Pending[Leadership]":
         """Waits until this session leads ``election``, publishing ``value``, and returns the
         :class:`Leadership` (a context manager that resigns on exit). ``timeout`` as for
         :meth:`acquire`.
 
         Example::
 
-            async with await session.campaign("scheduler", value="host-a") as leadership:
+            async with session.campaign("scheduler", value="host-a") as leadership:
                 run_scheduler(leadership.token)
         """
-        granted = await self._wait_claimed(
+        return Pending(self._campaign(election, value, timeout, on_lost))
+
+    async def _campaign(
+        self, election: str, value: str, timeout: Optional[float], on_lost: Optional[OnLost]
+    ) -> "Leadership":
+        answer, _ = await self._wait_claimed(
             "elections", election, lambda wait: {"session": self.id, "value": value, "wait_ms": ms(wait)}, timeout
         )
-        answer, _ = granted
         hold = Leadership(self, election, value, answer["token"], on_lost)
         self._adopt(hold)
         return hold
@@ -538,10 +564,12 @@ class Session:
                 sent = time.monotonic()
                 armed = True
                 try:
-                    status, answer = await self._until_lost(
+                    status, answer = await unless_set(
                         self._request(
                             "POST", path, json=body(wait), timeout=max(self.client.timeout, wait + LONG_POLL_MARGIN)
-                        )
+                        ),
+                        self.lost,
+                        SessionLost("session_lost", 0, f"session {self.id} is lost"),
                     )
                 except Unavailable:
                     armed = False
@@ -553,8 +581,10 @@ class Session:
                     self._lose(error)
                     raise
                 except ClusterUnavailable:
-                    # An outage: ask again, keeping the place, until the session's local
-                    # deadline or the timeout (see the sync client's _wait).
+                    # An outage (no node reachable, no leader, ...): the server keeps the place
+                    # while the session lives, so ask again until the session's local deadline
+                    # (the keepalive task then marks it lost) or the timeout. A place that may
+                    # be left is given up below.
                     if try_once:
                         raise
                     outage_pause = await self._ride_out(outage_pause, deadline)
@@ -584,25 +614,9 @@ class Session:
         raises SessionLost when the session is lost meanwhile; returns the next pause."""
         if deadline is not None:
             pause = max(0.0, min(pause, deadline - time.monotonic()))
-        try:
-            await asyncio.wait_for(self.lost.wait(), pause)
-        except asyncio.TimeoutError:
-            pass
+        await wait_event(self.lost, pause)
         self._check()
         return min(pause * 2, OUTAGE_PAUSE_MAX) if pause > 0 else OUTAGE_PAUSE_MIN
-
-    async def _until_lost(self, call: Awaitable[Tuple[int, Any]]) -> Tuple[int, Any]:
-        """``call``'s answer, or SessionLost as soon as the session is lost meanwhile."""
-        request = asyncio.ensure_future(call)
-        lost = asyncio.ensure_future(self.lost.wait())
-        try:
-            await asyncio.wait({request, lost}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lost.cancel()
-        if not request.done():
-            request.cancel()
-            raise SessionLost("session_lost", 0, f"session {self.id} is lost")
-        return request.result()
 
     async def _give_up(self, kind: str, name: str) -> None:
         action = "release" if kind == "semaphores" else "resign"
@@ -661,10 +675,7 @@ class Session:
                     batcher.ride(id(self), self._on_departure)
                 else:
                     wake = min(wake, ride_from)
-            try:
-                await asyncio.wait_for(self._wake.wait(), max(0.0, wake - now))
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, wake - now)
             batcher.unride(id(self))
             self._wake.clear()
             departed, self._departed = self._departed, False
@@ -680,7 +691,7 @@ class Session:
                 continue  # woken for a hold's expiry or to ride from now on
             try:
                 outcome = await batcher.keepalive(self, keepalive_timeout(deadline - sent, endpoints), deadline - sent)
-            except Exception as error:  # keep the task alive whatever happens
+            except Exception as error:  # keep the keepalive task alive whatever happens
                 log.warning("keepalive of %s failed: %r", self.id, error)
                 self._jeopardy = True
                 continue
@@ -742,13 +753,9 @@ class Session:
             self._closed = True
             holds = list(self._holds)
             self._holds.clear()
+        untrack(self)
         self._halt()
-        task = self._task
-        if task is not None and task is not asyncio.current_task():
-            try:
-                await asyncio.wait_for(task, REQUEST_TIMEOUT)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
-                task.cancel()
+        await join(self._worker, REQUEST_TIMEOUT)
         for hold in holds:
             hold._released = True
         if not self.lost.is_set():
@@ -787,14 +794,12 @@ class _Ask(KeepaliveAsk):
 
 
 class _Batcher(KeepaliveBatcher):
-    """The asyncio client's keepalive batcher: a short-lived task sends the batches while asks
-    keep coming (see :class:`permit._common.KeepaliveBatcher`)."""
+    """A client's keepalive batcher: a short-lived task sends the batches while asks keep
+    coming (see :class:`permit._common.KeepaliveBatcher`)."""
 
     def __init__(self, client: Client) -> None:
         super().__init__()
         self._client = client
-        # Running senders, referenced so that they are not collected mid-batch.
-        self._senders: Set["asyncio.Task[None]"] = set()
 
     async def keepalive(self, session: "Session", timeout: float, wait: float) -> Outcome:
         """Keeps ``session`` alive through the next batch (or alone, on an older server);
@@ -802,14 +807,9 @@ class _Batcher(KeepaliveBatcher):
         if not self.unbatched():
             ask = _Ask(session.id, timeout)
             if self.put(ask):
-                task = asyncio.get_running_loop().create_task(self._send_batches(), name="permit-keepalive-batch")
-                self._senders.add(task)
-                task.add_done_callback(self._senders.discard)
+                spawn(self._send_batches, "permit-keepalive-batch")
             try:
-                # A stopped session's task is cancelled by ``close`` if it does not return.
-                await asyncio.wait_for(ask.done.wait(), max(0.0, wait))
-            except asyncio.TimeoutError:
-                pass
+                await wait_event(ask.done, wait, session._stop)
             finally:
                 if not ask.done.is_set():
                     ask.abandoned = True
@@ -830,12 +830,7 @@ class _Batcher(KeepaliveBatcher):
         try:
             while True:
                 # Sessions due soon join this batch rather than the next one.
-                riders = self.depart()
-                # The woken sessions run at the next turns of the loop (bounded).
-                for _ in range(16):
-                    if self.joined() >= riders:
-                        break
-                    await asyncio.sleep(0)
+                await wait_riders(self, self.depart())
                 asks = self.take()
                 if asks is None:
                     return
@@ -853,7 +848,7 @@ class _Batcher(KeepaliveBatcher):
                     continue
                 self.settle(asks, ids, sent, body=body)
         except BaseException as error:
-            if not isinstance(error, asyncio.CancelledError):
+            if not is_cancellation(error):
                 log.warning("the keepalive batcher failed: %r", error)
             self.stopped(asks or [])
             raise
@@ -862,7 +857,7 @@ class _Batcher(KeepaliveBatcher):
 def _call(callback: OnLost, error: SessionLost) -> None:
     try:
         callback(error)
-    except Exception:  # a user callback must not break the keepalive thread
+    except Exception:  # a user callback must not break the keepalive task
         log.exception("permit on_lost callback failed")
 
 
@@ -959,7 +954,7 @@ class Permit(_Hold):
 
     Example::
 
-        async with await session.acquire("gpu", permits=2) as p:
+        async with session.acquire("gpu", permits=2) as p:
             assert p.permits == 2
             do_work(p.token)
     """
@@ -980,7 +975,7 @@ class Leadership(_Hold):
 
     Example::
 
-        async with await session.campaign("scheduler", value="host-a") as leadership:
+        async with session.campaign("scheduler", value="host-a") as leadership:
             while not leadership.lost.is_set():
                 schedule(leadership.token)
     """
@@ -1011,6 +1006,8 @@ class Leadership(_Hold):
 class LeaderWatch:
     """What :meth:`Client.observe_leader` returns: an async iterator of the election's leader
     (:class:`permit.Leader` or ``None``), each change once, and an async context manager.
+    ``aclose`` ends it; a close from elsewhere takes effect when the blocking read in progress
+    returns (within 30 s, or at once when the leader changes).
 
     Example::
 
@@ -1068,9 +1065,12 @@ class EventStream:
 
     Example::
 
-        async with client.events(kinds=["granted"], timeout=60.0) as stream:
+        stream = client.events(prefix="gpu")
+        try:
             async for event in stream:
-                print(event.id, event.data["name"])
+                print(event.kind, event.data.get("session_name"))
+        except permit.ClusterUnavailable:
+            stream = client.events(prefix="gpu", after=stream.last_id)   # resume
     """
 
     def __init__(self, client: Client, params: Dict[str, Any], after: Optional[int]) -> None:
@@ -1165,6 +1165,7 @@ class EventStream:
 __all__ = [
     "Client",
     "Session",
+    "Pending",
     "LeaderWatch",
     "EventStream",
     "Event",

@@ -89,12 +89,12 @@ def test_capacity_makes_an_ephemeral_semaphore_unless_kept(server: Server, name:
 
 def test_asyncio_capacity_makes_an_ephemeral_semaphore_unless_kept(server: Server, name: str) -> None:
     async def main() -> None:
-        async with permit.aio.Client(server.url) as client, await client.session() as session:
-            async with await session.acquire(name, capacity=2):
+        async with permit.aio.Client(server.url) as client, client.session() as session:
+            async with session.acquire(name, capacity=2):
                 assert (await client.semaphore(name)).capacity == 2
             with pytest.raises(permit.NotFound):
                 await client.semaphore(name)
-            async with await session.acquire(name, capacity=3, ephemeral=False):
+            async with session.acquire(name, capacity=3, ephemeral=False):
                 pass
             assert (await client.semaphore(name)).capacity == 3
             await client.delete_semaphore(name)
@@ -151,7 +151,7 @@ def _candidates(server: Server, name: str) -> int:
 
 def test_asyncio_observe_leader(server: Server, name: str) -> None:
     async def main() -> None:
-        async with permit.aio.Client(server.url) as client, await client.session() as a:
+        async with permit.aio.Client(server.url) as client, client.session() as a:
             async with client.observe_leader(name, timeout=20.0) as leaders:
                 assert await leaders.__anext__() is None
                 leadership = await a.campaign(name, value="v1")
@@ -204,11 +204,11 @@ def test_events_stream_filters_by_prefix_and_ends(server: Server, name: str) -> 
 
 def test_asyncio_events(server: Server, name: str) -> None:
     async def main() -> None:
-        async with permit.aio.Client(server.url) as client, await client.session() as session:
+        async with permit.aio.Client(server.url) as client, client.session() as session:
             async with client.events(prefix=name, kinds=["granted"], timeout=20.0) as stream:
                 nxt = asyncio.ensure_future(stream.__anext__())
                 assert await _eventually_async(lambda: stream._response is not None)
-                async with await session.acquire(name, capacity=1) as p:
+                async with session.acquire(name, capacity=1) as p:
                     event = await asyncio.wait_for(nxt, 20.0)
                 assert (event.kind, event.data["name"], event.data["token"]) == ("granted", name, p._token)
             with pytest.raises(StopAsyncIteration):

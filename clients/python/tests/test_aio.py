@@ -34,8 +34,8 @@ async def until(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> 
 def test_acquire_holds_and_release_frees(server: Server, name: str) -> None:
     async def main() -> None:
         async with permit.aio.Client(server.url) as client:
-            async with await client.session(ttl=5.0) as session:
-                async with await session.acquire(name, permits=2, capacity=8, ephemeral=False) as p:
+            async with client.session(ttl=5.0) as session:
+                async with session.acquire(name, permits=2, capacity=8, ephemeral=False) as p:
                     assert p.permits == 2 and p.token > 0 and not p.lost.is_set()
                     info = await client.semaphore(name)
                     assert [(h.session, h.permits, h.token) for h in info.holders] == [(session.id, 2, p.token)]
@@ -66,10 +66,10 @@ def test_capacity_never_exceeded_by_tasks(server: Server, name: str) -> None:
     state = {"now": 0, "max": 0, "grants": 0}
 
     async def worker(client: permit.aio.Client, i: int) -> None:
-        async with await client.session() as session:
+        async with client.session() as session:
             for r in range(rounds):
                 weight = 1 + (i + r) % 2
-                async with await session.acquire(name, permits=weight, timeout=20.0):
+                async with session.acquire(name, permits=weight, timeout=20.0):
                     state["now"] += weight
                     state["max"] = max(state["max"], state["now"])
                     state["grants"] += 1
@@ -94,7 +94,7 @@ def test_strict_fifo_order(server: Server, name: str) -> None:
             order: List[str] = []
 
             async def wait(s: permit.aio.Session) -> None:
-                async with await s.acquire(name, timeout=20.0):
+                async with s.acquire(name, timeout=20.0):
                     order.append(s.id)
 
             tasks = []
@@ -125,7 +125,7 @@ def test_blocking_acquire_is_pushed_not_polled(server: Server, name: str) -> Non
             sessions = [await client.session() for _ in range(3)]
 
             async def wait(s: permit.aio.Session) -> None:
-                async with await s.acquire(name, timeout=30.0):
+                async with s.acquire(name, timeout=30.0):
                     pass
 
             tasks = [asyncio.ensure_future(wait(s)) for s in sessions]
@@ -221,6 +221,91 @@ def test_exception_in_body_still_releases(server: Server, name: str) -> None:
     run(main)
 
 
+def test_session_acquire_and_campaign_are_awaitable_and_async_context_managers(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            async with client.session() as session:
+                assert isinstance(session, permit.aio.Session) and session.state == "alive"
+                async with session.acquire(name, capacity=1, ephemeral=False) as p:
+                    assert isinstance(p, permit.aio.Permit) and await client.validate(name, p.token)
+                assert (await client.semaphore(name)).holders == ()
+                async with session.campaign(name + ".e", value="a") as leading:
+                    assert isinstance(leading, permit.aio.Leadership)
+                    assert await client.leader(name + ".e") == (session.id, "a", leading.token)
+                assert await client.leader(name + ".e") is None
+                # Awaited, each gives the object itself, to close or release by hand.
+                held = await session.acquire(name)
+                assert [h.token for h in (await client.semaphore(name)).holders] == [held.token]
+                await held.release()
+                # A coroutine: tasks take it as they took the coroutine functions before.
+                task = asyncio.create_task(session.acquire(name))
+                async with await task as again:
+                    assert again.token > held.token
+            assert session.state == "closed"
+            other = await client.session()
+            assert other.state == "alive"
+            await other.close()
+
+    run(main)
+
+
+def test_an_exception_in_async_with_releases_the_hold_and_closes_the_session(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            entered: List[permit.aio.Session] = []
+            with pytest.raises(ZeroDivisionError):
+                async with client.session() as session:
+                    entered.append(session)
+                    async with session.campaign(name + ".e"):
+                        async with session.acquire(name, capacity=1, ephemeral=False):
+                            1 / 0
+            (session,) = entered
+            assert session.state == "closed"
+            assert (await client.semaphore(name)).holders == ()
+            assert await client.leader(name + ".e") is None
+            with pytest.raises(permit.SessionLost) as gone:
+                await client._request("GET", f"/v1/sessions/{session.id}")
+            assert gone.value.code == "session_not_found"
+            # The hold alone: released, the session lives on.
+            async with client.session() as other:
+                with pytest.raises(ZeroDivisionError):
+                    async with other.acquire(name):
+                        1 / 0
+                assert (await client.semaphore(name)).holders == ()
+                assert other.state == "alive"
+                async with other.acquire(name) as p:
+                    assert p.permits == 1
+
+    run(main)
+
+
+def test_cancelling_a_task_blocked_in_async_with_acquire_gives_the_place_up(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            async with client.session() as holder, client.session() as waiter:
+                entered: List[int] = []
+
+                async def wait() -> None:
+                    async with waiter.acquire(name, timeout=30.0) as p:
+                        entered.append(p.token)
+
+                async with holder.acquire(name, capacity=1, ephemeral=False):
+                    task = asyncio.create_task(wait())
+                    assert await until(async_waiters(client, name, 1))
+                    task.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+                    # Given up before the cancellation reached the caller.
+                    assert (await client.semaphore(name)).waiters == ()
+                assert entered == [] and waiter.state == "alive"
+                assert (await client.semaphore(name)).holders == ()
+                # The name is no longer claimed by the cancelled wait.
+                async with waiter.acquire(name, timeout=10.0) as p:
+                    assert [h.session for h in (await client.semaphore(name)).holders] == [waiter.id]
+
+    run(main)
+
+
 def test_campaign_leads_and_resign_hands_over(server: Server, name: str) -> None:
     async def main() -> None:
         async with permit.aio.Client(server.url) as client:
@@ -250,7 +335,7 @@ def test_errors_are_typed(server: Server, name: str) -> None:
             assert (missing.value.code, missing.value.status) == ("semaphore_not_found", 404)
             with pytest.raises(permit.InvalidRequest):
                 await client.set_capacity("bad name!", 1)
-            async with await client.session() as session:
+            async with client.session() as session:
                 await client.set_capacity(name, 2)
                 with pytest.raises(permit.Conflict) as too_many:
                     await session.acquire(name, permits=3)
@@ -292,7 +377,7 @@ def test_unreachable_server_is_presumed_lost_at_the_local_deadline(name: str) ->
 def test_keepalive_outlives_the_ttl_and_max_hold_is_lost(server: Server, name: str) -> None:
     async def main() -> None:
         async with permit.aio.Client(server.url) as client:
-            async with await client.session(ttl=0.6) as session:
+            async with client.session(ttl=0.6) as session:
                 p = await session.acquire(name, capacity=2)
                 start = time.monotonic()
 
@@ -315,7 +400,7 @@ def test_try_campaign_and_closed_session(server: Server, name: str) -> None:
     async def main() -> None:
         async with permit.aio.Client(server.url) as client:
             a, b = await client.session(), await client.session()
-            async with await a.campaign(name, value="a") as leading:
+            async with a.campaign(name, value="a") as leading:
                 with pytest.raises(permit.Unavailable):
                     await b.campaign(name, value="b", timeout=0)
                 assert await client.leader(name) == (a.id, "a", leading.token)
@@ -428,8 +513,8 @@ def test_background_keepalives_fall_back_to_one_per_session_on_an_older_server(n
 def test_a_second_acquire_of_a_held_name_fails_and_never_frees_the_outer_hold(server: Server, name: str) -> None:
     async def main() -> None:
         async with permit.aio.Client(server.url) as client:
-            async with await client.session() as session, await client.session() as other:
-                async with await session.acquire(name, capacity=1, ephemeral=False) as outer:
+            async with client.session() as session, client.session() as other:
+                async with session.acquire(name, capacity=1, ephemeral=False) as outer:
                     with pytest.raises(permit.AlreadyHeld):
                         await session.acquire(name)
                     with pytest.raises(permit.AlreadyHeld):
@@ -443,7 +528,7 @@ def test_a_second_acquire_of_a_held_name_fails_and_never_frees_the_outer_hold(se
                         await other.try_acquire(name)
                 async with await waiting as taken:
                     assert taken.token > outer._token
-                async with await session.acquire(name) as again:
+                async with session.acquire(name) as again:
                     assert again.token > taken._token
 
     run(main)

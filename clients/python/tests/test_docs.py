@@ -1,4 +1,4 @@
-"""API.md is generated from the docstrings and up to date; the README quick start runs."""
+"""API.md and the blocking client are generated and up to date; the README quick start runs."""
 
 from __future__ import annotations
 
@@ -19,10 +19,21 @@ def test_api_reference_is_up_to_date() -> None:
     assert (HERE / "API.md").read_text() == gen_api.render(), "API.md is stale: run python clients/python/gen_api.py"
 
 
+def test_sync_client_is_generated_from_the_asyncio_one() -> None:
+    sys.path.insert(0, str(HERE))
+    import gen_sync
+
+    assert gen_sync.TARGET.read_text() == gen_sync.render(), (
+        "permit/_sync.py is stale: edit permit/aio.py, then run python clients/python/gen_sync.py"
+    )
+
+
 def test_readme_quick_start_runs_as_is(server: Server) -> None:
     readme = (HERE / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
-    assert blocks, "no python block in the README"
-    quick = blocks[0].replace("http://127.0.0.1:7376", server.url)
-    done = subprocess.run([sys.executable, "-c", quick], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    assert len(blocks) >= 2, "no blocking and asyncio quick start in the README"
+    # The blocking quick start, then the asyncio one.
+    for block in blocks[:2]:
+        quick = block.replace("http://127.0.0.1:7376", server.url)
+        done = subprocess.run([sys.executable, "-c", quick], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr

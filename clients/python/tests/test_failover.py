@@ -51,7 +51,7 @@ def test_leader_kill_keeps_the_permit_and_token_asyncio(cluster: Cluster, name: 
 
     async def main() -> None:
         async with permit.aio.Client(urls) as client:
-            async with await client.session(ttl=6.0) as session:
+            async with client.session(ttl=6.0) as session:
                 p = await session.acquire(name, capacity=1, timeout=10.0)
                 token = p.token
                 killed = time.monotonic()
@@ -88,7 +88,7 @@ def test_the_client_sends_its_requests_to_the_leader_the_servers_name(cluster: C
 
     async def main() -> None:
         async with permit.aio.Client(ordered) as client:
-            async with await client.session(ttl=30.0) as session:
+            async with client.session(ttl=30.0) as session:
                 for _ in range(3):
                     await (await session.acquire(name, capacity=1, timeout=10.0)).release()
 

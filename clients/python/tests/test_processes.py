@@ -136,7 +136,7 @@ def test_forked_child_cannot_use_the_parents_async_session(server: Server, name:
 
     async def main() -> None:
         async with permit.aio.Client(server.url) as client:
-            async with await client.session() as session:
+            async with client.session() as session:
                 p = await session.acquire(name, capacity=1)
                 out = CTX.Queue()
                 child = CTX.Process(target=_child_uses_parent_async_session, args=(session, name, out))
