@@ -519,6 +519,12 @@ def test_a_second_acquire_of_a_held_name_fails_and_never_frees_the_outer_hold(se
                         await session.acquire(name)
                     with pytest.raises(permit.AlreadyHeld):
                         await session.try_acquire(name)
+                    with pytest.raises(permit.AlreadyHeld):
+                        async with session.acquire(name):
+                            pass
+                    with pytest.raises(permit.AlreadyHeld):
+                        async with session.campaign(name + ".e"), session.campaign(name + ".e"):
+                            pass
                     outer.check()
                     assert await other.try_acquire(name) is None, "the outer hold is intact"
                     # An acquire in flight claims its name too.
