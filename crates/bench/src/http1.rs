@@ -3,8 +3,8 @@
 //!
 //! It is as thin as the RESP client of the `redis` part, so that Permit and Redis are measured
 //! through clients of the same weight. reqwest (what `permit-client` uses) drives each
-//! connection from a task of its own and goes through its pool: about 30 µs more per round trip
-//! on this machine, which the benchmark would otherwise count as the server's
+//! connection from a task of its own and goes through its pool: a wake-up of that task and back
+//! per round trip, which the benchmark would otherwise count as the server's
 //! (`docs/performance.md`, *The benchmark's client*; `--client reqwest` measures with it).
 //!
 //! It speaks only what the benchmark needs: a request with an optional JSON body, an answer

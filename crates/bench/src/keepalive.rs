@@ -108,7 +108,7 @@ impl Load {
     /// kept alive once since); returns how long the population took.
     async fn populated(&mut self) -> anyhow::Result<Duration> {
         let started = Instant::now();
-        // Bounded: 100 k sessions populate in well under a minute on this machine.
+        // Bounded far above what populating the default steps takes.
         let deadline = started + Duration::from_secs(600);
         while self.control.populated.load(Ordering::SeqCst) < self.clients {
             if Instant::now() > deadline || self.tasks.iter().any(|task| task.is_finished()) {

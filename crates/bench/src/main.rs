@@ -113,7 +113,7 @@ struct Args {
     compare_bin: Vec<PathBuf>,
     /// The HTTP client of the workloads and the HTTP floor: `thin` (one connection read and
     /// written by the calling task, as thin as the `redis` part's RESP client) or `reqwest`
-    /// (what `permit-client` uses; about 30 µs more per round trip here). The `client` part
+    /// (what `permit-client` uses; its connection task adds a wake-up each way). The `client` part
     /// measures both, alternating.
     #[arg(long, value_enum, default_value = "thin")]
     client: api::ClientKind,
@@ -674,7 +674,7 @@ async fn cluster_rows(
             f.w1_rate.push(w1.cycles_per_second);
             f.w1_p50.push(w1.acquire.p50());
             // Spread and leader-aware runs take turns going first: the second W2 run of a pair
-            // came out up to 1.2x faster than the first even when both were spread (a build
+            // came out faster than the first even when both were spread (a build
             // without the header), so a fixed order would bias their ratio.
             for leader_aware in [run % 2 == 1, run % 2 == 0] {
                 let label = if leader_aware { "W23leader" } else { "W23nodes" };

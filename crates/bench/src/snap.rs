@@ -5,9 +5,9 @@
 //! first poll that sees the applied index reach the next snapshot's index (openraft starts
 //! building right after that apply) and closes at the first poll that sees `snapshot_index`
 //! move; an acquire that overlaps a window counts as "during a snapshot", the others as
-//! "outside". The monitor used to poll `/metrics`, whose render at this shape (1 000
-//! semaphores with series of their own, 1.7 MB) takes about 4 ms of a core: every 5 ms, that
-//! was the bulk of the tail it measured, inside and outside snapshots.
+//! "outside". The monitor polls `/v1/health`, not `/metrics`: at this shape (1 000 semaphores
+//! with series of their own) a render takes milliseconds of a core, and polling it that often
+//! would make the tail it measures its own.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -207,7 +207,7 @@ pub async fn populate(
             tokio::spawn(async move {
                 let api = Api::new(&url);
                 // One client (and kept-alive connection) per task: a client per request made
-                // the populate of the `scrape` part reconnect every time (≈ 290 sessions/s).
+                // the populate of the `scrape` part reconnect every time.
                 let http = crate::api_client();
                 let mut sessions = Vec::new();
                 loop {

@@ -11,8 +11,8 @@ use std::io::IsTerminal;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// mimalloc instead of glibc's malloc: a request allocates and frees a few dozen small blocks
-/// across tokio's worker threads, and glibc's free-list consolidation took a third of a busy
-/// leader's CPU (docs/performance.md, "Keepalives at 100 k sessions, 3 nodes").
+/// across tokio's worker threads, and glibc's free-list consolidation makes that costly for a
+/// busy leader (docs/performance.md, "Keepalives at 100 k sessions, 3 nodes").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -69,8 +69,8 @@ impl Lessor {
 
     /// Becomes leader in `term`: every deadline becomes at least `now + ttl`.
     ///
-    /// One pass over the sessions and one bulk rebuild of the deadline order: with a million
-    /// sessions this is a fraction of a second, where a re-insert per session took seconds.
+    /// One pass over the sessions and one bulk rebuild of the deadline order, not a re-insert per
+    /// session: a new leader serves nothing until it is done.
     pub fn promote(&mut self, term: u64, now: Instant) {
         for (deadline, ttl_ms) in self.deadlines.values_mut() {
             let extended = now + Duration::from_millis(*ttl_ms);

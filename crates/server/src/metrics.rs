@@ -178,7 +178,7 @@ pub struct Metrics {
     long_poll_seconds: Family<Labels, Histogram>,
     /// The request series by route template, so that a request looks up its series by one
     /// string: a labelled family's lookup builds and hashes every label string (twice per
-    /// request, 4 % of a request's instructions).
+    /// request).
     routes: std::sync::Mutex<std::collections::HashMap<String, RouteSeries>>,
     semaphore: ObjectFamilies,
     election: ObjectFamilies,

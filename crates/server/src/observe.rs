@@ -22,8 +22,8 @@ pub const EVENT_RING_LEN: usize = 10_000;
 pub const OVERFLOW_LABEL: &str = "_other";
 
 /// One event as streamed: its number, the event, and its JSON, rendered when a stream first
-/// sends it (most events are never streamed; rendering each at apply time took a quarter of
-/// the server's instructions under W2).
+/// sends it (most events are never streamed, so rendering each at apply time would be wasted
+/// work on the apply path).
 #[derive(Debug)]
 pub struct Recorded {
     /// Its number on this node (the SSE `id`).

@@ -21,8 +21,8 @@
 //!
 //! Every answer names the leader's URL in `permit-leader` when the node knows one, so that a
 //! client given several endpoints can send its requests there and save the forwarding hop
-//! (`permit-client` does). Forwarding costs a W2 round on 3 nodes about a third of its rate
-//! (`docs/performance.md`).
+//! (`permit-client` does). A forwarded request pays two more HTTP hops (`docs/performance.md`,
+//! *Forwarding and the leader hint*).
 
 use std::future::Future;
 use std::sync::{Mutex, PoisonError};

@@ -101,8 +101,8 @@ async fn method_not_allowed() -> ApiError {
 }
 
 /// What every request passes through, outermost first. One layer, because axum wraps each
-/// route in each layer: every layer cost a request a boxed service clone and a move of its
-/// future (four layers were a tenth of a W2 request's instructions).
+/// route in each layer: every layer costs a request a boxed service clone and a move of its
+/// future.
 /// 1. Counted by route template, method and status, with its duration.
 /// 2. `Retry-After` added to a 503 or 429 answer that has none.
 /// 3. Refused once the node failed ([`fail_stopped`]), or, without `--auth`, when its `Host`

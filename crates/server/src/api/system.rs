@@ -81,10 +81,10 @@ fn not_ready(node: &Node, status: &Status) -> Option<(NotReady, Option<String>)>
 /// Prometheus metrics (text format).
 #[utoipa::path(get, path = "/metrics", tag = "system", responses((status = 200, body = String, content_type = "application/openmetrics-text")))]
 pub async fn metrics(State(node): State<Arc<Node>>) -> Result<impl IntoResponse, ApiError> {
-    // Off the worker threads: a large state's render takes milliseconds (1.7 MB, about 4 ms of
-    // a core at 1 000 objects with series of their own), and requests queued behind it on its
-    // worker would wait that long (docs/performance.md, *Metrics scrape cost and apply
-    // stall*). One at a time, so that a flood of scrapes holds one blocking thread, not one each.
+    // Off the worker threads: a large state's render takes milliseconds, and requests queued
+    // behind it on its worker would wait that long (docs/performance.md, *Metrics scrape cost
+    // and apply stall*). One at a time, so that a flood of scrapes holds one blocking thread, not
+    // one each.
     let turn = node.metrics.renders.clone().acquire_owned().await.map_err(ApiError::internal)?;
     let rendering = node.clone();
     let rendered = tokio::task::spawn_blocking(move || {

@@ -46,8 +46,8 @@ use super::{LogId, NodeId, TypeConfig};
 
 /// How long a leader's early-reported appends may wait for their fsync before the worker and
 /// the next append wait for it in place (gate 7): well under the shortest election timeout
-/// (500 ms by default), far above a healthy fdatasync (0.1-0.3 ms here, 20 ms beside a snapshot
-/// flush).
+/// (500 ms by default), far above a healthy fdatasync, even one that waits behind a snapshot
+/// file's flush.
 pub const SYNC_STALL: Duration = Duration::from_millis(200);
 
 /// This node's durable log id and whether its appends may be synced beside replication. One

@@ -12,12 +12,12 @@
 //! block its worker thread meanwhile (`LogIo`). openraft 0.9 waits for every append (and
 //! vote, truncate, purge) to be durable before it does anything else, so nothing of openraft's
 //! could run in the meantime. Handing the worker to another thread for the fsync
-//! (`block_in_place`) costs a cross-thread wake-up each way: 11-15 % of W2's throughput with two
-//! workers, and 25 % with one (`docs/performance.md`, *One worker thread*).
+//! (`block_in_place`) costs a cross-thread wake-up each way, more than the fsync's own stall
+//! (`docs/performance.md`, *One worker thread*).
 //!
 //! The server runs one worker thread by default (`--worker-threads`), so an fsync in place
-//! stops every request for its duration: about 0.1-0.3 ms on a healthy disk, less than the
-//! cross-thread hand-offs it saves. A disk that turns slow must not stop them for longer, so
+//! stops every request for its duration: on a healthy disk, less than the cross-thread
+//! hand-offs it saves. A disk that turns slow must not stop them for longer, so
 //! with one worker a log write that took [`SLOW_LOG_IO`] or more sends the writes of the next
 //! [`HAND_OFF_WINDOW`] (renewed by every slow one) to another thread first, and the other
 //! requests are answered meanwhile. A disk that hangs outright stops the node's requests: its
@@ -94,9 +94,8 @@ pub(crate) fn sync_dir_and_its_entry(dir: &std::path::Path) -> std::io::Result<(
 }
 
 /// A log write (or fsync) that takes this long, on a node with one worker thread, hands the
-/// writes of the next [`HAND_OFF_WINDOW`] to another thread (see the module docs). A healthy
-/// disk's fdatasync takes well under a millisecond here, and up to about 20 ms while a snapshot
-/// file is flushed beside it.
+/// writes of the next [`HAND_OFF_WINDOW`] to another thread (see the module docs). It lies above
+/// a healthy disk's fdatasync, even one that waits behind a snapshot file's flush.
 pub const SLOW_LOG_IO: Duration = Duration::from_millis(25);
 /// How long log writes are handed off after the last slow one.
 pub const HAND_OFF_WINDOW: Duration = Duration::from_secs(10);

@@ -8,7 +8,7 @@
 //! A batch whose apply ended queued waits (a release granting the queue's head) has just
 //! answered those waiters, and their clients' next commands (typically their releases) are on
 //! the way. Cutting the next batch at its first command left the later ones for the batch
-//! after (about a third of W2's handoffs took two writes). So the proposer waits for one
+//! after, so a handoff took two writes instead of one. So the proposer waits for one
 //! command from each woken session before it cuts, but no longer than about one write
 //! (`HandoffWait`): a session that sends nothing costs the commands already queued about what
 //! catching a straggler in the next batch would. The wait only chooses which commands share
@@ -33,7 +33,7 @@ use crate::raft::{NodeId, Raft};
 const QUEUE_CAPACITY: usize = 16 * 1024;
 /// Times the proposer yields to other tasks before it cuts a batch, when the last batch had
 /// more than one command (requests arrive together). After a batch of one (a lone client) it
-/// cuts at once: the yields found nothing to add and cost that client 7-20 µs of W1's acquire
+/// cuts at once: the yields would find nothing to add and only delay that client's acquire
 /// (`docs/performance.md`, *Server CPU per request*).
 const COALESCE_YIELDS: usize = 2;
 /// A batch is cut once its commands' encoded size reaches this many bytes, so that one log entry

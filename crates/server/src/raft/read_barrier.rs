@@ -8,9 +8,9 @@
 //!
 //! Keepalives are [`Urgency::Lazy`]: a round wanted only by them starts at least
 //! [`LAZY_ROUND_SPACING`] after the previous one started. Each round costs the leader a
-//! heartbeat RPC per follower (≈ 0.2 ms of CPU for two); back to back they ran 1 100-1 400 times
-//! a second under any keepalive load, most of a busy leader's CPU beyond the requests
-//! themselves. A keepalive then waits up to that much longer, against a TTL of seconds, and its
+//! heartbeat RPC per follower; back to back they would run as often as the round trip allows, under
+//! any keepalive load, most of a busy leader's CPU beyond the requests themselves. A keepalive
+//! then waits up to that much longer, against a TTL of seconds, and its
 //! round still starts after it arrived. A linearizable read is [`Urgency::Now`]: its arrival
 //! cuts the spacing short.
 

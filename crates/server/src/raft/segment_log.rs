@@ -777,7 +777,7 @@ impl SegmentLog {
                 return;
             }
             // On a blocking thread, so that the worker answers the followers and the clients
-            // meanwhile (one worker: an fsync in place stalled them all for its 0.1-0.3 ms).
+            // meanwhile (with one worker, an fsync in place would stall them all).
             let sync = tokio::task::spawn_blocking({
                 let log = log.clone();
                 move || log.sync_upto(&file, upto, started)
