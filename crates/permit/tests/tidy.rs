@@ -1,5 +1,6 @@
 //! The codemap of `docs/ARCHITECTURE.md`, enforced: which crate may depend on which. A new edge
-//! between crates, or a crate without a rule, fails here, so the map cannot drift silently.
+//! between crates, or a crate without a rule, fails here, so the map cannot drift silently. And
+//! every dependency a crate declares is used by its code.
 
 use std::path::Path;
 
@@ -161,4 +162,78 @@ fn the_server_names_openraft_redb_axum_and_hyper_and_writes_the_replica_only_whe
         }
     }
     assert!(broken.is_empty(), "outside the codemap:\n{}", broken.join("\n"));
+}
+
+/// The names a Cargo.toml declares in its dependency sections (normal, dev and build).
+fn declared(manifest: &str) -> Vec<String> {
+    let mut in_section = false;
+    let mut names = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_section = matches!(line, "[dependencies]" | "[dev-dependencies]" | "[build-dependencies]");
+            continue;
+        }
+        if in_section && !line.is_empty() && !line.starts_with('#') {
+            let name = line.split(|c: char| c == '=' || c == '.' || c.is_whitespace()).next().unwrap_or("");
+            names.push(name.to_owned());
+        }
+    }
+    names
+}
+
+/// Whether `source` names the crate `ident` as a path or in a `use`/`extern crate`: the word
+/// followed by `::`, or after `use ` / `extern crate `.
+fn uses_crate(source: &str, ident: &str) -> bool {
+    let word_at = |at: usize| at == 0 || !source[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_');
+    source.match_indices(ident).any(|(at, _)| {
+        let after = &source[at + ident.len()..];
+        word_at(at)
+            && (after.starts_with("::")
+                || (source[..at].ends_with("use ") || source[..at].ends_with("extern crate "))
+                    && !after.starts_with(|c: char| c.is_alphanumeric() || c == '_'))
+    })
+}
+
+/// A dependency that no code of its crate names is dead weight in every build (CI used to run
+/// `cargo machete` for this; the same check here costs no install).
+#[test]
+fn every_declared_dependency_is_used() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut unused = Vec::new();
+    for rule in RULES {
+        let dir = crates.join(rule.dir);
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        let mut sources = String::new();
+        for sub in ["src", "tests", "benches", "examples"] {
+            if dir.join(sub).is_dir() {
+                let mut files = Vec::new();
+                rust_files(&dir, &dir.join(sub), &mut files);
+                for file in files {
+                    sources.push_str(&std::fs::read_to_string(dir.join(file)).unwrap());
+                    sources.push('\n');
+                }
+            }
+        }
+        if let Ok(build) = std::fs::read_to_string(dir.join("build.rs")) {
+            sources.push_str(&build);
+        }
+        assert!(!sources.is_empty(), "crates/{} has sources", rule.dir);
+        for dependency in declared(&manifest) {
+            if !uses_crate(&sources, &dependency.replace('-', "_")) {
+                unused.push(format!("crates/{} declares {dependency}", rule.dir));
+            }
+        }
+    }
+    assert!(unused.is_empty(), "dependencies no code names (remove them):\n{}", unused.join("\n"));
+}
+
+#[test]
+fn a_crate_counts_as_used_only_as_a_path_or_an_import() {
+    assert!(uses_crate("let x = serde_json::to_vec(&v);", "serde_json"));
+    assert!(uses_crate("use tokio;", "tokio"));
+    assert!(uses_crate("use tokio::sync::Mutex;", "tokio"));
+    assert!(uses_crate("extern crate libc;", "libc"));
+    assert!(!uses_crate("let tokio_thing = 1; // tokio", "tokio"));
+    assert!(!uses_crate("my_serde::x()", "serde"));
+    assert!(!uses_crate("use serde_json::Value;", "serde"));
 }
