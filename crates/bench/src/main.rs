@@ -645,9 +645,12 @@ async fn redis_rows(
     Ok(())
 }
 
-/// W1 via node 1, W2 with the clients spread over the nodes, and W2 with leader-aware clients,
-/// on each cluster (this build's first, then each `--compare-bin`'s), runs alternating so that
-/// every cluster sees the same minutes; ratios to the first cluster.
+/// W1 via the leader and via a follower, W2 with the clients spread over the nodes, and W2 with
+/// leader-aware clients, on each cluster (this build's first, then each `--compare-bin`'s), runs
+/// alternating so that every cluster sees the same minutes; ratios to the first cluster. W1 is
+/// placed by role, not by node: which node leads depends on each cluster's first election, and a
+/// forwarding hop costs more than anything a build changes. Each W2 run also reports the CPU its
+/// three nodes spent per cycle, which other load on the machine disturbs less than a rate.
 async fn cluster_rows(
     report: &mut Report,
     clusters: &[(String, &[ServerProcess])],
@@ -657,33 +660,50 @@ async fn cluster_rows(
 ) -> anyhow::Result<()> {
     #[derive(Default, Clone)]
     struct Figures {
-        w1_rate: Vec<f64>,
-        w1_p50: Vec<f64>,
+        w1_leader_p50: Vec<f64>,
+        w1_follower_p50: Vec<f64>,
         spread: Vec<f64>,
+        spread_cpu: Vec<f64>,
         wait50: Vec<f64>,
         wait99: Vec<f64>,
         cv: Vec<f64>,
         most: i64,
         leader: Vec<f64>,
+        leader_cpu: Vec<f64>,
     }
     let mut figures = vec![Figures::default(); clusters.len()];
     for run in 0..args.runs {
         for ((_, nodes), f) in clusters.iter().zip(&mut figures) {
             let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
-            let w1 = workloads::uncontended(&urls[0], &format!("cw1-{run}"), duration).await?;
-            f.w1_rate.push(w1.cycles_per_second);
-            f.w1_p50.push(w1.acquire.p50());
+            let pids: Vec<String> =
+                nodes.iter().filter_map(ServerProcess::pid).map(|pid| pid.to_string()).collect();
+            let leader = api::Api::new(&urls[0])
+                .leader_hint()
+                .await?
+                .filter(|hint| urls.contains(hint))
+                .context("the cluster names no leader among its nodes")?;
+            let follower = urls.iter().find(|url| **url != leader).context("a follower")?;
+            let w1 = workloads::uncontended(&leader, &format!("cw1l-{run}"), duration).await?;
+            f.w1_leader_p50.push(w1.acquire.p50());
+            let w1 = workloads::uncontended(follower, &format!("cw1f-{run}"), duration).await?;
+            f.w1_follower_p50.push(w1.acquire.p50());
             // Spread and leader-aware runs take turns going first: the second W2 run of a pair
-            // came out faster than the first even when both were spread (a build
-            // without the header), so a fixed order would bias their ratio.
+            // came out faster than the first even when both were spread, so a fixed order would
+            // bias their ratio.
             for leader_aware in [run % 2 == 1, run % 2 == 0] {
                 let label = if leader_aware { "W23leader" } else { "W23nodes" };
                 let name = format!("{label}-{run}");
+                let cpu = CpuWindow::start(pids.clone())?;
+                let started = Instant::now();
                 let w2 = workloads::contended_as(&urls, &name, 32, duration, leader_aware).await?;
+                let percent: f64 = cpu.percent(started.elapsed())?.iter().sum();
+                let per_cycle = percent / 100.0 * 1e6 / w2.cycles_per_second;
                 if leader_aware {
                     f.leader.push(w2.cycles_per_second);
+                    f.leader_cpu.push(per_cycle);
                 } else {
                     f.spread.push(w2.cycles_per_second);
+                    f.spread_cpu.push(per_cycle);
                     f.wait50.push(w2.wait.p50());
                     f.wait99.push(w2.wait.p99());
                 }
@@ -704,22 +724,27 @@ async fn cluster_rows(
                 format!(", {:.2}x this build", value / base)
             }
         };
-        let (w1_p50, base_w1) = (median(&f.w1_p50), median(&figures[0].w1_p50));
-        report.add(
-            &format!("W1 (3 nodes, via node 1{label}) cycles"),
-            format!("{:.0} /s", median(&f.w1_rate)),
-            None,
-        );
-        report.add(
-            &format!("W1 (3 nodes, via node 1{label}) acquire p50"),
-            format!("{w1_p50:.3} ms{}", versus(w1_p50, base_w1)),
-            None,
-        );
+        for (via, p50, base) in [
+            ("the leader", median(&f.w1_leader_p50), median(&figures[0].w1_leader_p50)),
+            ("a follower", median(&f.w1_follower_p50), median(&figures[0].w1_follower_p50)),
+        ] {
+            report.add(
+                &format!("W1 (3 nodes, via {via}{label}) acquire p50"),
+                format!("{p50:.3} ms{}", versus(p50, base)),
+                None,
+            );
+        }
         let cycles = median(&f.spread);
         report.add(
             &format!("W2 (3 nodes{label}) cycles, 32 clients spread, capacity 4"),
             format!("{cycles:.0} /s ({:.2}x the bound{})", cycles / handoff_bound, versus(cycles, base)),
             Some((format!(">= {factor} x 4 / (fsync p50 + HTTP p50) = {target:.0} /s"), cycles >= target)),
+        );
+        let (cpu, base_cpu) = (median(&f.spread_cpu), median(&figures[0].spread_cpu));
+        report.add(
+            &format!("W2 (3 nodes{label}) spread: CPU of the 3 nodes per cycle"),
+            format!("{cpu:.0} µs{}", versus(cpu, base_cpu)),
+            None,
         );
         report.add(&format!("W2 (3 nodes{label}) wait p50"), format!("{:.3} ms", median(&f.wait50)), None);
         report.add(&format!("W2 (3 nodes{label}) wait p99"), format!("{:.3} ms", median(&f.wait99)), None);
@@ -727,10 +752,17 @@ async fn cluster_rows(
         report.add(
             &format!("W2 (3 nodes{label}) cycles, leader-aware clients (permit-leader)"),
             format!(
-                "{leader:.0} /s ({:.2}x the bound, {:.2}x spread)",
+                "{leader:.0} /s ({:.2}x the bound, {:.2}x spread{})",
                 leader / handoff_bound,
-                leader / cycles
+                leader / cycles,
+                versus(leader, median(&figures[0].leader))
             ),
+            None,
+        );
+        let (cpu, base_cpu) = (median(&f.leader_cpu), median(&figures[0].leader_cpu));
+        report.add(
+            &format!("W2 (3 nodes{label}) leader-aware: CPU of the 3 nodes per cycle"),
+            format!("{cpu:.0} µs{}", versus(cpu, base_cpu)),
             None,
         );
         let cv = median(&f.cv);
