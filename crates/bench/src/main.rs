@@ -44,15 +44,14 @@ struct Args {
     /// Length of each timed workload run.
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
-    /// Parts to run: floors,w1,tls,w2,w3,w4,python,redis,logstore,auth,cluster,scale,failover,
+    /// Parts to run: floors,w1,tls,w2,w3,w4,python,redis,single,auth,cluster,scale,failover,
     /// big,scrape,snap,keepalive,client (default: all but big, scrape, snap, keepalive and client).
     /// `client` runs the HTTP floor, W1 and W2 through each `--client`, alternating. `tls` runs W1 over HTTPS on a
     /// second node, alternating with plain HTTP runs. `python` runs the Python client's W1/W2
     /// driver (threads and asyncio) in alternation with the Rust driver's W1/W2 runs on the same
     /// server. `redis` runs W1 and W2 against redis-server with appendfsync always, alternating
-    /// with Permit runs; `logstore` runs W1 and W2 on two more nodes, --log-store redb and
-    /// segment, alternating (the other parts run on the default store: the segment log for
-    /// their new data dirs). `snap` runs W1 while a node of `--snap-n` sessions snapshots.
+    /// with Permit runs; `single` runs W1 and W2 on a new single node of this build and of each
+    /// `--compare-bin`, alternating. `snap` runs W1 while a node of `--snap-n` sessions snapshots.
     /// `keepalive` starts a 3-node cluster per `--keepalive-n` step and keeps that many sessions
     /// alive on the client's schedule (every TTL / 3) for `--keepalive-ms`.
     #[arg(long, value_delimiter = ',')]
@@ -106,8 +105,8 @@ struct Args {
     /// The `permit` binary (default: next to this one).
     #[arg(long)]
     permit_bin: Option<PathBuf>,
-    /// The `logstore` part also runs these other `permit` binaries (comma-separated) with `--log-store segment`
-    /// (e.g. a build before a change), alternating with the others: before/after in one run. The
+    /// The `single` part also runs these other `permit` binaries (comma-separated; e.g. a build
+    /// before a change), alternating with this one: before/after in one run. The
     /// `cluster` part starts a 3-node cluster of each and alternates its runs over all clusters.
     #[arg(long, value_delimiter = ',')]
     compare_bin: Vec<PathBuf>,
@@ -318,8 +317,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 
-    if wants(&args, "logstore") {
-        log_store_rows(&mut report, &bin, work.path(), &args, duration).await?;
+    if wants(&args, "single") {
+        single_rows(&mut report, &bin, work.path(), &args, duration).await?;
     }
 
     if wants(&args, "auth") {
@@ -510,26 +509,20 @@ async fn tls_rows(
     Ok(())
 }
 
-/// W1 and W2 on a `--log-store redb` node and a `--log-store segment` node, runs alternating so
-/// both see the same machine.
-async fn log_store_rows(
+/// W1 and W2 on a new single node of `bin` and of each `--compare-bin`, runs alternating so all
+/// see the same machine.
+async fn single_rows(
     report: &mut Report,
     bin: &std::path::Path,
     work: &std::path::Path,
     args: &Args,
     duration: Duration,
 ) -> anyhow::Result<()> {
-    let start = |bin: &std::path::Path, kind: &str, dir: &str| {
-        let flags = ["--log-store".to_owned(), kind.to_owned()];
-        ServerProcess::start(bin, "127.0.0.1:0", &work.join(dir), &flags)
-    };
-    let mut nodes = vec![
-        ("--log-store redb".to_owned(), start(bin, "redb", "single-redb")?),
-        ("--log-store segment".to_owned(), start(bin, "segment", "single-segment")?),
-    ];
+    let start =
+        |bin: &std::path::Path, dir: &str| ServerProcess::start(bin, "127.0.0.1:0", &work.join(dir), &[]);
+    let mut nodes = vec![("this build".to_owned(), start(bin, "single-this")?)];
     for (i, other) in args.compare_bin.iter().enumerate() {
-        let label = format!("--log-store segment, {}", other.display());
-        nodes.push((label, start(other, "segment", &format!("single-compare{i}"))?));
+        nodes.push((other.display().to_string(), start(other, &format!("single-compare{i}"))?));
     }
     let (mut w1, mut w2) = (vec![vec![]; nodes.len()], vec![vec![]; nodes.len()]);
     for run in 0..args.runs {
@@ -541,12 +534,16 @@ async fn log_store_rows(
             );
         }
     }
-    println!("log stores (single node each, runs alternating)");
+    println!("single nodes of each build (runs alternating)");
     let (r1, r2) = (median(&w1[0]), median(&w2[0]));
     for (i, (label, _)) in nodes.iter().enumerate() {
         let (a, b) = (median(&w1[i]), median(&w2[i]));
-        report.add(&format!("W1 acquire p50, {label}"), format!("{a:.3} ms ({:.2}x redb)", a / r1), None);
-        report.add(&format!("W2 cycles, {label}"), format!("{b:.0} /s ({:.2}x redb)", b / r2), None);
+        report.add(
+            &format!("W1 acquire p50, {label}"),
+            format!("{a:.3} ms ({:.2}x this build)", a / r1),
+            None,
+        );
+        report.add(&format!("W2 cycles, {label}"), format!("{b:.0} /s ({:.2}x this build)", b / r2), None);
     }
     Ok(())
 }

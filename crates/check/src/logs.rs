@@ -20,7 +20,7 @@ const LINE_CHARS_MAX: usize = 200;
 ///
 /// let logs = [
 ///     ("n1", "INFO started\nINFO leader elected\n"),
-///     ("n2", "INFO started\nthread 'tokio-runtime-worker' panicked at src/raft/log_store.rs:80:9\n"),
+///     ("n2", "INFO started\nthread 'tokio-runtime-worker' panicked at src/raft/segment_log.rs:80:9\n"),
 /// ];
 /// let report = check_logs(logs);
 /// assert_eq!(report.checked, 2);

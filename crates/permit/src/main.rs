@@ -77,12 +77,6 @@ struct ServeArgs {
     /// Take a snapshot and compact the log every this many entries.
     #[arg(long, default_value_t = 10_000)]
     snapshot_logs: u64,
-    /// The Raft log's storage. `detect` (the default): the store the data dir was created with
-    /// (`DATA_DIR/raft-log.redb` is redb), and the segment log for a new data dir. `segment`:
-    /// append-only segment files, `DATA_DIR/raft-log/`. `redb`: a redb database,
-    /// `DATA_DIR/raft-log.redb`. A data dir keeps its store: forcing the other one is refused.
-    #[arg(long, env = "PERMIT_LOG_STORE", default_value = "detect")]
-    log_store: permit_server::config::LogStoreKind,
     /// Do not form a cluster: wait to be added (`permit cluster add ID ADDR`) or initialised.
     #[arg(long, conflicts_with = "peers")]
     join: bool,
@@ -255,7 +249,6 @@ fn run() -> anyhow::Result<()> {
                 data_dir: args.data_dir,
                 peers: args.peers.into_iter().collect::<BTreeMap<_, _>>(),
                 snapshot_logs: args.snapshot_logs,
-                log_store: args.log_store,
                 join: args.join,
                 auth: args.auth.auth,
                 root_token: if args.auth.auth { args.auth.root_token()? } else { None },

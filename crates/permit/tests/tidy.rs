@@ -29,18 +29,18 @@ const RULES: &[Rule] = &[
     Rule {
         dir: "client",
         permit_deps: &["permit-wire"],
-        outside: Outside::Never(&["openraft", "redb", "axum", "hyper", "postcard"]),
+        outside: Outside::Never(&["openraft", "axum", "hyper", "postcard"]),
     },
     Rule {
         dir: "cli",
         permit_deps: &["permit-client"],
-        outside: Outside::Never(&["reqwest", "openraft", "redb", "axum"]),
+        outside: Outside::Never(&["reqwest", "openraft", "axum"]),
     },
     Rule { dir: "permit", permit_deps: &["permit-server", "permit-cli"], outside: Outside::Never(&[]) },
     Rule { dir: "check", permit_deps: &[], outside: Outside::Only(&["serde", "serde_json", "thiserror"]) },
-    Rule { dir: "faults", permit_deps: &["permit-check"], outside: Outside::Never(&["openraft", "redb"]) },
+    Rule { dir: "faults", permit_deps: &["permit-check"], outside: Outside::Never(&["openraft"]) },
     Rule { dir: "sim", permit_deps: &["permit-core", "permit-server"], outside: Outside::Never(&[]) },
-    Rule { dir: "bench", permit_deps: &[], outside: Outside::Never(&["openraft", "redb"]) },
+    Rule { dir: "bench", permit_deps: &[], outside: Outside::Never(&["openraft"]) },
 ];
 
 /// The names under `[dependencies]` of a Cargo.toml (not dev- or build-dependencies).
@@ -116,7 +116,6 @@ const REPLICA_WRITERS_OUTSIDE_RAFT: &[&str] = &["expiry.rs"];
 
 /// Where the server may name a library, by path prefix under `crates/server/src`.
 const SERVER_LIBRARIES: &[(&str, &[&str])] = &[
-    ("redb", &["raft/log_store.rs", "raft/consensus.rs"]),
     ("axum", &["api/", "auth.rs", "listener.rs", "peer.rs"]),
     ("hyper", &["listener.rs", "peer_conn.rs", "raft/network.rs"]),
 ];
@@ -138,7 +137,7 @@ fn names(source: &str, library: &str) -> bool {
 }
 
 #[test]
-fn the_server_names_openraft_redb_axum_and_hyper_and_writes_the_replica_only_where_the_codemap_says() {
+fn the_server_names_openraft_axum_and_hyper_and_writes_the_replica_only_where_the_codemap_says() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/src");
     let mut files = Vec::new();
     rust_files(&root, &root, &mut files);

@@ -64,108 +64,20 @@ pub struct Config {
     /// Most semaphores and elections with metric series of their own (`--metrics-names-max`);
     /// the others are summed under the label value `_other`.
     pub metrics_names_max: usize,
-    /// The Raft log's storage (`--log-store`, `PERMIT_LOG_STORE`): by default the one the data
-    /// dir was created with, the segment log for a new one; a data dir keeps its store.
-    pub log_store: LogStoreKind,
-    /// Storage faults a simulation injects into the redb log (`permit serve` never sets it).
+    /// Storage faults a simulation injects into the log (`permit serve` never sets it).
     #[doc(hidden)]
-    pub storage_faults: Option<std::sync::Arc<crate::raft::log_store::StorageFaults>>,
+    pub storage_faults: Option<std::sync::Arc<crate::raft::storage_faults::StorageFaults>>,
     /// Seeds the generator of new session and token ids (a simulation's; `permit serve` draws
     /// them from the OS-seeded generator).
     #[doc(hidden)]
     pub id_seed: Option<u64>,
 }
 
-/// Which log store a node uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum LogStoreKind {
-    /// The one that made the data dir (`raft-log.redb` is redb, anything else the segment
-    /// log); a new data dir gets the segment log (the default).
-    #[default]
-    Detect,
-    /// A redb database, `DATA_DIR/raft-log.redb`.
-    Redb,
-    /// Append-only segment files, `DATA_DIR/raft-log/` (`raft/segment_log.rs`).
-    Segment,
-}
-
-/// The log store a node opens: [`LogStoreKind`] resolved against its data dir.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    /// A redb database, `DATA_DIR/raft-log.redb`.
-    Redb,
-    /// Append-only segment files, `DATA_DIR/raft-log/` (`raft/segment_log.rs`).
-    Segment,
-}
-
-impl LogFormat {
-    /// The name `--log-store` takes to force this store.
-    pub fn name(self) -> &'static str {
-        match self {
-            LogFormat::Redb => "redb",
-            LogFormat::Segment => "segment",
-        }
-    }
-}
-
-impl LogStoreKind {
-    /// The store to open in `data_dir`: this one if forced, else the one found there (the
-    /// segment log for a new data dir).
-    ///
-    /// # Errors
-    /// When the data dir holds a log of the other kind than the forced one, or of both kinds.
-    pub fn resolve(self, data_dir: &std::path::Path) -> anyhow::Result<LogFormat> {
-        let redb = data_dir.join(REDB_LOG).exists();
-        let segment = data_dir.join(SEGMENT_LOG).exists();
-        let found = match (redb, segment) {
-            (true, true) => anyhow::bail!(
-                "{} holds both a redb log ({REDB_LOG}) and a segment log ({SEGMENT_LOG}/); \
-                 only one can be its log: move the wrong one away",
-                data_dir.display()
-            ),
-            (true, false) => Some(LogFormat::Redb),
-            (false, true) => Some(LogFormat::Segment),
-            (false, false) => None,
-        };
-        let forced = match self {
-            LogStoreKind::Detect => return Ok(found.unwrap_or(LogFormat::Segment)),
-            LogStoreKind::Redb => LogFormat::Redb,
-            LogStoreKind::Segment => LogFormat::Segment,
-        };
-        match found {
-            Some(found) if forced != found => {
-                let (found, forced) = (found.name(), forced.name());
-                // Opening the other kind would start from an empty log and lose every
-                // acknowledged write.
-                anyhow::bail!(
-                    "{} holds a log written by --log-store {found}, not {forced}; start with \
-                     --log-store {found} (PERMIT_LOG_STORE={found}), or without --log-store, or use \
-                     another data dir",
-                    data_dir.display()
-                )
-            }
-            _ => Ok(forced),
-        }
-    }
-}
-
-/// The redb log's file in a data dir.
+/// The file of the redb log store that earlier versions kept in a data dir: such a data dir is
+/// refused (see `raft::consensus`).
 pub const REDB_LOG: &str = "raft-log.redb";
 /// The segment log's directory in a data dir.
 pub const SEGMENT_LOG: &str = "raft-log";
-
-impl std::str::FromStr for LogStoreKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "detect" => Ok(LogStoreKind::Detect),
-            "redb" => Ok(LogStoreKind::Redb),
-            "segment" => Ok(LogStoreKind::Segment),
-            other => Err(format!("unknown log store {other:?}: expected detect, redb or segment")),
-        }
-    }
-}
 
 /// `permit serve`'s default address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7376";
@@ -195,7 +107,6 @@ impl Default for Config {
             connections_per_client_max: crate::listener::CONNECTIONS_PER_CLIENT_MAX_DEFAULT,
             tls: None,
             restore: None,
-            log_store: LogStoreKind::Detect,
             storage_faults: None,
             id_seed: None,
         }
@@ -259,36 +170,5 @@ impl Config {
             );
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_log_store_is_the_data_dirs_own_and_the_segment_log_for_a_new_one() {
-        use LogFormat::{Redb as R, Segment as S};
-        use LogStoreKind::{Detect, Redb, Segment};
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path();
-        // A new (or missing) data dir: detect gives the segment log; a forced store is kept.
-        assert_eq!(Detect.resolve(&path.join("missing")).unwrap(), S);
-        assert_eq!([Detect, Redb, Segment].map(|k| k.resolve(path).unwrap()), [S, R, S]);
-        // A redb data dir stays redb; forcing the segment log is refused, naming redb.
-        std::fs::write(path.join(REDB_LOG), b"").unwrap();
-        assert_eq!([Detect, Redb].map(|k| k.resolve(path).unwrap()), [R, R]);
-        let refused = Segment.resolve(path).unwrap_err().to_string();
-        assert!(refused.contains("--log-store redb, not segment"), "{refused}");
-        // Both kinds: refused whatever the flag.
-        std::fs::create_dir(path.join(SEGMENT_LOG)).unwrap();
-        for kind in [Detect, Redb, Segment] {
-            assert!(kind.resolve(path).unwrap_err().to_string().contains("both"), "{kind:?}");
-        }
-        std::fs::remove_file(path.join(REDB_LOG)).unwrap();
-        assert_eq!([Detect, Segment].map(|k| k.resolve(path).unwrap()), [S, S]);
-        assert!(Redb.resolve(path).unwrap_err().to_string().contains("--log-store segment, not redb"));
-        assert_eq!("detect".parse(), Ok(Detect));
-        assert!("sled".parse::<LogStoreKind>().unwrap_err().contains("detect, redb or segment"));
     }
 }

@@ -121,11 +121,11 @@ mod tests {
             let latch = latch.clone();
             async move { latch.wait().await }
         });
-        latch.storage("log append", Path::new("/data/raft-log.redb"), &"No space left on device");
+        latch.storage("log append", Path::new("/data/raft-log"), &"No space left on device");
         latch.stopped("the core stopped after it");
         let failure = waiter.await.unwrap();
         assert_eq!(failure.reason, NotReady::StorageError);
-        assert_eq!(failure.message, "log append of /data/raft-log.redb failed: No space left on device");
+        assert_eq!(failure.message, "log append of /data/raft-log failed: No space left on device");
         assert_eq!(latch.failure(), Some(failure));
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! A request enters through [`api`] (axum), becomes a `permit_core::Command`, goes through the
 //! group-commit [`raft::proposer`] into the Raft log ([`raft`]: openraft with the segment log
-//! store, or redb for the data dirs made with it), is applied by the state machine adapter to
-//! the [`raft::replica`], and is answered from the outcome.
+//! store), is applied by the state machine adapter to the [`raft::replica`], and is answered
+//! from the outcome.
 //! Session deadlines live in memory in the [`lessor`]; the [`expiry`] driver proposes expiries
 //! on the leader. See `docs/ARCHITECTURE.md` for the map.
 

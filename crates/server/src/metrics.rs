@@ -167,7 +167,7 @@ pub struct Metrics {
     forward_seconds: Histogram,
     handoff_waited: Counter,
     handoff_missed: Counter,
-    /// Duration of each log append: the write and its fsync (the segment log), or a redb commit.
+    /// Duration of each log append: the segment log's write and its fdatasync.
     pub append_seconds: Histogram,
     sessions_expired: Counter,
     sessions_created: Counter,
@@ -270,7 +270,7 @@ impl Metrics {
         let append_seconds = Histogram::new(exponential_buckets(0.000_025, 1.5, 30));
         registry.register(
             "log_append_duration_seconds",
-            "One log append: the segment log's write and fdatasync, or a redb data dir's commit with fsync",
+            "One log append: the segment log's write and fdatasync",
             append_seconds.clone(),
         );
         let sessions_expired =

@@ -1,5 +1,5 @@
-//! openraft's own storage test suite, run against both log stores (redb and the segment log)
-//! with Permit's state machine; and the segment log's recovery from a torn or corrupt tail.
+//! openraft's own storage test suite, run against the segment log with Permit's state machine;
+//! and the segment log's recovery from a torn or corrupt tail.
 
 use std::sync::Arc;
 
@@ -7,7 +7,6 @@ use openraft::storage::{RaftLogReader, RaftLogStorage};
 use openraft::testing::{log_id, StoreBuilder, Suite};
 use openraft::{Entry, EntryPayload, StorageError};
 use permit_server::notify::Notifier;
-use permit_server::raft::log_store::LogStore;
 use permit_server::raft::replica::Replica;
 use permit_server::raft::segment_log::SegmentLog;
 use permit_server::raft::snapshot_store::SnapshotStore;
@@ -28,17 +27,6 @@ fn state_machine(dir: &std::path::Path) -> StateMachine {
     )
 }
 
-struct RedbBuilder;
-
-impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for RedbBuilder {
-    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<u64>> {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let log = LogStore::open(&dir.path().join("raft-log.redb")).expect("open log");
-        let machine = state_machine(dir.path());
-        Ok((dir, log, machine))
-    }
-}
-
 struct SegmentBuilder;
 
 impl StoreBuilder<TypeConfig, SegmentLog, StateMachine, tempfile::TempDir> for SegmentBuilder {
@@ -48,11 +36,6 @@ impl StoreBuilder<TypeConfig, SegmentLog, StateMachine, tempfile::TempDir> for S
         let machine = state_machine(dir.path());
         Ok((dir, log, machine))
     }
-}
-
-#[test]
-fn redb_log_store_and_state_machine_pass_openraft_suite() {
-    Suite::test_all(RedbBuilder).expect("openraft storage suite");
 }
 
 #[test]
@@ -265,22 +248,6 @@ async fn segment_log_makes_what_it_reads_at_open_durable() {
     assert_eq!(indexes(&mut log).await, (1..=20).collect::<Vec<_>>());
 }
 
-/// The same for the redb store: what its open reads is on the disk before it is used.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redb_log_makes_what_it_reads_at_open_durable() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("raft-log.redb");
-    let mut log = LogStore::open(&path).expect("open");
-    let vote = openraft::Vote::new(3, 1);
-    log.save_vote(&vote).await.expect("save vote");
-    drop(log);
-    let len = std::fs::metadata(&path).expect("stat").len() as usize;
-    rewrite_unsynced(&path, len);
-    let mut log = LogStore::open(&path).expect("reopen");
-    assert_eq!(unsynced_pages(&path), 0, "the open left data it read unsynced");
-    assert_eq!(log.read_vote().await.expect("read vote"), Some(vote));
-}
-
 /// Every durable write of the segment log returns with its file on the disk: an append, a
 /// truncation and a vote save leave no page of theirs dirty (checked with `cachestat(2)`). A
 /// kill -9 keeps the page cache, so only this shows a missing fdatasync; the simulation's power
@@ -302,8 +269,7 @@ async fn segment_log_writes_return_with_their_files_synced() {
 
 /// A snapshot save returns with its file's pages written (its chunked writeback waits for
 /// them). The page cache cannot show the `sync_all` that follows (the inode and the device's
-/// cache), nor a redb commit's fsync (redb keeps a non-durable commit in its own cache, so a
-/// commit without one leaves no dirty page either).
+/// cache).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_save_returns_with_its_pages_written() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use openraft::ServerState;
-use permit_server::config::LogStoreKind;
 use permit_server::raft::storage_faults::StorageFaults;
 use permit_server::raft::NodeId;
 use permit_server::{Config, Node};
@@ -55,28 +54,10 @@ pub struct Cluster {
     fsync_failures: AtomicU64,
     /// Power cuts that lost a stalled, unacknowledged tail.
     torn_tails: AtomicU64,
-    /// Of those fsync failures and torn tails, the ones on nodes with the segment log.
-    segment_faults: [AtomicU64; 2],
     /// Node starts so far.
     launches: AtomicU64,
     /// Self-test: every crash loses acknowledged entries (see `Settings::lying_disk`).
     lying_disk: std::sync::atomic::AtomicBool,
-}
-
-/// Whether node `id` of the simulation seeded with `seed` runs the segment log (see `log_store`).
-pub fn runs_segment_log(seed: u64, id: NodeId) -> bool {
-    log_store(seed, id) == LogStoreKind::Segment
-}
-
-/// Node `id`'s log store in the simulation seeded with `seed`: every seed mixes both stores, the
-/// segment log on one or two of the three nodes, redb on the others, and each node keeps its
-/// store across restarts. Both take the same storage faults.
-fn log_store(seed: u64, id: NodeId) -> LogStoreKind {
-    if (seed ^ id).is_multiple_of(2) {
-        LogStoreKind::Segment
-    } else {
-        LogStoreKind::Redb
-    }
 }
 
 /// Acknowledged entries a lying disk loses at each crash.
@@ -105,7 +86,6 @@ impl Cluster {
             faults: NODE_IDS.iter().map(|id| (*id, StorageFaults::new())).collect(),
             fsync_failures: AtomicU64::new(0),
             torn_tails: AtomicU64::new(0),
-            segment_faults: [AtomicU64::new(0), AtomicU64::new(0)],
             launches: AtomicU64::new(0),
             lying_disk: std::sync::atomic::AtomicBool::new(false),
         });
@@ -134,7 +114,6 @@ impl Cluster {
             cluster_secret: Some(
                 permit_server::peer::ClusterSecret::new(b"simulation-cluster-secret").expect("long enough"),
             ),
-            log_store: log_store(self.settings.id_seed, id),
             storage_faults: Some(self.faults[&id].clone()),
             id_seed: Some(self.settings.id_seed ^ (id << 48) ^ self.launches.fetch_add(1, Ordering::Relaxed)),
             ..Config::default()
@@ -239,9 +218,6 @@ impl Cluster {
         match self.faults[&id].power_cut(keep) {
             Some((from, to)) => {
                 self.torn_tails.fetch_add(1, Ordering::Relaxed);
-                if log_store(self.settings.id_seed, id) == LogStoreKind::Segment {
-                    self.segment_faults[1].fetch_add(1, Ordering::Relaxed);
-                }
                 self.recorder
                     .note(format!("node {id} loses power: unacknowledged entries {from}..={to} torn"));
             }
@@ -259,23 +235,15 @@ impl Cluster {
         for node in self.running() {
             if let Some(failure) = node.failure() {
                 self.fsync_failures.fetch_add(1, Ordering::Relaxed);
-                if log_store(self.settings.id_seed, node.id) == LogStoreKind::Segment {
-                    self.segment_faults[0].fetch_add(1, Ordering::Relaxed);
-                }
                 self.recorder.note(format!("node {} fail-stopped: {failure}", node.id));
                 self.crash(node.id).await;
             }
         }
     }
 
-    /// Fsync failures that stopped a node, and power cuts that tore a tail: on every node, and
-    /// on the nodes with the segment log.
-    pub fn storage_counts(&self) -> ((u64, u64), (u64, u64)) {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        (
-            (load(&self.fsync_failures), load(&self.torn_tails)),
-            (load(&self.segment_faults[0]), load(&self.segment_faults[1])),
-        )
+    /// Fsync failures that stopped a node, and power cuts that tore a tail.
+    pub fn storage_counts(&self) -> (u64, u64) {
+        (self.fsync_failures.load(Ordering::Relaxed), self.torn_tails.load(Ordering::Relaxed))
     }
 
     /// Restarts node `id` on its data dir, if it is down.

@@ -1,9 +1,9 @@
 //! A simulated 3-node Permit cluster in one process, for deterministic-time tests of the state
 //! machine and the Raft glue.
 //!
-//! Each seed runs full `permit_server::Node`s (both log stores, the segment log on one or two
-//! nodes and redb on the others; snapshots, proposer, lessor, expiry driver) on one current-thread tokio runtime with paused time, so simulated seconds cost only
-//! the work done in them. The nodes talk through an in-memory [`router::Router`] that injects
+//! Each seed runs full `permit_server::Node`s (the segment log, snapshots, proposer, lessor,
+//! expiry driver) on one current-thread tokio runtime with paused time, so simulated seconds
+//! cost only the work done in them. The nodes talk through an in-memory [`router::Router`] that injects
 //! seeded faults ([`nemesis`]): isolated nodes, one-way and bridge partitions, message loss,
 //! slow links, crashes with restarts on the same data dir, failed fsyncs (the node must
 //! fail-stop) and torn log tails after a power cut. Random [`client`]s run sessions,

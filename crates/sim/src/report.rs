@@ -20,7 +20,7 @@ impl Run {
         let s = &self.stats;
         format!(
             "permit-sim seed {}: {} in {:.1}s wall for {}s simulated; {} records, {} grants, {} faults ({} \
-             crashes, {} fsync failures, {} torn tails; {} and {} on the segment log), {} terms led, {} snapshot installs, applied index {}, {} messages delivered, {} lost",
+             crashes, {} fsync failures, {} torn tails), {} terms led, {} snapshot installs, applied index {}, {} messages delivered, {} lost",
             self.seed,
             if self.failed() { "FAILED" } else { "ok" },
             self.wall.as_secs_f64(),
@@ -31,8 +31,6 @@ impl Run {
             s.crashes,
             s.storage.0,
             s.storage.1,
-            s.storage_segment.0,
-            s.storage_segment.1,
             s.terms_led,
             s.snapshot_installs,
             s.applied_max,

@@ -13,10 +13,9 @@ use std::time::Duration;
 
 use crate::simulation::{run, Run, Settings};
 
-/// The seeds CI runs on every build. The last one was added when the leader's fsync moved
-/// beside replication (`raft::log_sync`) and the Fibonacci seeds' torn tails stopped landing on
-/// the segment log (the histories changed with the timings); its power cut tears a segment log,
-/// which `tests/simulation.rs` requires of the set.
+/// The seeds CI runs on every build: Fibonacci numbers, and one whose power cut tears a log
+/// tail (the histories change with the timings; `tests/simulation.rs` requires a torn tail of
+/// the set).
 pub const CI_SEEDS: [u64; 21] = [
     1,
     2,

@@ -70,8 +70,6 @@ pub struct Stats {
     pub messages: (u64, u64),
     /// Injected fsync failures that stopped a node, and power cuts that tore a log tail.
     pub storage: (u64, u64),
-    /// Of those, the ones on nodes with the segment log (the others have redb).
-    pub storage_segment: (u64, u64),
 }
 
 /// The result of one simulation.
@@ -189,8 +187,7 @@ async fn simulate(seed: u64, settings: &Settings, recorder: Arc<Recorder>, obser
         applied_max: observer.applied_max(),
         snapshot_installs: observer.snapshot_installs(),
         messages: router.counts(),
-        storage: cluster.storage_counts().0,
-        storage_segment: cluster.storage_counts().1,
+        storage: cluster.storage_counts(),
         ..Stats::default()
     };
     cluster.shutdown().await;

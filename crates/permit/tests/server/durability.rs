@@ -194,91 +194,108 @@ async fn a_backup_restores_every_object_and_the_token_counter_into_a_new_server(
     assert!(String::from_utf8_lossy(&again.stderr).contains("must be empty"), "{again:?}");
 }
 
-/// `permit serve --log-store STORE` on `data_dir`, expected to refuse to start: its stderr.
-fn refused_start(data_dir: &std::path::Path, store: &str) -> String {
-    let output = std::process::Command::new(crate::common::permit_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--log-store", store, "--data-dir"])
-        .arg(data_dir)
-        .env("RUST_LOG", "error")
-        .output()
-        .unwrap();
-    assert!(!output.status.success(), "started on a data dir of the other log store");
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
 #[tokio::test]
-async fn a_data_dir_keeps_its_log_store_and_the_segment_log_survives_kill_9() {
+async fn the_segment_log_survives_kill_9() {
     let dir = tempfile::tempdir().unwrap();
-    for (store, other) in [("redb", "segment"), ("segment", "redb")] {
-        let data_dir = dir.path().join(store);
-        let mut server = Server::start_in(&data_dir, "127.0.0.1:0", &["--log-store", store]);
-        let api = Api::new(&server);
-        let session = api.session(120_000).await;
-        let answer = api.acquire("kept", json!({ "session": session, "capacity": 1 })).await;
-        assert_eq!(answer.status, 200);
-        let token = answer.body["token"].as_u64().unwrap();
-        server.kill9();
-        // The other store would see no log and start empty: refused, naming the right flag.
-        let stderr = refused_start(&data_dir, other);
-        assert!(stderr.contains(&format!("--log-store {store}")), "{stderr}");
-        // The right store starts and has the acknowledged grant.
-        server.restart();
-        let api = Api::new(&server);
-        let view = api.get("/v1/semaphores/kept").await;
-        assert_eq!(view.body["holders"][0]["token"].as_u64(), Some(token), "{}", view.body);
-    }
-}
-
-/// The upgrade path: a data dir made by redb (`--log-store redb`, the default before the
-/// segment log) restarts with no `--log-store` on redb, with its sessions, holds and fencing
-/// tokens; a new data dir with no flag gets the segment log.
-#[tokio::test]
-async fn without_log_store_a_redb_data_dir_stays_on_redb_and_a_new_one_gets_the_segment_log() {
-    let dir = tempfile::tempdir().unwrap();
-    // What `permit serve` does with no flag (and no PERMIT_LOG_STORE, which a CI run may set).
-    let no_flag = [("PERMIT_LOG_STORE", "detect")];
-    let old = dir.path().join("old");
-    let mut server = Server::start_in(&old, "127.0.0.1:0", &["--log-store", "redb"]);
-    let api = Api::new(&server);
-    let holder = api.session(120_000).await;
-    let waiter = api.session(120_000).await;
-    let held = api.acquire("upgraded", json!({ "session": holder, "capacity": 1 })).await;
-    let token = held.body["token"].as_u64().unwrap();
-    let other = api.acquire("upgraded-2", json!({ "session": waiter, "capacity": 2 })).await;
-    assert_eq!(other.status, 200, "{other:?}");
-    server.kill9();
-    drop(server);
-    assert!(old.join("raft-log.redb").exists());
-
-    let server = Server::start_with_env(&old, "127.0.0.1:0", &[], &no_flag);
-    assert!(!old.join("raft-log").exists(), "the redb data dir was opened with the segment log");
-    let api = Api::new(&server);
-    for session in [&holder, &waiter] {
-        let answer = api.post(&format!("/v1/sessions/{session}/keepalive"), json!(null)).await;
-        assert_eq!(answer.status, 200, "session {session} lost in the upgrade: {answer:?}");
-    }
-    let view = api.get("/v1/semaphores/upgraded").await;
-    assert_eq!(view.body["holders"][0]["session"], holder.as_str(), "{}", view.body);
-    assert_eq!(view.body["holders"][0]["token"].as_u64(), Some(token), "{}", view.body);
-    let view = api.get("/v1/semaphores/upgraded-2").await;
-    assert_eq!(view.body["capacity"], 2, "{}", view.body);
-    assert_eq!(view.body["holders"][0]["session"], waiter.as_str(), "{}", view.body);
-    // The token counter goes on from where redb left it.
-    assert_eq!(api.release("upgraded", &holder).await.status, 200);
-    let next = api.acquire("upgraded", json!({ "session": waiter })).await;
-    assert_eq!(next.status, 200, "{next:?}");
-    assert!(next.body["token"].as_u64().unwrap() > token, "{next:?}");
-    drop(server);
-    // Forcing the other store on it is still refused, naming the right one.
-    let stderr = refused_start(&old, "segment");
-    assert!(stderr.contains("--log-store redb"), "{stderr}");
-
-    let new = dir.path().join("new");
-    let server = Server::start_with_env(&new, "127.0.0.1:0", &[], &no_flag);
-    assert!(new.join("raft-log").is_dir() && !new.join("raft-log.redb").exists());
+    let mut server = Server::start_in(&dir.path().join("data"), "127.0.0.1:0", &[]);
     let api = Api::new(&server);
     let session = api.session(120_000).await;
-    assert_eq!(api.acquire("fresh", json!({ "session": session, "capacity": 1 })).await.status, 200);
+    let answer = api.acquire("kept", json!({ "session": session, "capacity": 1 })).await;
+    assert_eq!(answer.status, 200);
+    let token = answer.body["token"].as_u64().unwrap();
+    server.kill9();
+    server.restart();
+    let api = Api::new(&server);
+    let view = api.get("/v1/semaphores/kept").await;
+    assert_eq!(view.body["holders"][0]["token"].as_u64(), Some(token), "{}", view.body);
+}
+
+/// The session that holds 2 permits of `db` (capacity 3, token 1) in the redb fixture.
+const REDB_FIXTURE_HOLDER: &str = "00f62a571b1e40a76a67d915713ffcf0";
+
+/// A data dir written by the redb log store of earlier versions is refused at start, and left as
+/// it was, with the commands that move its state to the segment log; they work as printed. The
+/// fixtures were made by the last build with that store: `tests/fixtures/redb-data-dir` is the
+/// data dir of a node (semaphore `db` of capacity 3, session [`REDB_FIXTURE_HOLDER`] holding 2
+/// permits with token 1), and `tests/fixtures/redb-backup.bin` is what the message's first
+/// command, `permit --server URL snapshot save FILE`, saved from it.
+#[tokio::test]
+async fn a_redb_data_dir_is_refused_with_the_commands_that_move_it() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let redb = std::fs::read(fixtures.join("redb-data-dir/raft-log.redb")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    std::fs::create_dir_all(data_dir.join("snapshots")).unwrap();
+    std::fs::write(data_dir.join("raft-log.redb"), &redb).unwrap();
+    let listing = |dir: &std::path::Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+
+    let mut child = std::process::Command::new(crate::common::permit_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data_dir)
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited =
+        crate::common::eventually(Duration::from_secs(30), async || child.try_wait().unwrap().is_some())
+            .await;
+    if !exited {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("permit serve started on a data dir of the redb log store");
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("holds a Raft log written by the redb log store"), "{stderr}");
+    assert_eq!(listing(&data_dir), ["raft-log.redb", "snapshots"], "the refused start changed the data dir");
+    assert!(listing(&data_dir.join("snapshots")).is_empty());
+    assert!(
+        std::fs::read(data_dir.join("raft-log.redb")).unwrap() == redb,
+        "the refused start wrote the log"
+    );
+    let commands: Vec<&str> = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.starts_with("permit ") || line.starts_with("mv "))
+        .collect();
+    let (data, aside) = (data_dir.display().to_string(), format!("{}.redb", data_dir.display()));
+    assert_eq!(
+        commands,
+        [
+            "permit --server http://127.0.0.1:0 snapshot save permit-backup.bin".to_owned(),
+            format!("mv {data} {aside}"),
+            format!("permit serve --data-dir {data} --restore permit-backup.bin"),
+        ],
+        "{stderr}"
+    );
+
+    // Step 1 ran on the old build (the fixture backup); steps 2 and 3 as printed.
+    let backup = dir.path().join("permit-backup.bin");
+    std::fs::copy(fixtures.join("redb-backup.bin"), &backup).unwrap();
+    std::fs::rename(&data_dir, &aside).unwrap();
+    let server = Server::start_in(&data_dir, "127.0.0.1:0", &["--restore", &backup.display().to_string()]);
+    let api = Api::new(&server);
+    let view = api.get("/v1/semaphores/db").await;
+    assert_eq!(view.body["capacity"], 3, "{}", view.body);
+    assert_eq!(view.body["holders"][0]["session"], REDB_FIXTURE_HOLDER, "{}", view.body);
+    assert_eq!(view.body["holders"][0]["permits"], 2, "{}", view.body);
+    assert_eq!(view.body["holders"][0]["token"], 1, "{}", view.body);
+    let renewed = api.post(&format!("/v1/sessions/{REDB_FIXTURE_HOLDER}/keepalive"), json!(null)).await;
+    assert_eq!(renewed.status, 200, "{renewed:?}");
+    let session = api.session(120_000).await;
+    let next = api.acquire("db", json!({ "session": session })).await;
+    assert!(next.body["token"].as_u64().unwrap() > 1, "{next:?}");
+    assert!(data_dir.join("raft-log").is_dir() && !data_dir.join("raft-log.redb").exists());
+    assert!(std::fs::read(std::path::Path::new(&aside).join("raft-log.redb")).unwrap() == redb);
 }
 
 /// Log entries written before the restart in [`a_restart_replays_thousands_of_entries_in_linear_time`].

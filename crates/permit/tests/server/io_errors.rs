@@ -98,7 +98,7 @@ async fn a_failed_fsync_stops_the_node_without_a_retry_and_a_restart_recovers_ev
     assert!(!status.success(), "a failed node exits non-zero: {status}");
     let (body, retry_after) = seen.storage_error.expect("health answered 503 storage_error before the exit");
     let detail = body["detail"].as_str().unwrap();
-    // `raft-log` (the segment log's directory), or `raft-log.redb` with `--log-store redb`.
+    // `raft-log`: the segment log's directory.
     assert!(detail.contains("raft-log") && detail.contains("os error 5"), "{detail}");
     assert!(retry_after.is_some(), "503 carries Retry-After");
     // Never retried: exactly one sync failed (the node wrote nothing after it).

@@ -18,7 +18,6 @@ use tokio::sync::{watch, Notify};
 
 use super::clock::LeaderClock;
 use super::leadership::Leading;
-use super::log_store::LogStore;
 use super::log_sync::{CommitClamp, LogSync};
 use super::membership::MembershipError;
 use super::peer_rpc::PeerRpc;
@@ -31,7 +30,6 @@ use super::state_machine::{load_replica, StateMachine};
 use super::status::Status;
 use super::{NodeId, Raft, TypeConfig};
 use crate::config::Config;
-use crate::config::LogFormat;
 use crate::failstop::FailStop;
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
@@ -63,12 +61,6 @@ pub struct Consensus {
     sync: Arc<LogSync>,
 }
 
-/// The log store a node opened (`--log-store`).
-enum Store {
-    Redb(LogStore),
-    Segment(SegmentLog),
-}
-
 impl Consensus {
     /// Opens the data dir's log and snapshots (restoring `config.restore` first, if set), starts
     /// Raft with `network`, initialises a fresh node (single node, or `--peers`), and starts the
@@ -86,14 +78,8 @@ impl Consensus {
         notifier: Arc<Notifier>,
         fail_stop: &Arc<FailStop>,
     ) -> anyhow::Result<(Consensus, Parts)> {
-        let redb_path = config.data_dir.join(crate::config::REDB_LOG);
-        let segment_path = config.data_dir.join(crate::config::SEGMENT_LOG);
-        // A data dir keeps the log store it was created with (see `LogStoreKind::resolve`).
-        let kind = config.log_store.resolve(&config.data_dir)?;
-        let log_path = match kind {
-            LogFormat::Redb => &redb_path,
-            LogFormat::Segment => &segment_path,
-        };
+        refuse_redb_log(config)?;
+        let log_path = config.data_dir.join(crate::config::SEGMENT_LOG);
         let opening = std::time::Instant::now();
         let sync = LogSync::new(config.node_id);
         if let Some(file) = &config.restore {
@@ -102,45 +88,23 @@ impl Consensus {
             super::state_machine::restore(
                 file,
                 &snapshots,
-                log_path,
+                &log_path,
                 config.node_id,
                 &addr.to_string(),
                 root,
             )?;
         }
-        let log_store = match kind {
-            LogFormat::Redb => {
-                let log = LogStore::open(&redb_path)
-                    .map_err(|e| open_error(&redb_path, &e))?
-                    .with_append_histogram(metrics.append_seconds.clone())
-                    .with_fail_stop(fail_stop.clone());
-                let log = match &config.storage_faults {
-                    Some(faults) => {
-                        log.with_faults(faults.clone()).map_err(|e| open_error(&redb_path, &e))?
-                    }
-                    None => log,
-                };
-                Store::Redb(
-                    log.with_sync(sync.clone())
-                        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", redb_path.display()))?,
-                )
-            }
-            LogFormat::Segment => {
-                let open_error =
-                    |e: io::Error| anyhow::anyhow!("cannot open {}: {e}", segment_path.display());
-                let log = SegmentLog::open(&segment_path)
-                    .map_err(open_error)?
-                    .with_append_histogram(metrics.append_seconds.clone())
-                    .with_fail_stop(fail_stop.clone());
-                let log = match &config.storage_faults {
-                    Some(faults) => log.with_faults(faults.clone()).map_err(open_error)?,
-                    None => log,
-                };
-                Store::Segment(log.with_sync(sync.clone()))
-            }
+        let open_error = |e: io::Error| anyhow::anyhow!("cannot open {}: {e}", log_path.display());
+        let log = SegmentLog::open(&log_path)
+            .map_err(open_error)?
+            .with_append_histogram(metrics.append_seconds.clone())
+            .with_fail_stop(fail_stop.clone());
+        let log = match &config.storage_faults {
+            Some(faults) => log.with_faults(faults.clone()).map_err(open_error)?,
+            None => log,
         };
-        let store = kind.name();
-        tracing::info!(elapsed_ms = opening.elapsed().as_millis() as u64, store, "log opened");
+        let log = log.with_sync(sync.clone());
+        tracing::info!(elapsed_ms = opening.elapsed().as_millis() as u64, "log opened");
         let snapshot_dir = config.data_dir.join("snapshots");
         let snapshots = SnapshotStore::open(&snapshot_dir)
             .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", snapshot_dir.display()))?
@@ -161,12 +125,7 @@ impl Consensus {
         );
         let raft_config = Arc::new(raft_config(config)?);
         let network = CommitClamp::new(network, sync.clone());
-        let raft = match log_store {
-            Store::Redb(log) => Raft::new(config.node_id, raft_config, network, log, state_machine).await?,
-            Store::Segment(log) => {
-                Raft::new(config.node_id, raft_config, network, log, state_machine).await?
-            }
-        };
+        let raft = Raft::new(config.node_id, raft_config, network, log, state_machine).await?;
 
         if config.cluster_secret.is_none() && has_other_members(&raft, config.node_id).await? {
             let _ = raft.shutdown().await;
@@ -479,14 +438,65 @@ async fn has_other_members(raft: &Raft, me: NodeId) -> anyhow::Result<bool> {
     Ok(others)
 }
 
-/// The error for a log database that cannot be opened: it names the path and the cause, and
-/// suggests another server only when the file is locked.
-fn open_error(path: &std::path::Path, error: &redb::Error) -> anyhow::Error {
-    match error {
-        redb::Error::DatabaseAlreadyOpen => anyhow::anyhow!(
-            "cannot open {}: it is locked (is another server using this data dir?)",
-            path.display()
-        ),
-        _ => anyhow::anyhow!("cannot open {}: {error}", path.display()),
+/// Refuses a data dir whose log the redb log store of earlier versions wrote
+/// ([`crate::config::REDB_LOG`]): this version reads the segment log only, and opening the
+/// data dir with an empty one would lose every acknowledged write. The error gives the commands
+/// that move its state over: a backup taken from the old version, restored by this one.
+///
+/// # Errors
+/// When `config.data_dir` holds a redb log.
+fn refuse_redb_log(config: &Config) -> anyhow::Result<()> {
+    let dir = &config.data_dir;
+    if !dir.join(crate::config::REDB_LOG).exists() {
+        return Ok(());
+    }
+    let scheme = if config.tls.is_some() { "https" } else { "http" };
+    let mut server = config.listen;
+    if server.ip().is_unspecified() {
+        server.set_ip(if server.is_ipv4() {
+            [127, 0, 0, 1].into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    let auth = if config.auth { " --auth-token SECRET_OF_A_CLUSTER_ADMIN_TOKEN" } else { "" };
+    let ca = if config.tls.is_some() { " --ca-file CA_OF_YOUR_CERTIFICATES.pem" } else { "" };
+    let (dir_word, aside) =
+        (shell_word(&dir.display().to_string()), shell_word(&format!("{}.redb", dir.display())));
+    anyhow::bail!(
+        "{dir} holds a Raft log written by the redb log store ({redb}), which this version of \
+         permit does not read (it keeps its log in {segment}/ only). Move its state with a backup:\n\
+         1. with the previous version of permit serving this data dir, save a backup:\n   \
+         permit --server {scheme}://{server}{auth}{ca} snapshot save permit-backup.bin\n\
+         2. stop that server and keep its data dir aside:\n   \
+         mv {dir_word} {aside}\n\
+         3. with this version, start a new single node from the backup (with your other flags, but \
+         not --peers or --join; add the other nodes back with `permit cluster add`):\n   \
+         permit serve --data-dir {dir_word} --restore permit-backup.bin",
+        dir = dir.display(),
+        redb = crate::config::REDB_LOG,
+        segment = crate::config::SEGMENT_LOG,
+    )
+}
+
+/// `word` as one shell word: as it is when it needs no quoting, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+:=@%,".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_word;
+
+    #[test]
+    fn a_path_in_the_redb_refusal_is_one_shell_word() {
+        assert_eq!(shell_word("/var/lib/permit-data"), "/var/lib/permit-data");
+        assert_eq!(shell_word("/srv/my data/it's"), r"'/srv/my data/it'\''s'");
+        assert_eq!(shell_word(""), "''");
     }
 }

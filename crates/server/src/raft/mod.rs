@@ -8,7 +8,7 @@
 //! openraft 0.10 stays local.
 //!
 //! # Log I/O runs in place
-//! The log stores write and fdatasync on the task that calls them, openraft's core task, and
+//! The log store writes and fdatasyncs on the task that calls it, openraft's core task, and
 //! block its worker thread meanwhile (`LogIo`). openraft 0.9 waits for every append (and
 //! vote, truncate, purge) to be durable before it does anything else, so nothing of openraft's
 //! could run in the meantime. Handing the worker to another thread for the fsync
@@ -31,7 +31,7 @@ pub mod clock;
 pub mod consensus;
 pub mod contact;
 pub mod leadership;
-pub mod log_store;
+pub mod log_codec;
 pub mod log_sync;
 pub mod membership;
 pub mod network;
@@ -100,7 +100,7 @@ pub const SLOW_LOG_IO: Duration = Duration::from_millis(25);
 /// How long log writes are handed off after the last slow one.
 pub const HAND_OFF_WINDOW: Duration = Duration::from_secs(10);
 
-/// Where a log store runs its durable writes: in place on the calling task (openraft's core
+/// Where the log store runs its durable writes: in place on the calling task (openraft's core
 /// task), or through [`blocking`] while the disk is slow on a node with one worker thread.
 /// See the module docs.
 #[derive(Debug)]

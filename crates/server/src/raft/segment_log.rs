@@ -1,4 +1,4 @@
-//! The Raft log as an append-only log of segment files (`--log-store segment`).
+//! The Raft log as an append-only log of segment files, the only log store.
 //!
 //! Layout of `DATA_DIR/raft-log/`:
 //! - `SEQ.seg` (16 hex digits, increasing): records appended in order, up to [`SEGMENT_BYTES`]
@@ -10,9 +10,9 @@
 //!   fdatasynced, renamed, directory fsynced) when either changes; both are rare.
 //!
 //! A record is `len: u32 LE | crc32(payload): u32 LE | payload`; the payload is a kind byte
-//! (entry or commit index) then [`super::log_store::encode`]d data (format version first). The
+//! (entry or commit index) then [`super::log_codec::encode`]d data (format version first). The
 //! commit index is a record too, written without an fsync of its own: it becomes durable with
-//! the next append, as with the B-tree store (it is a restart hint; losing it loses nothing).
+//! the next append (it is a restart hint; losing it loses nothing).
 //!
 //! Opening reads every segment in order and checks each record's length, CRC, decoding and
 //! index: one more than the previous entry's, or at most one past the last purged index when
@@ -50,7 +50,7 @@ use openraft::{AnyError, Entry, ErrorSubject, ErrorVerb, LeaderId, OptionalSend,
 use serde::{Deserialize, Serialize};
 use tokio::runtime::RuntimeFlavor;
 
-use super::log_store::{decode, encode, LOG_FORMAT_VERSION};
+use super::log_codec::{decode, encode, LOG_FORMAT_VERSION};
 use super::log_sync::{LogSync, SYNC_STALL};
 use super::storage_faults::StorageFaults;
 use super::{LogId, NodeId, StorageError, TypeConfig};
@@ -680,7 +680,7 @@ impl SegmentLog {
                 )));
             }
             // The commit index hint is written without an fsync of its own: it goes with the
-            // tail (it may point into it if the disk lied), as in the redb store.
+            // tail (it may point into it if the disk lied).
             if inner.committed.is_some_and(|committed| committed.index >= from) {
                 inner.committed = None;
                 inner.write_committed(None)?;

@@ -1,6 +1,5 @@
-//! Storage faults a simulation injects into a log store (`Config::storage_faults`): both stores
-//! (`log_store.rs`, `segment_log.rs`) take the same [`StorageFaults`], so the simulation runs
-//! either under failed fsyncs and torn tails.
+//! Storage faults a simulation injects into the segment log (`Config::storage_faults`), so the
+//! simulation runs it under failed fsyncs and torn tails.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -9,7 +8,7 @@ use openraft::storage::LogFlushed;
 
 use super::TypeConfig;
 
-/// Storage faults a simulation injects into a node's log store (redb or segment files), shared
+/// Storage faults a simulation injects into a node's log store (`segment_log.rs`), shared
 /// across the node's restarts on the same data dir (`Config::storage_faults`; `permit serve`
 /// never sets it).
 ///
@@ -134,7 +133,7 @@ impl StorageFaults {
 
     /// An append of entries `span` (first and last index) was written and synced: reports it
     /// flushed to openraft, unless `faults` stall appends, which withholds the report until a
-    /// power cut drops it. Both log stores end a successful append here.
+    /// power cut drops it. The log store ends a successful append here.
     pub(super) fn report_appended(
         faults: Option<&StorageFaults>,
         span: Option<(u64, u64)>,
