@@ -61,8 +61,9 @@ pub struct Config {
     pub restore: Option<PathBuf>,
     /// Serve HTTPS (and reach peers over HTTPS) with these files.
     pub tls: Option<crate::tls::TlsConfig>,
-    /// Most semaphores and elections with metric series of their own (`--metrics-names-max`);
-    /// the others are summed under the label value `_other`.
+    /// Most semaphores and elections with metric series of their own (`--metrics-names-max`),
+    /// and semaphores with a history; the others are summed under the label value `_other`
+    /// and have no history.
     pub metrics_names_max: usize,
     /// The Raft log's storage (`--log-store`, `PERMIT_LOG_STORE`): by default the one the data
     /// dir was created with, the segment log for a new one; a data dir keeps its store.
