@@ -477,6 +477,17 @@ async fn a_follower_serves_the_event_stream_from_its_own_state() {
         })
         .await
     );
+    // And its own history, answered by itself (not forwarded to the leader).
+    let response =
+        on_follower.http.get(format!("{}/v1/semaphores/f/history", on_follower.url)).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let health = on_follower.get("/v1/health").await.body;
+    let answered_by = response.headers().get("permit-node").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    assert_eq!(answered_by, Some(health["node_id"].to_string()), "served by the follower itself");
+    let history: serde_json::Value = response.json().await.unwrap();
+    let samples = history["samples"].as_array().unwrap();
+    let grants: u64 = samples.iter().map(|s| s["grants"].as_u64().unwrap()).sum();
+    assert_eq!((grants, &samples[samples.len() - 1]["held"]), (1, &json!(1)), "{history}");
 }
 
 #[tokio::test]
