@@ -197,6 +197,9 @@ pub struct Observer {
     tracker: Mutex<Tracker>,
     /// Second 0 of the histories' clock.
     epoch: Instant,
+    /// The wall clock at `epoch` (ms since the Unix epoch): the histories' times are it plus
+    /// the monotonic time since, so that they never move between two reads.
+    epoch_wall_ms: u64,
 }
 
 impl Observer {
@@ -209,6 +212,7 @@ impl Observer {
             names_max,
             tracker: Mutex::default(),
             epoch: Instant::now(),
+            epoch_wall_ms: crate::history::wall_ms(),
         }
     }
 
@@ -493,19 +497,20 @@ impl Observer {
     }
 
     /// The history of semaphore `key` ([`History`]), oldest first, each second with its start
-    /// by this node's wall clock (ms since the Unix epoch), and that clock now; `None` when this
-    /// node keeps none for it (it is past `--metrics-names-max`, or unknown here).
-    pub fn history(&self, key: &Key) -> Option<(Vec<(u64, Second)>, u64)> {
+    /// in ms since the Unix epoch (by this node's wall clock when it started, plus its monotonic
+    /// clock since), and that clock now. The history is `None` when this node keeps none for
+    /// it (it is past `--metrics-names-max`, or unknown here).
+    pub fn history(&self, key: &Key) -> (Option<Vec<(u64, Second)>>, u64) {
         let mut tracker = self.tracker();
-        let history = tracker.objects.get_mut(key)?.history.as_mut()?;
         let since_epoch = self.epoch.elapsed();
+        let now_ms =
+            self.epoch_wall_ms.saturating_add(u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX));
+        let Some(history) = tracker.objects.get_mut(key).and_then(|tracked| tracked.history.as_mut()) else {
+            return (None, now_ms);
+        };
         history.advance(since_epoch.as_secs());
-        let wall_ms = crate::history::wall_ms();
-        // Second `s` started (elapsed - s) ago by the monotonic clock: wall clock jumps move
-        // every sample alike and never reorder them.
-        let epoch_wall_ms = wall_ms.saturating_sub(u64::try_from(since_epoch.as_millis()).unwrap_or(0));
-        let samples = history.samples().map(|(s, values)| (epoch_wall_ms + s * 1000, values)).collect();
-        Some((samples, wall_ms))
+        let samples = history.samples().map(|(s, values)| (self.epoch_wall_ms + s * 1000, values)).collect();
+        (Some(samples), now_ms)
     }
 
     /// Objects tracked with a series of their own, and in all.

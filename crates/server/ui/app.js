@@ -70,7 +70,7 @@
     refreshAgain: false,
     pollTimer: null,
     node: { id: null, addr: '', role: '' },
-    histories: new Map(), // semaphore -> 'loading' | 'loaded' (read once per tab)
+    histories: new Map(), // semaphore -> seconds of history read or being read (once per tab and length)
     historyQueue: [],
     historyReads: 0,
     lists: {}, // view -> {sort, dir, filter}
@@ -298,24 +298,28 @@
 
   // ---- history: the node's last 15 minutes of a semaphore, read once per name ----
 
-  function loadHistory(name) {
-    if (S.histories.has(name) || S.histories.size >= NAMES_TRACKED_MAX) return;
-    S.histories.set(name, 'loading');
-    S.historyQueue.push(name);
+  // The list's sparklines need a minute; a semaphore's chart the whole 15 minutes.
+  function loadHistory(name, seconds) {
+    const had = S.histories.get(name) || 0;
+    if (had >= seconds || (!had && S.histories.size >= NAMES_TRACKED_MAX)) return;
+    S.histories.set(name, seconds);
+    S.historyQueue.push([name, seconds, had]);
     pumpHistories();
   }
 
   function pumpHistories() {
     while (S.historyReads < HISTORY_READS_IN_FLIGHT && S.historyQueue.length) {
-      const name = S.historyQueue.shift();
+      const [name, seconds, had] = S.historyQueue.shift();
       S.historyReads += 1;
-      api('GET', `/v1/semaphores/${encodeURIComponent(name)}/history`)
+      api('GET', `/v1/semaphores/${encodeURIComponent(name)}/history?seconds=${seconds}`)
         .then((body) => {
           mergeHistory(name, body, Date.now());
-          S.histories.set(name, 'loaded');
           paint();
         })
-        .catch(() => S.histories.delete(name)) // read again when next shown
+        .catch(() => { // read again when next shown
+          if (had) S.histories.set(name, had);
+          else S.histories.delete(name);
+        })
         .finally(() => {
           S.historyReads -= 1;
           pumpHistories();
@@ -434,8 +438,8 @@
       if (route !== S.route) return;
       S.data = { route, body, at: Date.now() };
       remember(route, body);
-      if (route.view === 'semaphore') loadHistory(body.name);
-      if (route.view === 'semaphores') body.semaphores.slice(0, LIST_HISTORIES_MAX).forEach((sem) => loadHistory(sem.name));
+      if (route.view === 'semaphore') loadHistory(body.name, SERIES_SECONDS);
+      if (route.view === 'semaphores') body.semaphores.slice(0, LIST_HISTORIES_MAX).forEach((sem) => loadHistory(sem.name, SPARK_SECONDS));
       paint();
       $('updated').textContent = `updated ${new Date().toLocaleTimeString()}`;
     } catch (error) {

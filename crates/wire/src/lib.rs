@@ -307,8 +307,9 @@ pub struct SemaphoreView {
 pub struct SemaphoreHistory {
     /// The semaphore's name.
     pub name: String,
-    /// The answering node's wall clock when it answered, in ms since the Unix epoch: a reader
-    /// with another clock shifts `at_ms` by the difference.
+    /// The answering node's clock when it answered, in ms since the Unix epoch (its wall clock
+    /// when it started plus its monotonic clock since, so that a sample's time never moves): a
+    /// reader with another clock shifts `at_ms` by the difference.
     pub now_ms: u64,
     /// The length of one sample in ms (1000).
     pub interval_ms: u64,
@@ -324,7 +325,7 @@ pub struct SemaphoreHistory {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct HistorySample {
-    /// The start of the second, by the answering node's wall clock (ms since the Unix epoch).
+    /// The start of the second, by the clock of `now_ms`.
     pub at_ms: u64,
     /// Permits held at the end of the second (for the second in progress: now).
     pub held: u64,

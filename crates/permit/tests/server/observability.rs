@@ -316,6 +316,15 @@ async fn a_semaphore_history_holds_what_the_node_saw_for_names_under_the_cap() {
     assert_eq!(last(body), (2, 2, 0, 3), "{body}");
     assert!(samples.iter().all(|s| s["held_max"].as_u64() <= Some(2)), "{body}");
 
+    // The newest seconds only, as asked.
+    let newest = api.get("/v1/semaphores/kept/history?seconds=1").await.body;
+    assert_eq!(newest["samples"].as_array().map(Vec::len), Some(1), "{newest}");
+    assert_eq!(newest["samples"][0]["at_ms"].as_u64(), at.last().copied(), "{newest}");
+    for bad in ["0", "901", "x"] {
+        let answer = api.get(&format!("/v1/semaphores/kept/history?seconds={bad}")).await;
+        assert_eq!((answer.status, answer.code()), (400, "invalid_argument"), "{bad}: {answer:?}");
+    }
+
     // Past the cap: the semaphore exists, without a history.
     let none = api.get("/v1/semaphores/past-cap/history").await;
     assert_eq!((none.status, &none.body["kept"], &none.body["samples"]), (200, &json!(false), &json!([])));

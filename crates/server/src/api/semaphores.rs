@@ -22,6 +22,7 @@ use super::extract::{parse_name, parse_session, Json, Path, Query};
 use super::grant::{self, capped_wait, Grant};
 use super::watch::{blocking_read, ReadParams};
 use crate::auth::Caller;
+use crate::history::HISTORY_SECONDS;
 use crate::node::Node;
 
 /// Default and largest page of `GET /v1/semaphores`.
@@ -162,15 +163,23 @@ pub async fn get(
 /// answers from what it applied itself (not forwarded), since it started; it keeps a history
 /// for the first `--metrics-names-max` semaphores it tracks (`kept`).
 #[utoipa::path(get, path = "/v1/semaphores/{name}/history", tag = "semaphores",
-    params(("name" = String, Path, description = "Semaphore name")),
+    params(("name" = String, Path, description = "Semaphore name"), HistoryParams),
     responses((status = 200, body = SemaphoreHistory, description = "One sample per second, oldest first"),
               (status = 404, body = ErrorBody, description = "`semaphore_not_found`: this node has no such semaphore \
 (`not_found`: no route matches, e.g. an empty path segment)")))]
 pub async fn history(
     State(node): State<Arc<Node>>,
     Path(name): Path<String>,
+    Query(params): Query<HistoryParams>,
 ) -> Result<axum::Json<SemaphoreHistory>, ApiError> {
     let name = parse_name(&name)?;
+    let seconds = params.seconds.unwrap_or(HISTORY_SECONDS as u64);
+    if !(1..=HISTORY_SECONDS as u64).contains(&seconds) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!("seconds must be in 1..={HISTORY_SECONDS}"),
+        ));
+    }
     let key = Key::semaphore(name.clone());
     if node.replica().read().state.object(&key).is_none() {
         return Err(ApiError::new(
@@ -178,12 +187,11 @@ pub async fn history(
             format!("semaphore {name} not found: {}", super::error::SEMAPHORE_NOT_FOUND_HINT),
         ));
     }
-    let kept = node.observer.history(&key);
-    let now_ms = kept.as_ref().map_or_else(crate::history::wall_ms, |(_, now_ms)| *now_ms);
+    let (kept, now_ms) = node.observer.history(&key);
     let samples = kept
         .as_ref()
-        .map(|(samples, _)| {
-            samples
+        .map(|samples| {
+            samples[samples.len().saturating_sub(seconds as usize)..]
                 .iter()
                 .map(|(at_ms, second)| HistorySample {
                     at_ms: *at_ms,
@@ -203,6 +211,16 @@ pub async fn history(
         kept: kept.is_some(),
         samples,
     }))
+}
+
+/// Query parameters of a semaphore's history.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryParams {
+    /// Only the last this many seconds (the newest samples), default and at most 900.
+    #[param(minimum = 1, maximum = 900)]
+    pub seconds: Option<u64>,
 }
 
 /// Query parameters of the list.
