@@ -651,6 +651,63 @@ mod tests {
     }
 
     #[test]
+    fn histories_follow_the_events_of_the_semaphores_under_the_cap_only() {
+        let observer = Observer::new(Arc::new(Metrics::new()), 1);
+        let key = |name: &str| Key::semaphore(Name::new(name).expect("a valid name"));
+        let one = "00000000000000000000000000000001".parse::<SessionId>().expect("an id");
+        let two = "00000000000000000000000000000002".parse::<SessionId>().expect("an id");
+        let event = |kind, name: &str, session: SessionId, permits: Option<u64>, capacity: Option<u64>| {
+            Effect::Event(Box::new(Event {
+                key: Some(key(name)),
+                session: Some(session),
+                permits,
+                capacity,
+                ..Event::new(kind)
+            }))
+        };
+        observer.on_entry(
+            1,
+            0,
+            &[
+                event(EventKind::CapacityChanged, "kept", one, None, Some(3)),
+                event(EventKind::CapacityChanged, "past-cap", one, None, Some(3)),
+            ],
+        );
+        observer.on_entry(
+            2,
+            0,
+            &[
+                event(EventKind::Granted, "kept", one, Some(2), None),
+                event(EventKind::Queued, "kept", two, Some(2), None),
+                event(EventKind::Granted, "past-cap", one, Some(1), None),
+            ],
+        );
+        let last = |name: &str| {
+            let (samples, _) = observer.history(&key(name));
+            samples.map(|samples| {
+                let grants: u32 = samples.iter().map(|(_, s)| s.grants).sum();
+                let last = samples.last().expect("a sample").1;
+                (last.held, last.capacity, last.waiters, grants)
+            })
+        };
+        assert_eq!(last("kept"), Some((2, 3, 1, 1)));
+        observer.on_entry(
+            3,
+            0,
+            &[
+                event(EventKind::Released, "kept", one, Some(2), None),
+                event(EventKind::Granted, "kept", two, Some(2), None),
+            ],
+        );
+        assert_eq!(last("kept"), Some((2, 3, 0, 2)));
+        assert_eq!(last("past-cap"), None, "no history past the cap");
+        observer.on_entry(4, 0, &[Effect::ObjectRemoved { key: key("kept") }]);
+        assert_eq!(last("kept"), None, "a deleted semaphore's ring is dropped");
+        let (none, now_ms) = observer.history(&key("unknown"));
+        assert!(none.is_none() && now_ms > 0);
+    }
+
+    #[test]
     fn a_recorded_event_renders_once_and_answers_the_filters() {
         let event = Event { session_name: None, ..Event::new(EventKind::SessionCreated) };
         let recorded =
