@@ -74,6 +74,7 @@
     historyQueue: [],
     historyReads: 0,
     lists: {}, // view -> {sort, dir, filter}
+    generation: 0, // bumped when the token is forgotten: answers read with it are dropped
   };
 
   // ---- DOM helpers (no innerHTML: every value from the server goes in as text) ----
@@ -310,13 +311,16 @@
   function pumpHistories() {
     while (S.historyReads < HISTORY_READS_IN_FLIGHT && S.historyQueue.length) {
       const [name, seconds, had] = S.historyQueue.shift();
+      const generation = S.generation;
       S.historyReads += 1;
       api('GET', `/v1/semaphores/${encodeURIComponent(name)}/history?seconds=${seconds}`)
         .then((body) => {
+          if (generation !== S.generation) return;
           mergeHistory(name, body, Date.now());
           paint();
         })
         .catch(() => { // read again when next shown
+          if (generation !== S.generation) return;
           if (had) S.histories.set(name, had);
           else S.histories.delete(name);
         })
@@ -937,6 +941,9 @@
       // Nothing read with the old token stays on the page.
       S.route = null;
       S.data = null;
+      for (const map of [S.grants, S.queuedAt, S.queuedSeen, S.series, S.last, S.histories]) map.clear();
+      S.historyQueue = [];
+      S.generation += 1;
       capacityForm = null;
       $('view').replaceChildren();
       setMode('connecting');
