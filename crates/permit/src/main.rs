@@ -152,8 +152,9 @@ struct AuthArgs {
     /// Serve /metrics without a token even with --auth.
     #[arg(long)]
     metrics_public: bool,
-    /// Most semaphores and elections with metric series of their own; the others are summed
-    /// under the label value `_other`.
+    /// Most semaphores and elections with metric series of their own (and, for semaphores, a
+    /// 15-minute history); the others are summed under the label value `_other` (and have no
+    /// history).
     #[arg(long, default_value_t = permit_server::metrics::METRICS_NAMES_MAX_DEFAULT)]
     metrics_names_max: usize,
     /// Listen on a non-loopback address without --auth (anyone who reaches the port can do

@@ -75,7 +75,7 @@ pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> 
         ("GET" | "DELETE", "/v1/sessions/{id}") => Authenticated,
         ("POST", "/v1/sessions/{id}/keepalive" | "/v1/sessions/keepalive") => Authenticated,
         ("GET", "/v1/semaphores") => Authenticated,
-        ("GET", "/v1/semaphores/{name}") => Named(Semaphore, Read),
+        ("GET", "/v1/semaphores/{name}" | "/v1/semaphores/{name}/history") => Named(Semaphore, Read),
         ("PUT" | "DELETE", "/v1/semaphores/{name}") => Named(Semaphore, Admin),
         ("POST", "/v1/semaphores/{name}/acquire" | "/v1/semaphores/{name}/release") => {
             Named(Semaphore, Write)

@@ -61,8 +61,9 @@ pub struct Config {
     pub restore: Option<PathBuf>,
     /// Serve HTTPS (and reach peers over HTTPS) with these files.
     pub tls: Option<crate::tls::TlsConfig>,
-    /// Most semaphores and elections with metric series of their own (`--metrics-names-max`);
-    /// the others are summed under the label value `_other`.
+    /// Most semaphores and elections with metric series of their own (`--metrics-names-max`),
+    /// and semaphores with a history; the others are summed under the label value `_other`
+    /// and have no history.
     pub metrics_names_max: usize,
     /// Storage faults a simulation injects into the log (`permit serve` never sets it).
     #[doc(hidden)]

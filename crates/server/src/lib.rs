@@ -15,6 +15,7 @@ pub mod entropy;
 pub mod expiry;
 pub mod failstop;
 pub mod fanout;
+pub mod history;
 pub mod lessor;
 pub mod listener;
 pub mod metrics;

@@ -4,7 +4,8 @@
 //! The core reports [`permit_core::Event`]s as effects of `apply`; the state machine adapter
 //! (`raft/state_machine.rs`) hands each entry's effects here with the entry's log index and
 //! leader time. Everything is updated incrementally, so a scrape costs O(series) and never walks
-//! the state under the replica lock; a snapshot install rebuilds the gauges once.
+//! the state under the replica lock; a snapshot install rebuilds the gauges once. The semaphores
+//! with series of their own also get a [`History`] of their last 15 minutes, by this node's clock.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 use permit_core::{Effect, Event, EventKind, Key, Kind, SessionId, State};
 
 use crate::fanout::Fanout;
+use crate::history::{History, Second};
 use crate::metrics::{ClockGauges, Labels, Metrics, ObjectCounts, ObjectGauges};
 
 /// Events kept for resuming streams (`Last-Event-ID`).
@@ -170,6 +172,9 @@ struct Tracked {
     queue_order: BTreeMap<u64, Instant>,
     /// Since when (local clock) the current election leader leads.
     leader_since: Option<Instant>,
+    /// Its last 15 minutes: semaphores with a series of their own only, so that the memory of
+    /// all histories is bounded by `--metrics-names-max` rings.
+    history: Option<History>,
 }
 
 /// Per-object bookkeeping for the metrics.
@@ -190,13 +195,30 @@ pub struct Observer {
     metrics: Arc<Metrics>,
     names_max: usize,
     tracker: Mutex<Tracker>,
+    /// Second 0 of the histories' clock.
+    epoch: Instant,
+    /// The wall clock at `epoch` (ms since the Unix epoch): the histories' times are it plus
+    /// the monotonic time since, so that they never move between two reads.
+    epoch_wall_ms: u64,
 }
 
 impl Observer {
     /// An observer feeding `metrics`, with at most `names_max` objects per kind... in total
     /// having series of their own.
     pub fn new(metrics: Arc<Metrics>, names_max: usize) -> Observer {
-        Observer { ring: EventRing::default(), metrics, names_max, tracker: Mutex::default() }
+        Observer {
+            ring: EventRing::default(),
+            metrics,
+            names_max,
+            tracker: Mutex::default(),
+            epoch: Instant::now(),
+            epoch_wall_ms: crate::history::wall_ms(),
+        }
+    }
+
+    /// The current second of the histories' clock.
+    fn second(&self) -> u64 {
+        self.epoch.elapsed().as_secs()
     }
 
     fn tracker(&self) -> MutexGuard<'_, Tracker> {
@@ -211,7 +233,14 @@ impl Observer {
         for tracked in tracker.objects.values() {
             m.forget_object(&tracked.labels);
         }
+        // The histories outlive the install: what this node saw before it is still true.
+        let mut histories: HashMap<Key, History> = tracker
+            .objects
+            .iter_mut()
+            .filter_map(|(key, tracked)| Some((key.clone(), tracked.history.take()?)))
+            .collect();
         *tracker = Tracker::default();
+        let second = self.second();
         m.forget_object(&object_labels(Kind::Semaphore, OVERFLOW_LABEL));
         m.forget_object(&object_labels(Kind::Election, OVERFLOW_LABEL));
         m.reset_object_totals();
@@ -227,6 +256,12 @@ impl Observer {
                 });
                 if key.kind == Kind::Election && !object.holders.is_empty() {
                     tracked.leader_since = Some(now);
+                }
+                if let Some(history) = &mut tracked.history {
+                    if let Some(kept) = histories.remove(key) {
+                        *history = kept;
+                    }
+                    history.set(second, object.held, object.capacity, object.queue.len() as u64);
                 }
                 let own = tracked.own;
                 let waiters: Vec<SessionId> = object.queue.iter().map(|waiter| waiter.session).collect();
@@ -272,6 +307,8 @@ impl Observer {
             queued: HashMap::new(),
             queue_order: BTreeMap::new(),
             leader_since: None,
+            history: (own && key.kind == Kind::Semaphore)
+                .then(|| History::new(self.second(), 0, capacity, 0)),
         };
         tracker.objects.insert(key.clone(), tracked);
     }
@@ -332,6 +369,9 @@ impl Observer {
             if let Some(tracked) = tracker.objects.get_mut(key) {
                 let delta = capacity as i64 - tracked.capacity as i64;
                 tracked.capacity = capacity;
+                if let Some(history) = &mut tracked.history {
+                    history.capacity(self.second(), capacity);
+                }
                 m.change_object(&tracked.gauges, |g| g.capacity.inc_by(delta));
             } else {
                 self.track(tracker, key, capacity);
@@ -347,12 +387,16 @@ impl Observer {
         let labels = &tracked.labels;
         let permits = event.permits.unwrap_or(0) as i64;
         let session = event.session;
+        let second = self.second();
         let end_wait = |tracked: &mut Tracked, overflow_queue: &mut BTreeMap<u64, Instant>| {
             let waited = session.and_then(|session| tracked.queued.remove(&session));
             if let Some((seq, _, _)) = waited {
                 tracked.queue_order.remove(&seq);
                 overflow_queue.remove(&seq);
                 m.change_object(&tracked.gauges, |g| g.waiters.dec());
+                if let Some(history) = &mut tracked.history {
+                    history.waiters(second, -1);
+                }
             }
             waited.map(|(_, _, queued_ms)| queued_ms)
         };
@@ -368,9 +412,16 @@ impl Observer {
                     }
                 }
                 m.change_object(&tracked.gauges, |g| g.waiters.inc());
+                if let Some(history) = &mut tracked.history {
+                    history.waiters(second, 1);
+                }
             }
             EventKind::Granted => {
                 let queued_ms = end_wait(tracked, overflow_queue);
+                if let Some(history) = &mut tracked.history {
+                    history.held(second, permits);
+                    history.granted(second);
+                }
                 m.change_object(&tracked.gauges, |g| {
                     g.held.inc_by(permits);
                     g.holders.inc();
@@ -382,6 +433,9 @@ impl Observer {
                 end_wait(tracked, overflow_queue);
             }
             EventKind::Released | EventKind::Expired | EventKind::Revoked => {
+                if let Some(history) = &mut tracked.history {
+                    history.held(second, -permits);
+                }
                 m.change_object(&tracked.gauges, |g| {
                     g.held.dec_by(permits);
                     g.holders.dec();
@@ -440,6 +494,23 @@ impl Observer {
     pub fn oldest_wait(&self, key: &Key) -> Option<Duration> {
         let tracker = self.tracker();
         tracker.objects.get(key)?.queue_order.values().next().map(Instant::elapsed)
+    }
+
+    /// The history of semaphore `key` ([`History`]), oldest first, each second with its start
+    /// in ms since the Unix epoch (by this node's wall clock when it started, plus its monotonic
+    /// clock since), and that clock now. The history is `None` when this node keeps none for
+    /// it (it is past `--metrics-names-max`, or unknown here).
+    pub fn history(&self, key: &Key) -> (Option<Vec<(u64, Second)>>, u64) {
+        let mut tracker = self.tracker();
+        let since_epoch = self.epoch.elapsed();
+        let now_ms =
+            self.epoch_wall_ms.saturating_add(u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX));
+        let Some(history) = tracker.objects.get_mut(key).and_then(|tracked| tracked.history.as_mut()) else {
+            return (None, now_ms);
+        };
+        history.advance(since_epoch.as_secs());
+        let samples = history.samples().map(|(s, values)| (self.epoch_wall_ms + s * 1000, values)).collect();
+        (Some(samples), now_ms)
     }
 
     /// Objects tracked with a series of their own, and in all.
@@ -577,6 +648,63 @@ mod tests {
             // Keys in alphabetical order, as the map rendered them.
             assert_eq!(rendered, parsed.to_string());
         }
+    }
+
+    #[test]
+    fn histories_follow_the_events_of_the_semaphores_under_the_cap_only() {
+        let observer = Observer::new(Arc::new(Metrics::new()), 1);
+        let key = |name: &str| Key::semaphore(Name::new(name).expect("a valid name"));
+        let one = "00000000000000000000000000000001".parse::<SessionId>().expect("an id");
+        let two = "00000000000000000000000000000002".parse::<SessionId>().expect("an id");
+        let event = |kind, name: &str, session: SessionId, permits: Option<u64>, capacity: Option<u64>| {
+            Effect::Event(Box::new(Event {
+                key: Some(key(name)),
+                session: Some(session),
+                permits,
+                capacity,
+                ..Event::new(kind)
+            }))
+        };
+        observer.on_entry(
+            1,
+            0,
+            &[
+                event(EventKind::CapacityChanged, "kept", one, None, Some(3)),
+                event(EventKind::CapacityChanged, "past-cap", one, None, Some(3)),
+            ],
+        );
+        observer.on_entry(
+            2,
+            0,
+            &[
+                event(EventKind::Granted, "kept", one, Some(2), None),
+                event(EventKind::Queued, "kept", two, Some(2), None),
+                event(EventKind::Granted, "past-cap", one, Some(1), None),
+            ],
+        );
+        let last = |name: &str| {
+            let (samples, _) = observer.history(&key(name));
+            samples.map(|samples| {
+                let grants: u32 = samples.iter().map(|(_, s)| s.grants).sum();
+                let last = samples.last().expect("a sample").1;
+                (last.held, last.capacity, last.waiters, grants)
+            })
+        };
+        assert_eq!(last("kept"), Some((2, 3, 1, 1)));
+        observer.on_entry(
+            3,
+            0,
+            &[
+                event(EventKind::Released, "kept", one, Some(2), None),
+                event(EventKind::Granted, "kept", two, Some(2), None),
+            ],
+        );
+        assert_eq!(last("kept"), Some((2, 3, 0, 2)));
+        assert_eq!(last("past-cap"), None, "no history past the cap");
+        observer.on_entry(4, 0, &[Effect::ObjectRemoved { key: key("kept") }]);
+        assert_eq!(last("kept"), None, "a deleted semaphore's ring is dropped");
+        let (none, now_ms) = observer.history(&key("unknown"));
+        assert!(none.is_none() && now_ms > 0);
     }
 
     #[test]

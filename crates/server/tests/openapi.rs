@@ -55,7 +55,7 @@ fn the_spec_declares_the_enforced_limits() {
         }
     }
     assert_eq!(
-        names, 13,
-        "eleven `{{name}}` path parameters and the `after` of the semaphore and election lists"
+        names, 14,
+        "twelve `{{name}}` path parameters and the `after` of the semaphore and election lists"
     );
 }

@@ -2,16 +2,53 @@
 //
 // Initial state comes from the JSON API; after that the event stream (`GET /v1/events`, read
 // with fetch so that it can carry the token) says when something changed, and the view re-reads
-// the JSON of what it shows. Times that the API does not carry (how long a waiter has waited,
-// grants per second) come from the events seen since the page loaded.
+// the JSON of what it shows. Charts and grants per second start from the node's history of each
+// semaphore (`GET /v1/semaphores/{name}/history`: the last 15 minutes, read once per name), then
+// go on from the events seen since.
 'use strict';
 
 (() => {
   const TOKEN_KEY = 'permit.token';
   const LEVEL = { read: 1, write: 2, admin: 3 };
-  const SERIES_SECONDS = 300;
+  const SERIES_SECONDS = 900;
   const SPARK_SECONDS = 60;
   const NAMES_TRACKED_MAX = 500;
+  // Histories read for a list view, at most, and at most this many at a time.
+  const LIST_HISTORIES_MAX = 100;
+  const HISTORY_READS_IN_FLIGHT = 4;
+  // Sortable, filterable columns of each list view: key, header, value to sort by.
+  const COLUMNS = {
+    semaphores: [
+      ['name', 'Name', (s) => s.name],
+      ['held', 'Held / capacity', (s) => s.held],
+      ['holders', 'Holders', (s) => s.holders],
+      ['waiters', 'Waiters', (s) => s.waiters],
+      ['oldest', 'Oldest wait', (s) => s.oldest_wait_ms ?? -1],
+      ['grants', 'Grants/s (1 min)', (s) => grantRate(s.name)],
+    ],
+    elections: [
+      ['name', 'Name', (e) => e.name],
+      ['leader', 'Leader', (e) => (e.leader ? e.leader.session_name || e.leader.session : '')],
+      ['value', 'Value', (e) => (e.leader ? e.leader.value : '')],
+      ['token', 'Token', (e) => (e.leader ? e.leader.token : -1)],
+      ['tenure', 'Tenure', (e) => (e.leader ? e.leader.held_ms || 0 : -1)],
+      ['candidates', 'Candidates', (e) => e.candidates],
+    ],
+    sessions: [
+      ['name', 'Name', (s) => s.name || ''],
+      ['id', 'Id', (s) => s.id],
+      ['ttl', 'TTL', (s) => s.ttl_ms],
+      ['remaining', 'Remaining', (s) => s.remaining_ms ?? -1],
+      ['holds', 'Holds', (s) => s.holds],
+      ['waits', 'Waits', (s) => s.waits],
+    ],
+  };
+  // What a list view's filter matches: the name (and a session's id).
+  const FILTERED = {
+    semaphores: (s) => [s.name],
+    elections: (e) => [e.name],
+    sessions: (s) => [s.name || '', s.id],
+  };
 
   const S = {
     auth: false,
@@ -32,6 +69,12 @@
     refreshing: false,
     refreshAgain: false,
     pollTimer: null,
+    node: { id: null, addr: '', role: '' },
+    histories: new Map(), // semaphore -> seconds of history read or being read (once per tab and length)
+    historyQueue: [],
+    historyReads: 0,
+    lists: {}, // view -> {sort, dir, filter}
+    generation: 0, // bumped when the token is forgotten: answers read with it are dropped
   };
 
   // ---- DOM helpers (no innerHTML: every value from the server goes in as text) ----
@@ -254,13 +297,104 @@
     S.pollTimer = setInterval(refreshSoon, 500);
   }
 
+  // ---- history: the node's last 15 minutes of a semaphore, read once per name ----
+
+  // The list's sparklines need a minute; a semaphore's chart the whole 15 minutes.
+  function loadHistory(name, seconds) {
+    const had = S.histories.get(name) || 0;
+    if (had >= seconds || (!had && S.histories.size >= NAMES_TRACKED_MAX)) return;
+    S.histories.set(name, seconds);
+    S.historyQueue.push([name, seconds, had]);
+    pumpHistories();
+  }
+
+  function pumpHistories() {
+    while (S.historyReads < HISTORY_READS_IN_FLIGHT && S.historyQueue.length) {
+      const [name, seconds, had] = S.historyQueue.shift();
+      const generation = S.generation;
+      S.historyReads += 1;
+      api('GET', `/v1/semaphores/${encodeURIComponent(name)}/history?seconds=${seconds}`)
+        .then((body) => {
+          if (generation !== S.generation) return;
+          mergeHistory(name, body, Date.now());
+          paint();
+        })
+        .catch(() => { // read again when next shown
+          if (generation !== S.generation) return;
+          if (had) S.histories.set(name, had);
+          else S.histories.delete(name);
+        })
+        .finally(() => {
+          S.historyReads -= 1;
+          pumpHistories();
+        });
+    }
+  }
+
+  // Puts the history before what the page saw itself: chart points older than its first own
+  // point, and grants of each second (the larger count where both saw the second). Times are
+  // the node's clock, shifted to this browser's by the difference at the answer.
+  function mergeHistory(name, body, receivedAt) {
+    const shift = receivedAt - body.now_ms;
+    let series = S.series.get(name);
+    if (!series) {
+      if (S.series.size >= NAMES_TRACKED_MAX) return;
+      series = [];
+      S.series.set(name, series);
+    }
+    const firstOwn = series.length ? series[0].t : Infinity;
+    const older = body.samples
+      .map((p) => ({ t: p.at_ms + shift, held: p.held, waiting: p.waiters, capacity: p.capacity }))
+      .filter((p) => p.t < firstOwn && p.t >= receivedAt - SERIES_SECONDS * 1000);
+    series.unshift(...older);
+    const oldest = Math.floor(receivedAt / 1000) - SPARK_SECONDS;
+    for (const p of body.samples) {
+      const second = Math.floor((p.at_ms + shift) / 1000);
+      if (second < oldest || p.grants === 0) continue;
+      bump(S.grants, name, second, (m, k) => m.set(k, Math.max(m.get(k) || 0, p.grants)));
+    }
+    if (!S.last.has(name) && body.samples.length) {
+      const p = body.samples[body.samples.length - 1];
+      S.last.set(name, { held: p.held, waiting: p.waiters, capacity: p.capacity });
+    }
+  }
+
+  // ---- the node this page talks to ----
+
+  async function readNode() {
+    try {
+      // A 503 (not ready) carries the same report: only an unreadable answer is unreachable.
+      const res = await fetch('/v1/health', { headers: { Accept: 'application/json' }, cache: 'no-store' });
+      const health = await res.json();
+      S.node.id = health.node_id;
+      S.node.role = health.raft_role;
+    } catch (error) {
+      S.node.role = 'unreachable';
+    }
+    paintNode();
+  }
+
+  function paintNode() {
+    const el = $('node');
+    el.dataset.role = S.node.role;
+    el.replaceChildren(
+      h('span', { id: 'node-id' }, `node ${S.node.id ?? '?'}`), ' ',
+      h('code', { id: 'node-addr' }, S.node.addr), ' ',
+      h('span', { id: 'node-role', class: 'pill' }, S.node.role || '…'));
+  }
+
   // ---- views ----
 
   function routeOf(hash) {
     const parts = hash.replace(/^#\/?/, '').split('/');
     const view = parts[0] || 'semaphores';
     if (view === 'semaphore' && parts[1]) return { view, name: decodeURIComponent(parts.slice(1).join('/')) };
-    if (['cluster', 'semaphores', 'elections', 'sessions'].includes(view)) return { view };
+    if (view === 'session' && /^[0-9a-f]{32}$/.test(parts[1] || '')) return { view, id: parts[1] };
+    if (['semaphores', 'elections', 'sessions'].includes(view)) {
+      // `#/elections/NAME`: the list, filtered by that name.
+      return { view, filter: parts[1] ? decodeURIComponent(parts.slice(1).join('/')) : null };
+    }
+    if (view === 'cluster') return { view };
     return { view: 'semaphores' };
   }
 
@@ -281,6 +415,9 @@
     },
     async sessions() {
       return api('GET', '/v1/sessions?limit=1000');
+    },
+    async session(route) {
+      return api('GET', `/v1/sessions/${route.id}`);
     },
   };
 
@@ -305,6 +442,8 @@
       if (route !== S.route) return;
       S.data = { route, body, at: Date.now() };
       remember(route, body);
+      if (route.view === 'semaphore') loadHistory(body.name, SERIES_SECONDS);
+      if (route.view === 'semaphores') body.semaphores.slice(0, LIST_HISTORIES_MAX).forEach((sem) => loadHistory(sem.name, SPARK_SECONDS));
       paint();
       $('updated').textContent = `updated ${new Date().toLocaleTimeString()}`;
     } catch (error) {
@@ -368,6 +507,7 @@
       semaphore: paintSemaphore,
       elections: paintElections,
       sessions: paintSessions,
+      session: paintSession,
     }[route.view];
     content.replaceChildren(...painter(body, age, route));
     // Numeric columns: the header aligns as its cells do.
@@ -378,6 +518,71 @@
         if (first.cells[i] && first.cells[i].classList.contains('num')) th.classList.add('num');
       });
     }
+  }
+
+  // A link to a session's page, shown by its name (or its short id).
+  function sessionLink(id, name) {
+    return h('a', { href: `#/session/${id}`, class: 'session-link', 'data-session': id }, name || short(id));
+  }
+
+  // The list view's sort and filter, kept while the tab lives.
+  function listState(view) {
+    if (!S.lists[view]) S.lists[view] = { sort: null, dir: 1, filter: '' };
+    return S.lists[view];
+  }
+
+  // The items of a list view that pass its filter, in its sort order.
+  function sortedFiltered(view, items) {
+    const state = listState(view);
+    const needle = state.filter.trim().toLowerCase();
+    let shown = needle ? items.filter((item) => FILTERED[view](item).some((v) => v.toLowerCase().includes(needle))) : items.slice();
+    const column = COLUMNS[view].find(([key]) => key === state.sort);
+    if (column) {
+      const value = column[2];
+      shown = shown.sort((a, b) => {
+        const x = value(a);
+        const y = value(b);
+        const order = typeof x === 'string' ? x.localeCompare(y) : x - y;
+        return order * state.dir;
+      });
+    }
+    return shown;
+  }
+
+  // A list view's table: headers that sort on a click, the rows given.
+  function listTable(view, id, rows, total) {
+    const state = listState(view);
+    const heads = COLUMNS[view].map(([key, label]) => {
+      const sorted = state.sort === key;
+      return h('th', {
+        class: 'sortable', 'data-sort': key, tabindex: 0,
+        'aria-sort': sorted ? (state.dir > 0 ? 'ascending' : 'descending') : 'none',
+        onclick: () => sortBy(view, key),
+        onkeydown: (event) => { if (event.key === 'Enter') sortBy(view, key); },
+      }, label, sorted ? (state.dir > 0 ? ' ▲' : ' ▼') : '');
+    });
+    const out = [h('table', { class: 'responsive', id }, h('thead', {}, h('tr', {}, heads)), h('tbody', {}, rows))];
+    if (rows.length < total) out.push(h('p', { class: 'muted', id: 'filtered' }, `${rows.length} of ${total} shown (filter)`));
+    return out;
+  }
+
+  function sortBy(view, key) {
+    const state = listState(view);
+    if (state.sort === key) state.dir = -state.dir;
+    else Object.assign(state, { sort: key, dir: 1 });
+    paint();
+  }
+
+  // The filter box of a list view: outside the repainted content, so that typing survives.
+  function filterBox(view, preset) {
+    const state = listState(view);
+    if (preset !== null && preset !== undefined) state.filter = preset;
+    const input = h('input', { id: 'filter', type: 'search', placeholder: 'Filter by name', 'aria-label': 'Filter by name', value: state.filter });
+    input.addEventListener('input', () => {
+      state.filter = input.value;
+      paint();
+    });
+    return h('div', { class: 'toolbar' }, input);
   }
 
   function stat(key, value, id) {
@@ -423,6 +628,16 @@
     return bar;
   }
 
+  // Grants per second over the last 10 s.
+  function grantRate(name) {
+    const counts = S.grants.get(name);
+    if (!counts) return 0;
+    const now = Math.floor(Date.now() / 1000);
+    let sum = 0;
+    for (let s = now - 9; s <= now; s += 1) sum += counts.get(s) || 0;
+    return sum / 10;
+  }
+
   function sparkline(name) {
     const counts = S.grants.get(name) || new Map();
     const now = Math.floor(Date.now() / 1000);
@@ -430,8 +645,8 @@
     for (let s = now - SPARK_SECONDS + 1; s <= now; s += 1) values.push(counts.get(s) || 0);
     const max = Math.max(1, ...values);
     const points = values.map((v, i) => `${(i * 120) / (SPARK_SECONDS - 1)},${(22 - (v / max) * 20 + 1).toFixed(1)}`).join(' ');
-    const last10 = values.slice(-10).reduce((a, b) => a + b, 0) / 10;
-    return h('div', {},
+    const last10 = grantRate(name);
+    return h('div', { class: 'grants', 'data-total': values.reduce((a, b) => a + b, 0) },
       svg('svg', { class: 'spark', viewBox: '0 0 120 24', preserveAspectRatio: 'none', role: 'img', 'aria-label': 'grants per second, last minute' },
         svg('polyline', { points })),
       h('span', { class: 'muted' }, `${last10.toFixed(1)}/s`));
@@ -454,7 +669,7 @@
       out.push(h('p', { class: 'muted', id: 'empty' }, 'No semaphores (or none this token may read).'));
       return out;
     }
-    const rows = body.semaphores.map((s) =>
+    const rows = sortedFiltered('semaphores', body.semaphores).map((s) =>
       h('tr', { 'data-name': s.name },
         td('Name', h('a', { href: `#/semaphore/${encodeURIComponent(s.name)}` }, s.name)),
         td('Held / capacity', h('div', {}, capacityBar(s.held, s.capacity), h('span', { class: 'mono' }, `${s.held} / ${s.capacity}`))),
@@ -462,9 +677,7 @@
         td('Waiters', s.waiters, 'num'),
         td('Oldest wait', oldestWait(s.name, s.waiters, s.oldest_wait_ms, age), 'num'),
         td('Grants/s', sparkline(s.name))));
-    out.push(h('table', { class: 'responsive', id: 'semaphores' },
-      h('thead', {}, h('tr', {}, ['Name', 'Held / capacity', 'Holders', 'Waiters', 'Oldest wait', 'Grants/s (1 min)'].map((c) => h('th', {}, c)))),
-      h('tbody', {}, rows)));
+    out.push(...listTable('semaphores', 'semaphores', rows, body.semaphores.length));
     if (body.next_after) out.push(h('p', { class: 'muted' }, 'Only the first 1000 are shown.'));
     return out;
   }
@@ -474,7 +687,7 @@
     const width = 600;
     const height = 140;
     const now = Date.now();
-    // The last 5 minutes, or the time since the page opened when that is shorter (at least 10 s).
+    // The last 15 minutes, or the time since the history starts when that is shorter (at least 10 s).
     const first = series.length ? series[0].t : now;
     const span = Math.min(SERIES_SECONDS * 1000, Math.max(10_000, now - first));
     const max = Math.max(1, ...series.map((p) => Math.max(p.held, p.waiting, p.capacity)));
@@ -484,7 +697,7 @@
     return h('div', { class: 'card' },
       h('div', { class: 'legend' }, h('span', { class: 'held' }, '— held'), h('span', { class: 'waiting' }, '— waiting'),
         h('span', { class: 'cap' }, '- - capacity'), h('span', { class: 'muted' }, `scale 0–${max}, last ${duration(span)} to now`)),
-      svg('svg', { class: 'chart', id: 'chart', viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: 'none', role: 'img', 'aria-label': 'held and waiting permits over the last minutes' },
+      svg('svg', { class: 'chart', id: 'chart', 'data-points': series.length, 'data-first': series.length ? Math.round(series[0].t) : '', viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: 'none', role: 'img', 'aria-label': 'held and waiting permits over the last minutes' },
         line('capacity', 'cap'), line('held', 'held'), line('waiting', 'waiting')));
   }
 
@@ -499,13 +712,13 @@
         stat('Available', body.available, 'available'),
         stat('Waiting', body.waiters.length, 'waiting'),
         stat('Grants/s', sparkline(body.name))),
-      h('h2', {}, 'Held and waiting over the last minutes'),
+      h('h2', {}, 'Held and waiting, last 15 minutes'),
       chart(body.name),
       h('h2', {}, `Holders (${body.holders.length})`),
     ];
     const holderRows = body.holders.map((holder) =>
       h('tr', { 'data-session': holder.session },
-        td('Session', holder.session_name || '(unnamed)'),
+        td('Session', sessionLink(holder.session, holder.session_name || '(unnamed)')),
         td('Id', h('code', { title: holder.session }, short(holder.session))),
         td('Permits', holder.permits, 'num'),
         td('Token', holder.token, 'num'),
@@ -525,7 +738,7 @@
       if (waiter.waiting_ms !== null && waiter.waiting_ms !== undefined) waited = duration(waiter.waiting_ms + age);
       return h('tr', { 'data-session': waiter.session },
         td('Position', waiter.position, 'num'),
-        td('Session', waiter.session_name || '(unnamed)'),
+        td('Session', sessionLink(waiter.session, waiter.session_name || '(unnamed)')),
         td('Id', h('code', { title: waiter.session }, short(waiter.session))),
         td('Permits', waiter.permits, 'num'),
         td('Waiting', waited, 'num'));
@@ -584,17 +797,21 @@
       return out;
     }
     const age = Date.now() - S.data.at;
-    const rows = body.elections.map((e) =>
-      h('tr', { 'data-name': e.name },
+    const rows = sortedFiltered('elections', body.elections).map((e) => {
+      // Tenure in leader time, counted on from the read; "since" by this browser's clock.
+      const tenure = e.leader ? (e.leader.held_ms || 0) + age : null;
+      return h('tr', { 'data-name': e.name },
         td('Name', e.name),
-        td('Leader', e.leader ? (e.leader.session_name || short(e.leader.session)) : h('span', { class: 'bad' }, 'none')),
+        td('Leader', e.leader ? sessionLink(e.leader.session, e.leader.session_name) : h('span', { class: 'bad' }, 'none')),
         td('Value', e.leader ? h('code', {}, e.leader.value) : '—'),
         td('Token', e.leader ? e.leader.token : '—', 'num'),
-        td('Tenure', e.leader ? duration((e.leader.held_ms || 0) + age) : '—', 'num'),
-        td('Candidates', e.candidates, 'num')));
-    out.push(h('table', { class: 'responsive', id: 'elections' },
-      h('thead', {}, h('tr', {}, ['Name', 'Leader', 'Value', 'Token', 'Tenure', 'Candidates'].map((c) => h('th', {}, c)))),
-      h('tbody', {}, rows)));
+        td('Tenure', e.leader
+          ? h('span', { title: `leads since ${new Date(Date.now() - tenure).toLocaleString()}` }, duration(tenure),
+            h('span', { class: 'muted' }, ` since ${new Date(Date.now() - tenure).toLocaleTimeString()}`))
+          : '—', 'num'),
+        td('Candidates', e.candidates, 'num'));
+    });
+    out.push(...listTable('elections', 'elections', rows, body.elections.length));
     return out;
   }
 
@@ -604,18 +821,43 @@
       out.push(h('p', { class: 'muted', id: 'empty' }, 'No sessions (or none this token may read).'));
       return out;
     }
-    const rows = body.sessions.map((s) =>
+    const rows = sortedFiltered('sessions', body.sessions).map((s) =>
       h('tr', { 'data-session': s.id },
-        td('Name', s.name || '(unnamed)'),
+        td('Name', sessionLink(s.id, s.name || '(unnamed)')),
         td('Id', h('code', { title: s.id }, short(s.id))),
         td('TTL', duration(s.ttl_ms), 'num'),
         td('Remaining', s.remaining_ms === null || s.remaining_ms === undefined ? '—' : duration(s.remaining_ms - age), 'num'),
-        td('Holds', s.holds, 'num'),
+        td('Holds', s.holds ? h('a', { href: `#/session/${s.id}` }, s.holds) : s.holds, 'num'),
         td('Waits', s.waits, 'num')));
-    out.push(h('table', { class: 'responsive', id: 'sessions' },
-      h('thead', {}, h('tr', {}, ['Name', 'Id', 'TTL', 'Remaining', 'Holds', 'Waits'].map((c) => h('th', {}, c)))),
-      h('tbody', {}, rows)));
+    out.push(...listTable('sessions', 'sessions', rows, body.sessions.length));
     out.push(h('p', { class: 'muted' }, 'Remaining counts down from the last read; keepalives are not events, so it is re-read on the next change.'));
+    return out;
+  }
+
+  // One session: its holds and waits, each linked to its semaphore (or election).
+  function paintSession(body) {
+    const objectLink = (item) => item.kind === 'semaphore'
+      ? h('a', { href: `#/semaphore/${encodeURIComponent(item.name)}`, class: 'object-link' }, item.name)
+      : h('a', { href: `#/elections/${encodeURIComponent(item.name)}`, class: 'object-link' }, item.name);
+    const out = [
+      h('p', {}, h('a', { href: '#/sessions' }, '← Sessions')),
+      h('h1', {}, 'Session ', h('code', { id: 'session-name' }, body.name || '(unnamed)'), ' ', h('code', { class: 'muted' }, body.id)),
+      h('div', { class: 'grid' }, stat('TTL', duration(body.ttl_ms)), stat('Holds', body.holds.length), stat('Waits', body.waits.length)),
+      h('h2', {}, `Holds (${body.holds.length})`),
+    ];
+    out.push(body.holds.length
+      ? h('table', { class: 'responsive', id: 'session-holds' },
+        h('thead', {}, h('tr', {}, ['Name', 'Kind', 'Permits', 'Token'].map((c) => h('th', {}, c)))),
+        h('tbody', {}, body.holds.map((hold) => h('tr', { 'data-name': hold.name },
+          td('Name', objectLink(hold)), td('Kind', hold.kind), td('Permits', hold.permits, 'num'), td('Token', hold.token, 'num')))))
+      : h('p', { class: 'muted', id: 'session-holds' }, 'No holds.'));
+    out.push(h('h2', {}, `Waits (${body.waits.length})`));
+    out.push(body.waits.length
+      ? h('table', { class: 'responsive', id: 'session-waits' },
+        h('thead', {}, h('tr', {}, ['Name', 'Kind', 'Permits', 'Position'].map((c) => h('th', {}, c)))),
+        h('tbody', {}, body.waits.map((wait) => h('tr', { 'data-name': wait.name },
+          td('Name', objectLink(wait)), td('Kind', wait.kind), td('Permits', wait.permits, 'num'), td('Position', wait.position, 'num')))))
+      : h('p', { class: 'muted', id: 'session-waits' }, 'No waits.'));
     return out;
   }
 
@@ -626,10 +868,13 @@
     S.route = route;
     S.data = null;
     for (const link of document.querySelectorAll('nav a')) {
-      const active = link.dataset.view === route.view || (route.view === 'semaphore' && link.dataset.view === 'semaphores');
+      const active = link.dataset.view === route.view
+        || (route.view === 'semaphore' && link.dataset.view === 'semaphores')
+        || (route.view === 'session' && link.dataset.view === 'sessions');
       link.classList.toggle('active', active);
     }
-    $('view').replaceChildren(h('div', { id: 'content' }, h('p', { class: 'muted' }, 'Loading…')));
+    const toolbar = FILTERED[route.view] ? filterBox(route.view, route.filter) : null;
+    $('view').replaceChildren(...[toolbar, h('div', { id: 'content' }, h('p', { class: 'muted' }, 'Loading…'))].filter(Boolean));
     refresh();
   }
 
@@ -671,6 +916,12 @@
   async function main() {
     const config = await (await fetch('/ui/config.json', { cache: 'no-store' })).json();
     S.auth = !!config.auth;
+    S.node.id = config.node_id;
+    S.node.addr = config.addr || location.host;
+    paintNode();
+    // The header's role (and the node's) is re-read every 2 s: Raft roles are not events.
+    readNode();
+    setInterval(readNode, 2000);
     window.addEventListener('hashchange', navigate);
     $('login').addEventListener('submit', (event) => {
       event.preventDefault();
@@ -690,6 +941,9 @@
       // Nothing read with the old token stays on the page.
       S.route = null;
       S.data = null;
+      for (const map of [S.grants, S.queuedAt, S.queuedSeen, S.series, S.last, S.histories]) map.clear();
+      S.historyQueue = [];
+      S.generation += 1;
       capacityForm = null;
       $('view').replaceChildren();
       setMode('connecting');

@@ -299,6 +299,46 @@ pub struct SemaphoreView {
     pub ephemeral: bool,
 }
 
+/// `GET /v1/semaphores/{name}/history`: what the answering node saw of a semaphore, one sample
+/// per second of its own clock, for the last 15 minutes at most (since the node started or the
+/// semaphore was created, when that is shorter).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct SemaphoreHistory {
+    /// The semaphore's name.
+    pub name: String,
+    /// The answering node's clock when it answered, in ms since the Unix epoch (its wall clock
+    /// when it started plus its monotonic clock since, so that a sample's time never moves): a
+    /// reader with another clock shifts `at_ms` by the difference.
+    pub now_ms: u64,
+    /// The length of one sample in ms (1000).
+    pub interval_ms: u64,
+    /// Whether this node keeps a history of this semaphore: it keeps one for the first
+    /// `--metrics-names-max` semaphores it tracks (those with metric series of their own); the
+    /// others have none (`samples` is empty).
+    pub kept: bool,
+    /// Oldest first; the last one is the second in progress.
+    pub samples: Vec<HistorySample>,
+}
+
+/// One second of a semaphore's history.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct HistorySample {
+    /// The start of the second, by the clock of `now_ms`.
+    pub at_ms: u64,
+    /// Permits held at the end of the second (for the second in progress: now).
+    pub held: u64,
+    /// Its capacity at the end of the second.
+    pub capacity: u64,
+    /// Sessions waiting at the end of the second.
+    pub waiters: u64,
+    /// The most permits held at any moment of the second.
+    pub held_max: u64,
+    /// Grants in the second: acquires granted, at once or from the queue.
+    pub grants: u64,
+}
+
 /// One semaphore in `GET /v1/semaphores`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]

@@ -1,6 +1,8 @@
 //! The dashboard (`/ui`) in a real headless Chromium against a real `permit serve --auth` with
-//! live activity: what it shows, how fast an outside change appears, admin actions, a read-only
-//! token, and the browser's log. Screenshots go to `target/dashboard-screenshots/`.
+//! live activity: what it shows (the node's history of a semaphore from before the page opened,
+//! election leaders, the node and its role), how fast an outside change appears, links between
+//! sessions and holds, sorting and filtering, admin actions, a read-only token, and the
+//! browser's log. Screenshots go to `target/dashboard-screenshots/`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver`; without them the test is skipped, unless
 //! `PERMIT_REQUIRE_BROWSER=1`.
@@ -36,6 +38,12 @@ return {
   holders: rows('holders'), queue: rows('queue'), semaphores: rows('semaphores'),
   elections: rows('elections'), sessions: rows('sessions'), members: rows('members'),
   capacity: text('capacity'), held: text('held'), error: text('view-error'),
+  session_holds: rows('session-holds'), semaphore_name: text('semaphore-name'), session_name: text('session-name'),
+  node: [text('node-id'), text('node-addr'), text('node-role')],
+  chart_points: Number((document.getElementById('chart') || { dataset: {} }).dataset.points || 0),
+  chart_first: Number((document.getElementById('chart') || { dataset: {} }).dataset.first || 0),
+  grants: [...document.querySelectorAll('.grants')].map((g) => Number(g.dataset.total)),
+  opened: performance.timeOrigin,
   login: !document.getElementById('login').hidden,
   admin: !!document.getElementById('admin'), revoke: document.querySelectorAll('.revoke').length,
   live: document.getElementById('live').dataset.mode,
@@ -157,6 +165,23 @@ async fn the_dashboard_shows_live_state_and_admin_actions_to_those_allowed() {
     let (shown, now) = until(&browser, SHOW_WITHIN, |p| holders(p) == [row("worker-1", 2, t1)]).await;
     assert!(shown, "the holder is not shown: {now}");
     assert_eq!(now["capacity"], "3");
+
+    // A fresh page shows the node's history: chart points from before the page opened, and the
+    // grant made before it in the grants per second.
+    let (shown, now) = until(&browser, SHOW_WITHIN, |p| {
+        p["chart_first"].as_f64().is_some_and(|first| first > 0.0 && first < p["opened"].as_f64().unwrap())
+    })
+    .await;
+    assert!(shown, "the chart has no point from before the page opened: {now}");
+    assert_eq!(now["grants"], json!([1]), "the grant made before the page opened: {now}");
+
+    // The header names the node, its address and its Raft role.
+    let health = root.get("/v1/health").await.body;
+    let cluster = root.get("/v1/cluster").await.body;
+    let expected_node =
+        json!([format!("node {}", health["node_id"]), cluster["members"][0]["addr"], "leader"]);
+    let (shown, now) = until(&browser, SHOW_WITHIN, |p| p["node"] == expected_node).await;
+    assert!(shown, "the header does not name the node ({expected_node}): {now}");
     let (live, now) = until(&browser, SHOW_WITHIN, |p| p["live"] == "events").await;
     assert!(live, "the page did not connect to the event stream: {now}");
 
@@ -242,10 +267,45 @@ async fn the_dashboard_shows_live_state_and_admin_actions_to_those_allowed() {
         (&now["elections"][0][0], &now["elections"][0][1], &now["elections"][0][2]),
         (&json!("scheduler"), &json!("worker-1"), &json!("host-a:8080"))
     );
+    let tenure = now["elections"][0][4].as_str().unwrap();
+    assert!(tenure.contains(" since "), "the leader's tenure says since when: {tenure}");
     browser.goto(&format!("{}/ui#/sessions", server.url)).await;
     let (shown, now) =
         until(&browser, SHOW_WITHIN, |p| p["sessions"].as_array().is_some_and(|r| r.len() == 4)).await;
     assert!(shown, "sessions: {now}");
+
+    // Sorting: a click on a header sorts by it, a second click reverses; the filter keeps the
+    // rows whose name matches.
+    let names = |p: &Value| -> Vec<String> {
+        p["sessions"].as_array().unwrap().iter().map(|r| r[0].as_str().unwrap().to_owned()).collect()
+    };
+    let ascending: Vec<String> = (1..=4).map(|i| format!("worker-{i}")).collect();
+    let descending: Vec<String> = ascending.iter().rev().cloned().collect();
+    browser.click("#sessions th[data-sort='name']").await;
+    let (shown, now) = until(&browser, SHOW_WITHIN, |p| names(p) == ascending).await;
+    assert!(shown, "sorted by name: {now}");
+    browser.click("#sessions th[data-sort='name']").await;
+    let (shown, now) = until(&browser, SHOW_WITHIN, |p| names(p) == descending).await;
+    assert!(shown, "sorted by name, descending: {now}");
+    browser.type_into("#filter", "worker-2").await;
+    let (shown, now) = until(&browser, SHOW_WITHIN, |p| names(p) == ["worker-2"]).await;
+    assert!(shown, "filtered by name: {now}");
+
+    // Links: a session to its hold's semaphore, a holder to its session.
+    browser.click(&format!("#sessions a.session-link[data-session='{}']", worker[1])).await;
+    let (shown, now) = until(&browser, SHOW_WITHIN, |p| {
+        p["session_name"] == "worker-2"
+            && p["session_holds"] == json!([["gpu", "semaphore", "1", t2.to_string()]])
+    })
+    .await;
+    assert!(shown, "the session's page with its hold: {now}");
+    browser.click("#session-holds a.object-link").await;
+    let (shown, now) =
+        until(&browser, SHOW_WITHIN, |p| p["semaphore_name"] == "gpu" && holders(p).len() == 3).await;
+    assert!(shown, "the hold's semaphore: {now}");
+    browser.click(&format!("#holders a.session-link[data-session='{}']", worker[1])).await;
+    let (shown, now) = until(&browser, SHOW_WITHIN, |p| p["session_name"] == "worker-2").await;
+    assert!(shown, "the holder's session: {now}");
     browser.goto(&format!("{}/ui#/cluster", server.url)).await;
     let (shown, now) =
         until(&browser, SHOW_WITHIN, |p| p["members"].as_array().is_some_and(|r| r.len() == 1)).await;

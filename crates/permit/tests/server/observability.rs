@@ -275,6 +275,66 @@ async fn names_past_the_cap_are_summed_under_one_label() {
 }
 
 #[tokio::test]
+async fn a_semaphore_history_holds_what_the_node_saw_for_names_under_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_in(dir.path(), "127.0.0.1:0", &["--metrics-names-max", "1"]);
+    let api = Api::new(&server);
+    api.semaphore("kept", 2).await;
+    api.semaphore("past-cap", 1).await;
+    let (one, two, three) = (api.session(30_000).await, api.session(30_000).await, api.session(30_000).await);
+    for session in [&one, &two] {
+        assert_eq!(api.acquire("kept", json!({ "session": session })).await.status, 200);
+    }
+    let queued = api.acquire("kept", json!({ "session": three, "wait_ms": 10 })).await;
+    assert_eq!(queued.body["status"], "waiting", "{queued:?}");
+    // Each sample's values are those at the end of its second; the last one's are now.
+    let last = |body: &Value| -> (u64, u64, u64, u64) {
+        let samples = body["samples"].as_array().unwrap();
+        let last = &samples[samples.len() - 1];
+        let grants = samples.iter().map(|s| s["grants"].as_u64().unwrap()).sum();
+        let value = |field: &str| last[field].as_u64().unwrap();
+        (value("held"), value("capacity"), value("waiters"), grants)
+    };
+    let before = api.get("/v1/semaphores/kept/history").await.body;
+    assert_eq!(last(&before), (2, 2, 1, 2), "two hold, three waits: {before}");
+    // One's release grants three.
+    assert_eq!(api.release("kept", &one).await.status, 200);
+
+    let history = api.get("/v1/semaphores/kept/history").await;
+    assert_eq!(history.status, 200, "{history:?}");
+    let body = &history.body;
+    assert_eq!(
+        (&body["name"], &body["kept"], &body["interval_ms"]),
+        (&json!("kept"), &json!(true), &json!(1000))
+    );
+    let samples = body["samples"].as_array().unwrap();
+    assert!(!samples.is_empty() && samples.len() <= 900, "{body}");
+    let at: Vec<u64> = samples.iter().map(|s| s["at_ms"].as_u64().unwrap()).collect();
+    assert!(at.windows(2).all(|w| w[1] == w[0] + 1000), "one sample a second: {at:?}");
+    let now_ms = body["now_ms"].as_u64().unwrap();
+    assert!(at[at.len() - 1] <= now_ms && now_ms - at[at.len() - 1] < 1000, "the last is now: {body}");
+    assert_eq!(last(body), (2, 2, 0, 3), "{body}");
+    assert!(samples.iter().all(|s| s["held_max"].as_u64() <= Some(2)), "{body}");
+
+    // The newest seconds only, as asked.
+    let newest = api.get("/v1/semaphores/kept/history?seconds=1").await.body;
+    assert_eq!(newest["samples"].as_array().map(Vec::len), Some(1), "{newest}");
+    assert_eq!(newest["samples"][0]["at_ms"].as_u64(), at.last().copied(), "{newest}");
+    for bad in ["0", "901", "x"] {
+        let answer = api.get(&format!("/v1/semaphores/kept/history?seconds={bad}")).await;
+        assert_eq!((answer.status, answer.code()), (400, "invalid_argument"), "{bad}: {answer:?}");
+    }
+
+    // Past the cap: the semaphore exists, without a history.
+    let none = api.get("/v1/semaphores/past-cap/history").await;
+    assert_eq!((none.status, &none.body["kept"], &none.body["samples"]), (200, &json!(false), &json!([])));
+    let unknown = api.get("/v1/semaphores/nope/history").await;
+    assert_eq!((unknown.status, unknown.code()), (404, "semaphore_not_found"), "{unknown:?}");
+    let bad = api.get("/v1/semaphores/bad%20name/history").await;
+    assert_eq!((bad.status, bad.code()), (400, "invalid_name"), "{bad:?}");
+}
+
+#[tokio::test]
 async fn the_event_stream_delivers_frames_filters_and_resumes() {
     let server = Server::start();
     let api = Api::new(&server);
@@ -426,6 +486,17 @@ async fn a_follower_serves_the_event_stream_from_its_own_state() {
         })
         .await
     );
+    // And its own history, answered by itself (not forwarded to the leader).
+    let response =
+        on_follower.http.get(format!("{}/v1/semaphores/f/history", on_follower.url)).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let health = on_follower.get("/v1/health").await.body;
+    let answered_by = response.headers().get("permit-node").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    assert_eq!(answered_by, Some(health["node_id"].to_string()), "served by the follower itself");
+    let history: serde_json::Value = response.json().await.unwrap();
+    let samples = history["samples"].as_array().unwrap();
+    let grants: u64 = samples.iter().map(|s| s["grants"].as_u64().unwrap()).sum();
+    assert_eq!((grants, &samples[samples.len() - 1]["held"]), (1, &json!(1)), "{history}");
 }
 
 #[tokio::test]

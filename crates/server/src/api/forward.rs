@@ -50,7 +50,9 @@ const FORWARD_TIMEOUT: Duration = Duration::from_millis(WAIT_MS_MAX + 10_000);
 /// Routes that every node answers itself. A request no route matches is answered here too
 /// (`404`, the same on every node): forwarding it would read its body for nothing.
 fn served_locally(request: &Request) -> bool {
-    if request.extensions().get::<MatchedPath>().is_none() {
+    let Some(route) = request.extensions().get::<MatchedPath>() else { return true };
+    // A node's history is what it saw itself.
+    if route.as_str() == "/v1/semaphores/{name}/history" {
         return true;
     }
     let path = request.uri().path();

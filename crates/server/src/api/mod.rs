@@ -48,6 +48,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/semaphores/{name}/release", post(semaphores::release))
         .route("/v1/semaphores/{name}/validate", post(semaphores::validate))
         .route("/v1/semaphores/{name}/revoke", post(semaphores::revoke))
+        .route("/v1/semaphores/{name}/history", get(semaphores::history))
         .route("/v1/elections", get(elections::list))
         .route("/v1/elections/{name}", get(elections::get))
         .route("/v1/elections/{name}/campaign", post(elections::campaign))

@@ -33,7 +33,7 @@ nodes may send its requests there, saving the hop a follower forwards them over.
     paths(
         sessions::create, sessions::list, sessions::keepalive, sessions::keepalive_batch, sessions::get, sessions::close,
         semaphores::list, semaphores::put, semaphores::get, semaphores::delete,
-        semaphores::acquire, semaphores::release, semaphores::validate, semaphores::revoke,
+        semaphores::acquire, semaphores::release, semaphores::validate, semaphores::revoke, semaphores::history,
         elections::list, elections::campaign, elections::get, elections::resign, elections::revoke,
         acl::create, acl::list, acl::current, acl::delete,
         cluster::status, cluster::snapshot, cluster::init, cluster::add, cluster::remove,
@@ -261,7 +261,12 @@ impl Modify for Links {
             openapi,
             "/v1/semaphores/{name}",
             "201",
-            &[("semaphores_get", name), ("semaphores_delete", name), ("semaphores_validate", name)],
+            &[
+                ("semaphores_get", name),
+                ("semaphores_delete", name),
+                ("semaphores_validate", name),
+                ("semaphores_history", name),
+            ],
         );
     }
 }

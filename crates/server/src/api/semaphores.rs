@@ -11,9 +11,9 @@ use permit_core::{
     Resource, Semaphore, SessionId, State as CoreState,
 };
 use permit_wire::{
-    AcquireRequest, AcquireResponse, ErrorBody, ErrorCode, HolderView, PutSemaphoreRequest, ReleaseRequest,
-    ReleaseResponse, RevokeRequest, SemaphoreList, SemaphoreSummary, SemaphoreView, ValidateRequest,
-    ValidateResponse, WaiterView, INDEX_HEADER,
+    AcquireRequest, AcquireResponse, ErrorBody, ErrorCode, HistorySample, HolderView, PutSemaphoreRequest,
+    ReleaseRequest, ReleaseResponse, RevokeRequest, SemaphoreHistory, SemaphoreList, SemaphoreSummary,
+    SemaphoreView, ValidateRequest, ValidateResponse, WaiterView, INDEX_HEADER,
 };
 use serde::Deserialize;
 
@@ -22,6 +22,7 @@ use super::extract::{parse_name, parse_session, Json, Path, Query};
 use super::grant::{self, capped_wait, Grant};
 use super::watch::{blocking_read, ReadParams};
 use crate::auth::Caller;
+use crate::history::HISTORY_SECONDS;
 use crate::node::Node;
 
 /// Default and largest page of `GET /v1/semaphores`.
@@ -155,6 +156,71 @@ pub async fn get(
         None => read.await?,
     };
     Ok((index_header(index), axum::Json(view)).into_response())
+}
+
+/// What this node saw of a semaphore over the last 15 minutes, one sample per second of its own
+/// clock: held, capacity, waiters, the most held and the grants of each second. Every node
+/// answers from what it applied itself (not forwarded), since it started; it keeps a history
+/// for the first `--metrics-names-max` semaphores it tracks (`kept`).
+#[utoipa::path(get, path = "/v1/semaphores/{name}/history", tag = "semaphores",
+    params(("name" = String, Path, description = "Semaphore name"), HistoryParams),
+    responses((status = 200, body = SemaphoreHistory, description = "One sample per second, oldest first"),
+              (status = 404, body = ErrorBody, description = "`semaphore_not_found`: this node has no such semaphore \
+(`not_found`: no route matches, e.g. an empty path segment)")))]
+pub async fn history(
+    State(node): State<Arc<Node>>,
+    Path(name): Path<String>,
+    Query(params): Query<HistoryParams>,
+) -> Result<axum::Json<SemaphoreHistory>, ApiError> {
+    let name = parse_name(&name)?;
+    let seconds = params.seconds.unwrap_or(HISTORY_SECONDS as u64);
+    if !(1..=HISTORY_SECONDS as u64).contains(&seconds) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!("seconds must be in 1..={HISTORY_SECONDS}"),
+        ));
+    }
+    let key = Key::semaphore(name.clone());
+    if node.replica().read().state.object(&key).is_none() {
+        return Err(ApiError::new(
+            ErrorCode::SemaphoreNotFound,
+            format!("semaphore {name} not found: {}", super::error::SEMAPHORE_NOT_FOUND_HINT),
+        ));
+    }
+    let (kept, now_ms) = node.observer.history(&key);
+    let samples = kept
+        .as_ref()
+        .map(|samples| {
+            samples[samples.len().saturating_sub(seconds as usize)..]
+                .iter()
+                .map(|(at_ms, second)| HistorySample {
+                    at_ms: *at_ms,
+                    held: second.held.into(),
+                    capacity: second.capacity.into(),
+                    waiters: second.waiters.into(),
+                    held_max: second.held_max.into(),
+                    grants: second.grants.into(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(axum::Json(SemaphoreHistory {
+        name: name.to_string(),
+        now_ms,
+        interval_ms: 1000,
+        kept: kept.is_some(),
+        samples,
+    }))
+}
+
+/// Query parameters of a semaphore's history.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryParams {
+    /// Only the last this many seconds (the newest samples), default and at most 900.
+    #[param(minimum = 1, maximum = 900)]
+    pub seconds: Option<u64>,
 }
 
 /// Query parameters of the list.

@@ -34,10 +34,14 @@ pub async fn page() -> Response {
 }
 
 /// One of the page's assets, or `config.json`: what the page must know before its first API
-/// call (whether to ask for a token), so that it makes no call bound to fail.
+/// call (whether to ask for a token), so that it makes no call bound to fail, and which node
+/// it talks to (id and address, for its header).
 pub async fn asset(State(node): State<Arc<Node>>, Path(file): Path<String>) -> Response {
     if file == "config.json" {
-        let config = serde_json::json!({ "auth": node.config.auth, "node_id": node.id });
+        // The address the cluster knows this node by, else the one it listens on.
+        let addr =
+            node.status().members.get(&node.id).map_or_else(|| node.addr.to_string(), |m| m.addr.clone());
+        let config = serde_json::json!({ "auth": node.config.auth, "node_id": node.id, "addr": addr });
         return with_headers("application/json", config.to_string().into_bytes());
     }
     serve(&file)
