@@ -112,44 +112,110 @@ fn usable<'g>(grant: &'g Grant<'g>, deadlines: &SessionDeadlines, ends: &HoldEnd
     Some(Usable { grant, start_ns: grant.ack_ns, end_ns, end_reason })
 }
 
-/// Walks the interval ends and starts in time order (ends first at equal times: intervals are
-/// half-open) and reports each episode over capacity once, when it begins.
+/// Reports each episode of `usables` over the constant `capacity` once, when it begins.
 fn sweep(semaphore: &str, capacity: u64, usables: Vec<Usable>, report: &mut Report) {
-    let mut events: Vec<(u64, bool, usize)> = Vec::with_capacity(usables.len() * 2);
-    for (index, usable) in usables.iter().enumerate() {
-        events.push((usable.start_ns, true, index));
-        events.push((usable.end_ns, false, index));
+    let reliances: Vec<Reliance<u64>> = usables
+        .iter()
+        .map(|usable| Reliance { start: usable.start_ns, end: usable.end_ns, permits: usable.grant.permits })
+        .collect();
+    for overflow in over_capacity(&reliances, |_| Some(capacity)) {
+        report.push(overflow_violation(semaphore, capacity, &overflow, &usables));
+    }
+}
+
+/// An interval `[start, end)` in which a client may rely on `permits` permits of one semaphore,
+/// on the clock `T` of the caller's history (nanoseconds in the fault suite, the simulation's
+/// points there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reliance<T> {
+    /// When the client starts relying on the hold.
+    pub start: T,
+    /// When it stops (excluded).
+    pub end: T,
+    /// The permits held.
+    pub permits: u64,
+}
+
+/// An instant at which the permits relied on exceed the capacity, found by [`over_capacity`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Overflow<T> {
+    /// The instant: the start of the interval [`Overflow::started`].
+    pub at: T,
+    /// The permits relied on then.
+    pub held: u64,
+    /// The capacity then; `None` when none was known yet (itself a violation).
+    pub capacity: Option<u64>,
+    /// Indexes of every interval relied on then, ascending.
+    pub relied: Vec<usize>,
+    /// Index of the interval whose start brought the holds over.
+    pub started: usize,
+}
+
+/// The capacity sweep shared by [`check_capacity`] and the simulation's checker: walks the
+/// starts and ends of `reliances` (one semaphore's) in time order and reports each episode in
+/// which the permits relied on exceed `capacity_at` (the capacity at an instant; `None`
+/// counts as exceeded) once, when it begins.
+///
+/// Intervals are half-open, so at equal times ends come before starts; starts at equal times
+/// are taken in index order. O(n log n) plus a call of `capacity_at` per interval end and
+/// start.
+///
+/// # Examples
+///
+/// ```
+/// use permit_check::{over_capacity, Reliance};
+///
+/// let reliances = [
+///     Reliance { start: 0, end: 10, permits: 1 },
+///     Reliance { start: 10, end: 20, permits: 1 },
+///     Reliance { start: 15, end: 30, permits: 1 },
+/// ];
+/// let overflows = over_capacity(&reliances, |_| Some(1));
+/// assert_eq!(overflows.len(), 1);
+/// assert_eq!((overflows[0].at, overflows[0].held, overflows[0].relied.clone()), (15, 2, vec![1, 2]));
+/// ```
+pub fn over_capacity<T: Ord + Copy>(
+    reliances: &[Reliance<T>],
+    mut capacity_at: impl FnMut(T) -> Option<u64>,
+) -> Vec<Overflow<T>> {
+    let mut events: Vec<(T, bool, usize)> = Vec::with_capacity(reliances.len() * 2);
+    for (index, reliance) in reliances.iter().enumerate() {
+        events.push((reliance.start, true, index));
+        events.push((reliance.end, false, index));
     }
     events.sort_unstable();
     let mut active = BTreeSet::new();
     let mut held: u64 = 0;
     let mut over = false;
-    for (time_ns, is_start, index) in events {
-        let permits = usables[index].grant.permits;
-        if !is_start {
+    let mut overflows = Vec::new();
+    for (at, is_start, index) in events {
+        let permits = reliances[index].permits;
+        if is_start {
+            active.insert(index);
+            held += permits;
+        } else {
             active.remove(&index);
             held -= permits;
-            over = held > capacity;
-            continue;
         }
-        active.insert(index);
-        held += permits;
-        if held > capacity && !over {
-            over = true;
-            report.push(over_capacity(semaphore, capacity, held, time_ns, &usables, &active));
+        let capacity = capacity_at(at);
+        let exceeded = capacity.is_none_or(|capacity| held > capacity);
+        if is_start && exceeded && !over {
+            let relied = active.iter().copied().collect();
+            overflows.push(Overflow { at, held, capacity, relied, started: index });
         }
+        over = exceeded;
     }
+    overflows
 }
 
-fn over_capacity(
+fn overflow_violation(
     semaphore: &str,
     capacity: u64,
-    held: u64,
-    time_ns: u64,
+    overflow: &Overflow<u64>,
     usables: &[Usable],
-    active: &BTreeSet<usize>,
 ) -> Violation {
-    let holds: Vec<String> = active
+    let holds: Vec<String> = overflow
+        .relied
         .iter()
         .map(|&index| {
             let usable = &usables[index];
@@ -168,10 +234,11 @@ fn over_capacity(
         .collect();
     Violation::new(
         Invariant::Capacity,
-        active.iter().map(|&index| usables[index].grant.op).collect(),
+        overflow.relied.iter().map(|&index| usables[index].grant.op).collect(),
         format!(
-            "semaphore `{semaphore}` (capacity {capacity}): {held} permits usable at {} by {}",
-            seconds(time_ns),
+            "semaphore `{semaphore}` (capacity {capacity}): {} permits usable at {} by {}",
+            overflow.held,
+            seconds(overflow.at),
             holds.join(", ")
         ),
     )

@@ -1,4 +1,4 @@
-//! Permit's history recorder and checkers: the judge of the fault suite.
+//! Permit's history recorder and checkers: the judge of the fault suite and of the simulation.
 //!
 //! The fault harness runs real server processes, injects faults, and has its client tasks
 //! record every call into one [`Recorder`]: what was asked ([`Invocation`]), when it was sent
@@ -22,6 +22,12 @@
 //! | I7 convergence | [`check_convergence`] |
 //! | I8 log hygiene | [`check_logs`] |
 //! | I9 no minority acks | [`check_minority_acks`] |
+//!
+//! The simulation (`permit-sim`) records a richer history of its own (reads of sessions,
+//! resizes, `max_hold_ms`, one clock of simulated points) and draws from it the intervals its
+//! clients rely on; it feeds them into the same two algorithms the fault suite's capacity and
+//! token checkers run on: [`over_capacity`] (the sweep over relied-on holds) and
+//! [`token_order`] (tokens in real-time order), generic over the history's clock.
 //!
 //! Checkers are built to be sound for the service: a correct server never makes them report
 //! a violation, whatever the timing, so where the history leaves a doubt (an unknown outcome,
@@ -52,7 +58,7 @@ mod well_formed;
 
 pub use availability::{check_no_permit_lost, FreshAcquire};
 pub use call::{Completion, Invocation};
-pub use capacity::check_capacity;
+pub use capacity::{check_capacity, over_capacity, Overflow, Reliance};
 pub use convergence::{check_convergence, ReplicaDigest};
 pub use deadline::{ClockAllowance, SessionDeadlines};
 pub use durability::{check_durability, FinalRead};
@@ -63,5 +69,5 @@ pub use logs::{check_logs, PANIC_MARKERS};
 pub use minority::{check_minority_acks, Isolation};
 pub use recorder::{OpHandle, Recorder};
 pub use report::{Invariant, Report, Violation};
-pub use tokens::check_tokens;
+pub use tokens::{check_tokens, token_order, TokenGrant};
 pub use well_formed::check_well_formed;

@@ -100,23 +100,16 @@ fn check_not_reissued(history: &History, grants: &[Grant], report: &mut Report) 
 
 fn check_real_time_order(history: &History, grants: &[Grant], report: &mut Report) {
     let asked_ns = asked_times(history);
-    let mut by_asked: Vec<(u64, &Grant)> = grants
+    let ordered: Vec<TokenGrant<u64>> = grants
         .iter()
-        .map(|grant| (asked_ns.get(&grant.acquires[0].id).copied().unwrap_or(0), grant))
+        .map(|grant| TokenGrant {
+            asked: asked_ns.get(&grant.acquires[0].id).copied().unwrap_or(0),
+            acked: grant.ack_ns,
+            token: grant.token,
+        })
         .collect();
-    by_asked.sort_by_key(|(asked_ns, grant)| (*asked_ns, grant.op));
-    // `grants` is sorted by acknowledgement time: advance through it as the asks go by.
-    let mut acknowledged = 0;
-    let mut largest: Option<&Grant> = None;
-    for (asked_ns, grant) in by_asked {
-        while acknowledged < grants.len() && grants[acknowledged].ack_ns < asked_ns {
-            let candidate = &grants[acknowledged];
-            if largest.is_none_or(|largest| candidate.token > largest.token) {
-                largest = Some(candidate);
-            }
-            acknowledged += 1;
-        }
-        let Some(earlier) = largest.filter(|earlier| grant.token < earlier.token) else { continue };
+    for (earlier, later) in token_order(&ordered) {
+        let (earlier, grant, asked_ns) = (&grants[earlier], &grants[later], ordered[later].asked);
         report.push(Violation::new(
             Invariant::Tokens,
             vec![earlier.op, grant.op],
@@ -134,6 +127,64 @@ fn check_real_time_order(history: &History, grants: &[Grant], report: &mut Repor
             ),
         ));
     }
+}
+
+/// One grant as the token order sees it, on the clock `T` of the caller's history (nanoseconds
+/// in the fault suite, the simulation's points there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenGrant<T> {
+    /// When it was asked for: no later than the sending of the acquire that produced it.
+    pub asked: T,
+    /// When a client first knew of it.
+    pub acked: T,
+    /// Its fencing token.
+    pub token: u64,
+}
+
+/// The real-time order of tokens, shared by [`check_tokens`] and the simulation's checker: a
+/// grant acknowledged before another was asked for has the smaller token.
+///
+/// Returns `(earlier, later)` index pairs into `grants`, in order of asking: for every grant
+/// whose token is smaller than the largest token acknowledged strictly before it was asked
+/// for, the grant with that largest token (the first acknowledged, among equal tokens) and
+/// it. Equal tokens are not an order violation (uniqueness is checked apart). O(n log n).
+///
+/// # Examples
+///
+/// ```
+/// use permit_check::{token_order, TokenGrant};
+///
+/// let grants = [
+///     TokenGrant { asked: 0, acked: 10, token: 8 },
+///     TokenGrant { asked: 20, acked: 30, token: 5 },
+///     TokenGrant { asked: 5, acked: 40, token: 6 },
+/// ];
+/// // The second was asked for after the first was acknowledged; the third was not.
+/// assert_eq!(token_order(&grants), vec![(0, 1)]);
+/// ```
+pub fn token_order<T: Ord + Copy>(grants: &[TokenGrant<T>]) -> Vec<(usize, usize)> {
+    let mut by_acked: Vec<usize> = (0..grants.len()).collect();
+    by_acked.sort_by_key(|&index| (grants[index].acked, index));
+    let mut by_asked: Vec<usize> = (0..grants.len()).collect();
+    by_asked.sort_by_key(|&index| (grants[index].asked, index));
+    // Advance through the acknowledgements as the asks go by, keeping the largest token so far.
+    let mut acknowledged = 0;
+    let mut largest: Option<usize> = None;
+    let mut violations = Vec::new();
+    for later in by_asked {
+        let asked = grants[later].asked;
+        while acknowledged < by_acked.len() && grants[by_acked[acknowledged]].acked < asked {
+            let candidate = by_acked[acknowledged];
+            if largest.is_none_or(|largest| grants[candidate].token > grants[largest].token) {
+                largest = Some(candidate);
+            }
+            acknowledged += 1;
+        }
+        if let Some(earlier) = largest.filter(|&earlier| grants[later].token < grants[earlier].token) {
+            violations.push((earlier, later));
+        }
+    }
+    violations
 }
 
 /// An acquire or release of one (session, semaphore): invoke time, whether it is an acquire,

@@ -11,6 +11,10 @@
 //! A client relies on a hold from the answer (or read) that first showed it until it sends a
 //! release or a close, until `acquire sent + max_hold_ms`, and only while its session's lease
 //! holds: from an acknowledged create or keepalive until `sent + ttl`.
+//!
+//! [`facts`] draws those intervals from the simulation's history, which is richer than the fault
+//! suite's (reads of sessions, resizes, `max_hold_ms`, an exact clock); the capacity sweep and
+//! the token order over them are `permit_check`'s, the same code that judges the fault suite.
 
 pub mod capacity;
 pub mod facts;
