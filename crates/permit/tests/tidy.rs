@@ -39,7 +39,11 @@ const RULES: &[Rule] = &[
     Rule { dir: "permit", permit_deps: &["permit-server", "permit-cli"], outside: Outside::Never(&[]) },
     Rule { dir: "check", permit_deps: &[], outside: Outside::Only(&["serde", "serde_json", "thiserror"]) },
     Rule { dir: "faults", permit_deps: &["permit-check"], outside: Outside::Never(&["openraft"]) },
-    Rule { dir: "sim", permit_deps: &["permit-core", "permit-server"], outside: Outside::Never(&[]) },
+    Rule {
+        dir: "sim",
+        permit_deps: &["permit-core", "permit-server", "permit-check"],
+        outside: Outside::Never(&[]),
+    },
     Rule { dir: "bench", permit_deps: &[], outside: Outside::Never(&["openraft"]) },
 ];
 

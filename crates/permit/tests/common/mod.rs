@@ -55,6 +55,9 @@ impl Server {
 
     /// Like [`Server::start_in`], with extra environment variables (`LD_PRELOAD`, for instance).
     pub fn start_with_env(data_dir: &Path, listen: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        // Tests build their own reqwest clients for the server; rustls needs a process-wide
+        // crypto provider before the first one, whichever test runs first.
+        permit_client::install_crypto_provider();
         let mut child = Command::new(permit_bin())
             .arg("serve")
             .arg("--listen")
