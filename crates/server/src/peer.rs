@@ -149,13 +149,26 @@ impl Nonce {
         HeaderValue::from_bytes(&text).expect("hex digits and dots are a header value")
     }
 
+    /// The nonce [`Nonce::header`] wrote: exactly three 16-digit hex fields joined by dots.
     fn parse(text: &str) -> Option<Nonce> {
-        let mut parts = text.split('.');
-        let mut field = || u64::from_str_radix(parts.next()?, 16).ok();
-        let nonce = Nonce { receiver: field()?, sender: field()?, counter: field()? };
-        parts.next().is_none().then_some(nonce)
+        let text = text.as_bytes();
+        if text.len() != 50 || text[16] != b'.' || text[33] != b'.' {
+            return None;
+        }
+        Some(Nonce {
+            receiver: read_hex(&text[0..16])?,
+            sender: read_hex(&text[17..33])?,
+            counter: read_hex(&text[34..50])?,
+        })
     }
 }
+
+// The peer headers' names, parsed once: every peer message reads or writes each of them.
+static ID: HeaderName = HeaderName::from_static(PEER_ID_HEADER);
+static NONCE: HeaderName = HeaderName::from_static(PEER_NONCE_HEADER);
+static BODY: HeaderName = HeaderName::from_static(PEER_BODY_HEADER);
+static AUTH: HeaderName = HeaderName::from_static(PEER_AUTH_HEADER);
+static MEMBERS: HeaderName = HeaderName::from_static(PEER_MEMBERS_HEADER);
 
 /// Why a peer request is not authenticated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -228,14 +241,14 @@ impl PeerSigner {
         let body_sha256: [u8; 32] = Sha256::digest(body).into();
         let signed = Signed { from: self.id, to, nonce, method, path, body_sha256: &body_sha256, members };
         let tag: [u8; 32] = self.secret.mac(&signed).finalize().into_bytes().into();
-        headers.insert(PEER_ID_HEADER, HeaderValue::from(self.id));
-        headers.insert(PEER_NONCE_HEADER, nonce.header());
-        headers.insert(PEER_BODY_HEADER, hex_value(&body_sha256));
-        headers.insert(PEER_AUTH_HEADER, hex_value(&tag));
+        headers.insert(ID.clone(), HeaderValue::from(self.id));
+        headers.insert(NONCE.clone(), nonce.header());
+        headers.insert(BODY.clone(), hex_value(&body_sha256));
+        headers.insert(AUTH.clone(), hex_value(&tag));
         if members.is_empty() {
-            headers.remove(PEER_MEMBERS_HEADER);
+            headers.remove(&MEMBERS);
         } else if let Ok(value) = HeaderValue::try_from(members) {
-            headers.insert(PEER_MEMBERS_HEADER, value);
+            headers.insert(MEMBERS.clone(), value);
         }
         nonce.receiver
     }
@@ -245,7 +258,7 @@ impl PeerSigner {
     /// (refused before anything of it was used) may be signed again and resent.
     pub fn learn(&self, to: NodeId, answer: &HeaderMap, used: u64) -> bool {
         let current = answer
-            .get(PEER_NONCE_HEADER)
+            .get(&NONCE)
             .and_then(|value| value.to_str().ok())
             .and_then(|text| u64::from_str_radix(text, 16).ok())
             .filter(|nonce| *nonce != 0);
@@ -306,7 +319,7 @@ impl PeerVerifier {
     /// This start's nonce, as the `permit-peer-nonce` header of a refusal.
     pub fn nonce_header(&self) -> (HeaderName, HeaderValue) {
         let value = HeaderValue::try_from(format!("{:016x}", self.nonce)).expect("hex digits");
-        (HeaderName::from_static(PEER_NONCE_HEADER), value)
+        (NONCE.clone(), value)
     }
 
     /// Checks the peer headers of a request (`method` on `path`, with its query) before its body
@@ -357,13 +370,12 @@ struct Head<'a> {
 
 impl<'a> Head<'a> {
     fn parse(headers: &'a HeaderMap) -> Result<Head<'a>, PeerAuthError> {
-        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        let sender: NodeId =
-            text(PEER_ID_HEADER).and_then(|id| id.parse().ok()).ok_or(PeerAuthError::Missing)?;
-        let nonce = text(PEER_NONCE_HEADER).and_then(Nonce::parse).ok_or(PeerAuthError::Missing)?;
-        let body_sha256 = text(PEER_BODY_HEADER).and_then(decode_hex32).ok_or(PeerAuthError::Missing)?;
-        let tag = text(PEER_AUTH_HEADER).and_then(decode_hex32).ok_or(PeerAuthError::Missing)?;
-        let members = match headers.get(PEER_MEMBERS_HEADER) {
+        let text = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+        let sender: NodeId = text(&ID).and_then(|id| id.parse().ok()).ok_or(PeerAuthError::Missing)?;
+        let nonce = text(&NONCE).and_then(Nonce::parse).ok_or(PeerAuthError::Missing)?;
+        let body_sha256 = text(&BODY).and_then(decode_hex32).ok_or(PeerAuthError::Missing)?;
+        let tag = text(&AUTH).and_then(decode_hex32).ok_or(PeerAuthError::Missing)?;
+        let members = match headers.get(&MEMBERS) {
             None => "",
             Some(value) => value
                 .to_str()
@@ -477,18 +489,51 @@ fn hex_value(bytes: &[u8; 32]) -> HeaderValue {
     HeaderValue::from_bytes(&text).expect("hex digits are a header value")
 }
 
+/// The value of each ASCII hex digit (either case); [`NOT_HEX`] for every other byte. Every
+/// peer message's headers are decoded with it, so it is a table rather than a parse per digit.
+const HEX_VALUES: [u8; 256] = {
+    let mut table = [NOT_HEX; 256];
+    let mut i = 0;
+    while i < 10 {
+        table[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        table[b'a' as usize + i] = 10 + i as u8;
+        table[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    table
+};
+const NOT_HEX: u8 = 0xff;
+
+/// The value of 16 hex digits, or `None`.
+fn read_hex(digits: &[u8]) -> Option<u64> {
+    let mut value = 0u64;
+    let mut invalid = 0u8;
+    for &digit in digits {
+        let nibble = HEX_VALUES[usize::from(digit)];
+        invalid |= nibble & 0xf0;
+        value = value << 4 | u64::from(nibble & 0xf);
+    }
+    (digits.len() == 16 && invalid == 0).then_some(value)
+}
+
 /// The 32 bytes of a 64-digit hex string (either case), or `None`.
 fn decode_hex32(text: &str) -> Option<[u8; 32]> {
     let text = text.as_bytes();
     if text.len() != 64 {
         return None;
     }
-    let nibble = |digit: u8| (digit as char).to_digit(16).map(|n| n as u8);
     let mut bytes = [0u8; 32];
+    let mut invalid = 0u8;
     for (byte, pair) in bytes.iter_mut().zip(text.chunks_exact(2)) {
-        *byte = nibble(pair[0])? << 4 | nibble(pair[1])?;
+        let (high, low) = (HEX_VALUES[usize::from(pair[0])], HEX_VALUES[usize::from(pair[1])]);
+        invalid |= (high | low) & 0xf0;
+        *byte = high << 4 | (low & 0xf);
     }
-    Some(bytes)
+    (invalid == 0).then_some(bytes)
 }
 
 #[cfg(test)]
@@ -618,5 +663,20 @@ mod tests {
         let nonce = Nonce { receiver: 0xfedc_ba98_7654_3210, sender: 1, counter: 0x2a };
         assert_eq!(nonce.header(), "fedcba9876543210.0000000000000001.000000000000002a");
         assert_eq!(Nonce::parse(nonce.header().to_str().unwrap()), Some(nonce));
+        for bad in [
+            "fedcba9876543210.0000000000000001.00000000000002a",
+            "fedcba9876543210.0000000000000001.000000000000002a.",
+            "fedcba9876543210-0000000000000001.000000000000002a",
+            "fedcba987654321g.0000000000000001.000000000000002a",
+            "fedcba9876543210.000000000000000 .000000000000002a",
+            "+edcba9876543210.0000000000000001.000000000000002a",
+        ] {
+            assert_eq!(Nonce::parse(bad), None, "{bad}");
+        }
+        for byte in 0..=255u8 {
+            let expected = (byte as char).to_digit(16).map(|digit| digit as u8);
+            let table = HEX_VALUES[usize::from(byte)];
+            assert_eq!((table != NOT_HEX).then_some(table), expected, "{byte}");
+        }
     }
 }

@@ -183,14 +183,15 @@ fn forwards_long_poll(path: &str, body: &[u8]) -> bool {
 /// The `401` answer when the signature is valid but not the body, or was made for another start
 /// of this node.
 async fn forwarded_by_peer(node: &Node, mut request: Request) -> Result<Request, Response> {
-    let claimed = request.headers().get(FORWARDED_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let path = request.uri().path_and_query().map_or("", |p| p.as_str()).to_owned();
+    let claimed: Option<NodeId> =
+        request.headers().get(FORWARDED_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
+    let path = request.uri().path_and_query().map_or("", |p| p.as_str());
     let verified = match node.peer_verifier.as_ref() {
-        Some(verifier) => verifier.verify_head(request.method().as_str(), &path, request.headers()),
+        Some(verifier) => verifier.verify_head(request.method().as_str(), path, request.headers()),
         None => Err(crate::peer::PeerAuthError::NoSecret),
     };
     let head = match verified {
-        Ok(head) if claimed == Some(head.sender.to_string()) => head,
+        Ok(head) if claimed == Some(head.sender) => head,
         Err(error @ crate::peer::PeerAuthError::StaleNonce) => {
             return Err(super::raft::refuse_peer(node, &error))
         }
