@@ -1,5 +1,5 @@
 //! The README, run as written: every command of its CLI tour against a real `permit serve`, and
-//! every repository path it names.
+//! every repository path and link it names.
 //!
 //! The tour's lines run word for word in `sh`; only the environment is the test's: `PERMIT_SERVER`
 //! names a server on an ephemeral port, `PATH` starts with the directory of the `permit` binary
@@ -328,8 +328,50 @@ fn every_repository_path_the_readme_names_exists() {
     }
 }
 
+/// The anchor GitHub gives a Markdown heading: lower case, spaces as `-`, punctuation dropped.
+fn anchor(heading: &str) -> String {
+    let text = heading.trim_start_matches('#').trim().to_lowercase();
+    text.chars()
+        .filter(|c| c.is_alphanumeric() || *c == '-' || *c == '_' || *c == ' ')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The targets of the Markdown links in `text` that carry an anchor: (file, anchor), the file
+/// empty for the text's own headings.
+fn anchored_links(text: &str) -> Vec<(String, String)> {
+    text.split("](")
+        .skip(1)
+        .filter_map(|rest| rest.split_once(')'))
+        .filter_map(|(target, _)| target.split_once('#'))
+        .map(|(file, anchor)| (file.to_owned(), anchor.to_owned()))
+        .collect()
+}
+
+#[test]
+fn every_link_of_the_readme_leads_to_a_heading() {
+    let text = readme();
+    let links = anchored_links(&text);
+    assert!(links.iter().any(|(file, _)| file.is_empty()), "the README links to its own headings: {links:?}");
+    for (file, wanted) in links {
+        let target = if file.is_empty() {
+            text.clone()
+        } else {
+            std::fs::read_to_string(Path::new(REPO).join(&file)).unwrap_or_else(|e| panic!("{file}: {e}"))
+        };
+        let found = target.lines().filter(|line| line.starts_with('#')).any(|line| anchor(line) == wanted);
+        assert!(found, "the README links to {file}#{wanted}, a heading that does not exist");
+    }
+}
+
 #[test]
 fn the_readme_parser_finds_markers_codes_variables_and_paths() {
+    assert_eq!(anchor("## CLI exit codes"), "cli-exit-codes");
+    assert_eq!(anchor("### Restore, then grow (a node's secret)"), "restore-then-grow-a-nodes-secret");
+    assert_eq!(
+        anchored_links("see [a](#b-c), ![i](docs/i.png) and [d](docs/e.md#f)."),
+        [("".to_owned(), "b-c".to_owned()), ("docs/e.md".to_owned(), "f".to_owned())]
+    );
     assert!(blocks("permit lock x   # blocks: holds it"));
     assert!(!blocks("permit ls   # every semaphore"));
     assert_eq!(expected_code("permit validate x 7   # exits 3: not current"), 3);
