@@ -203,7 +203,10 @@ impl Tour {
                 group.line
             );
         };
-        let output = output.join().expect("output");
+        // Bounded too: a process the line left behind could keep its output open.
+        let output = output.recv_timeout(LINE_TIMEOUT).unwrap_or_else(|_| {
+            panic!("this README line returned but left its output open for {LINE_TIMEOUT:?}:\n{line}")
+        });
         if let Some(name) = assigned {
             let value =
                 std::fs::read_to_string(self.vars_dir.path().join(&name)).expect("the variable's file");
@@ -241,11 +244,12 @@ impl Tour {
     }
 }
 
-/// Reads the child's stdout and stderr to the end on a thread (so that a full pipe never stops
-/// it); both, stdout first.
-fn collect(child: &mut Child) -> std::thread::JoinHandle<String> {
+/// Reads the child's stdout and stderr to the end on threads (so that a full pipe never stops
+/// it); both, stdout first, once both are closed.
+fn collect(child: &mut Child) -> mpsc::Receiver<String> {
     let mut stdout = child.stdout.take().expect("stdout");
     let mut stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let err = std::thread::spawn(move || {
             let mut text = String::new();
@@ -254,8 +258,9 @@ fn collect(child: &mut Child) -> std::thread::JoinHandle<String> {
         });
         let mut text = String::new();
         let _ = stdout.read_to_string(&mut text);
-        text + &err.join().unwrap_or_default()
-    })
+        let _ = tx.send(text + &err.join().unwrap_or_default());
+    });
+    rx
 }
 
 #[test]
