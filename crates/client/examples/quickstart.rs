@@ -2,7 +2,7 @@
 //! runs, with the fencing token passed to what the job touches.
 //!
 //! ```sh
-//! permit serve &                                            # in another terminal
+//! permit serve                                              # blocks: run it in another terminal
 //! cargo run -p permit-client --example quickstart           # or PERMIT_SERVER=http://host:7376
 //! ```
 

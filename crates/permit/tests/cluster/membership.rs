@@ -140,3 +140,77 @@ async fn a_removed_node_says_so_and_stops_campaigning_until_added_back() {
     .await;
     assert!(ready, "node 3 is ready once added back: {last:?}");
 }
+
+/// `permit <args>` against the node at `url`, within a minute: its exit code and stderr.
+async fn permit_cli(url: &str, args: &[&str]) -> (i32, String) {
+    let run = tokio::process::Command::new(crate::common::permit_bin())
+        .args(args)
+        .env("PERMIT_SERVER", url)
+        .env_remove("PERMIT_AUTH_TOKEN")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(60), run).await.expect("permit returns").unwrap();
+    (output.status.code().unwrap_or(-1), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// The ids of the cluster's voters, as the node at `url` reports them.
+async fn voters(url: &str) -> Vec<u64> {
+    let view = crate::Api::at(url).get("/v1/cluster").await;
+    assert_eq!(view.status, 200, "{view:?}");
+    let members = view.body["members"].as_array().expect("members").iter();
+    members.filter(|m| m["role"] == "voter").map(|m| m["id"].as_u64().unwrap()).collect()
+}
+
+/// docs/operations.md, "Restore, then grow": a node restored from a backup grows with `permit
+/// cluster add` once it has the cluster secret, given at the restore or at a restart without
+/// `--restore`; until then the add is refused with a message naming the flag, and changes nothing.
+#[tokio::test]
+async fn a_restored_node_grows_with_cluster_add_once_it_has_the_cluster_secret() {
+    use crate::common::Server;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = crate::common::write_cluster_secret(dir.path()).display().to_string();
+    let backup = dir.path().join("permit.backup").display().to_string();
+    {
+        let old = Server::start_in(&dir.path().join("old"), "127.0.0.1:0", &[]);
+        crate::Api::at(&old.url).semaphore("db", 3).await;
+        let saved = permit_cli(&old.url, &["snapshot", "save", &backup]).await;
+        assert_eq!(saved.0, 0, "{saved:?}");
+    }
+    let join = |name: &str| {
+        let args = ["--id", "2", "--join", "--cluster-secret-file", &secret];
+        Server::start_in(&dir.path().join(name), "127.0.0.1:0", &args)
+    };
+
+    // Restored without the secret: refused, naming the flag; still one voter.
+    let data = dir.path().join("restored");
+    let mut restored = Server::start_in(&data, "127.0.0.1:0", &["--restore", &backup]);
+    let joiner = join("joiner");
+    let refused = permit_cli(&restored.url, &["cluster", "add", "2", &joiner.addr]).await;
+    assert_eq!(refused.0, 1, "{refused:?}");
+    assert!(
+        refused.1.contains("no cluster secret") && refused.1.contains("--cluster-secret-file"),
+        "{refused:?}"
+    );
+    assert_eq!(voters(&restored.url).await, [1]);
+
+    // Started again on its data dir and address with the secret (not --restore): it grows.
+    let addr = restored.addr.clone();
+    restored.kill9();
+    let restored = Server::start_in(&data, &addr, &["--cluster-secret-file", &secret]);
+    let added = permit_cli(&restored.url, &["cluster", "add", "2", &joiner.addr]).await;
+    assert_eq!(added.0, 0, "{added:?}");
+    assert_eq!(voters(&restored.url).await, [1, 2]);
+    let from_joiner = crate::Api::at(&joiner.url).get("/v1/semaphores/db").await;
+    assert_eq!(
+        from_joiner.body["capacity"], 3,
+        "the backup's state, through the new member: {from_joiner:?}"
+    );
+
+    // Given the secret at the restore already: it grows at once.
+    let args = ["--restore", &backup, "--cluster-secret-file", &secret];
+    let fresh = Server::start_in(&dir.path().join("fresh"), "127.0.0.1:0", &args);
+    let joiner = join("joiner-2");
+    let added = permit_cli(&fresh.url, &["cluster", "add", "2", &joiner.addr]).await;
+    assert_eq!(added.0, 0, "{added:?}");
+    assert_eq!(voters(&fresh.url).await, [1, 2]);
+}
