@@ -89,7 +89,8 @@ Exit codes:
          deadline)
   75     --timeout passed before the grant; nothing is held or queued
   76     the hold was lost while the command ran (the session expired, keepalives were not
-         acknowledged until --kill-after before the session's deadline, or --max-hold passed):
+         acknowledged until --kill-after before the session's deadline, --max-hold passed, or
+         an operator revoked or released it):
          the command got SIGTERM, then SIGKILL after --kill-after (by the deadline); or the
          session was lost while queued (an outage longer than --ttl)
   78     https:// against a plain-HTTP port or http:// against a TLS port (the message names the
@@ -113,8 +114,9 @@ Exit codes:
          before a session was opened (once campaigning, outages are ridden out until the
          session's deadline)
   75     --timeout passed before leadership was won; the candidacy is withdrawn
-  76     leadership was lost while the command ran (the session expired, or keepalives were not
-         acknowledged until --kill-after before the session's deadline): the command got
+  76     leadership was lost while the command ran (the session expired, keepalives were not
+         acknowledged until --kill-after before the session's deadline, or an operator revoked
+         it): the command got
          SIGTERM, then SIGKILL after --kill-after (by the deadline); or the session was lost
          while campaigning (an outage longer than --ttl)
   78     https:// against a plain-HTTP port or http:// against a TLS port (the message names the
@@ -138,8 +140,9 @@ Exit codes:
          before a session was opened (once queued, outages are ridden out until the session's
          deadline)
   75     --timeout passed before the grant; nothing is held or queued
-  76     the hold was lost (the session expired, or no keepalive was acknowledged before the
-         session's deadline), or the session was lost while queued (an outage longer than --ttl)
+  76     the hold was lost (the session expired, no keepalive was acknowledged before the
+         session's deadline, or an operator revoked or released it), or the session was lost
+         while queued (an outage longer than --ttl)
   78     https:// against a plain-HTTP port or http:// against a TLS port (the message names the
          address to use)
   128+N  interrupted by signal N while waiting for the grant";

@@ -5,10 +5,15 @@
 use std::ffi::OsString;
 use std::future::Future;
 use std::io::Write as _;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use permit_client::{AcquireOptions, Client, Leadership, Permit, Session, SessionOptions, SessionState};
+use permit_client::{
+    AcquireOptions, Client, ErrorCode, Leadership, Permit, Session, SessionOptions, SessionState,
+};
 
 use crate::supervise::{self, Job, Signals};
 use crate::{parse_duration, EXIT_CODES_RUN, EXIT_LOST, EXIT_SIGNAL_BASE, EXIT_TIMEOUT, TTL_DEFAULT};
@@ -157,18 +162,87 @@ impl Held {
         }
     }
 
-    fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let lost: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match self {
-            Held::Permit(permit) => Box::pin(permit.lost()),
-            Held::Leadership(leadership) => Box::pin(leadership.lost()),
+    /// Resolves when the hold is lost: the client's own signs (the session expired, `--max-hold`
+    /// passed), or the server no longer counting it ([`ended_on_server`]), which sets `ended`.
+    fn lost(&self, client: &Client, ended: &Arc<AtomicBool>) -> impl Future<Output = ()> + Send + 'static {
+        let (own, watched): (Pin<Box<dyn Future<Output = ()> + Send>>, _) = match self {
+            Held::Permit(permit) => (
+                Box::pin(permit.lost()),
+                Watched::Semaphore {
+                    name: permit.name().to_owned(),
+                    session: permit.session().id().to_owned(),
+                    token: permit.token(),
+                },
+            ),
+            Held::Leadership(leadership) => (
+                Box::pin(leadership.lost()),
+                Watched::Election {
+                    name: leadership.name().to_owned(),
+                    session: leadership.session().id().to_owned(),
+                    token: leadership.token(),
+                },
+            ),
         };
-        lost
+        let (client, ended) = (client.clone(), ended.clone());
+        async move {
+            tokio::select! {
+                () = own => {}
+                () = ended_on_server(client, watched) => ended.store(true, Ordering::Relaxed),
+            }
+        }
     }
 
     async fn release(self) -> permit_client::Result<()> {
         match self {
             Held::Permit(permit) => permit.release().await,
             Held::Leadership(leadership) => leadership.resign().await,
+        }
+    }
+}
+
+/// A hold as the server shows it: a holder of a semaphore, or an election's leader.
+enum Watched {
+    Semaphore { name: String, session: String, token: u64 },
+    Election { name: String, session: String, token: u64 },
+}
+
+/// How long one blocking read of [`ended_on_server`] waits for a change.
+const WATCH_WAIT: Duration = Duration::from_secs(30);
+/// How long [`ended_on_server`] waits after a failed read before it asks again (an outage is
+/// the session deadline's business, not this watch's).
+const WATCH_RETRY: Duration = Duration::from_secs(1);
+
+/// Resolves when the server no longer shows the hold: an operator revoked it (`permit revoke`)
+/// or released it for the session (`permit release --session`), or the semaphore went away.
+/// The session lives on then, so neither keepalives nor the local deadline would tell; like
+/// Consul's `lock`, which watches its key, this follows the object with blocking reads.
+async fn ended_on_server(client: Client, watched: Watched) {
+    let mut index = 0;
+    loop {
+        let read = match &watched {
+            Watched::Semaphore { name, session, token } => {
+                client.watch_semaphore(name, index, WATCH_WAIT).await.map(|view| {
+                    let holds = view.holders.iter().any(|h| h.session == *session && h.token == *token);
+                    (view.index, holds)
+                })
+            }
+            Watched::Election { name, session, token } => {
+                client.watch_election(name, index, WATCH_WAIT).await.map(|view| {
+                    let leads =
+                        view.leader.as_ref().is_some_and(|l| l.session == *session && l.token == *token);
+                    (view.index, leads)
+                })
+            }
+        };
+        match read {
+            Ok((_, false)) => return,
+            Ok((next, true)) => index = next,
+            Err(error) => match error.code() {
+                Some(ErrorCode::SemaphoreNotFound) => return,
+                // A token that may hold but not read: nothing to watch with; the other signs stay.
+                Some(ErrorCode::PermissionDenied) => std::future::pending().await,
+                _ => tokio::time::sleep(WATCH_RETRY).await,
+            },
         }
     }
 }
@@ -265,8 +339,8 @@ impl Hold {
         env.push(("PERMIT_TOKEN", held.token().to_string()));
         env.push(("PERMIT_SESSION", session.id().to_owned()));
         let outcome = match &self.job {
-            Some(job) => self.supervise(job, &session, &held, &env, &mut signals).await,
-            None => Ok(self.hold_until_signal(&session, &held, &mut signals).await),
+            Some(job) => self.supervise(client, job, &session, &held, &env, &mut signals).await,
+            None => Ok(self.hold_until_signal(client, &session, &held, &mut signals).await),
         };
         // Do not wait on retries against a server that may be gone: after a lost hold, try for
         // a moment; otherwise at most until the session would expire anyway.
@@ -291,6 +365,7 @@ impl Hold {
 
     async fn supervise(
         &self,
+        client: &Client,
         job: &Job,
         session: &Session,
         held: &Held,
@@ -302,16 +377,17 @@ impl Hold {
             Ok(running) => running,
             Err(code) => return Ok(Outcome { code, lost: false }),
         };
+        let ended = Arc::new(AtomicBool::new(false));
         let on_lost = || {
             eprintln!(
                 "permit: lost {} ({}); stopping the command with SIGTERM",
                 self.what,
-                why_lost(session)
+                why_lost(session, &ended)
             );
         };
         // Stop when the hold is lost, or `kill_after` before the local deadline when keepalives
         // are not acknowledged (SIGKILL then comes at the deadline itself).
-        let lost = held.lost();
+        let lost = held.lost(client, &ended);
         let due = stop_due(session.clone(), job.kill_after);
         let stop = async move {
             tokio::select! {
@@ -333,7 +409,14 @@ impl Hold {
 
     /// `permit lock`: prints the token (one line on stdout, for scripts), then holds until a
     /// signal (exit 0) or until the hold is lost (exit 76).
-    async fn hold_until_signal(&self, session: &Session, held: &Held, signals: &mut Signals) -> Outcome {
+    async fn hold_until_signal(
+        &self,
+        client: &Client,
+        session: &Session,
+        held: &Held,
+        signals: &mut Signals,
+    ) -> Outcome {
+        let ended = Arc::new(AtomicBool::new(false));
         // Not println!: a closed stdout (`permit lock x | head -0`) must not end the hold.
         if let Err(error) = writeln!(std::io::stdout(), "{}", held.token()) {
             eprintln!("permit: cannot print the token ({error})");
@@ -346,8 +429,8 @@ impl Hold {
         );
         tokio::select! {
             _ = signals.recv() => Outcome { code: 0, lost: false },
-            () = held.lost() => {
-                eprintln!("permit: lost {} ({})", self.what, why_lost(session));
+            () = held.lost(client, &ended) => {
+                eprintln!("permit: lost {} ({})", self.what, why_lost(session, &ended));
                 Outcome { code: EXIT_LOST, lost: true }
             }
         }
@@ -355,7 +438,10 @@ impl Hold {
 }
 
 /// Why a hold was lost, for messages.
-fn why_lost(session: &Session) -> &'static str {
+fn why_lost(session: &Session, ended_on_server: &AtomicBool) -> &'static str {
+    if ended_on_server.load(Ordering::Relaxed) {
+        return "the server ended it: revoked (permit revoke) or released for the session, which lives on";
+    }
     match session.state() {
         SessionState::Expired => "the session expired, or no keepalive was acknowledged before its deadline",
         SessionState::Jeopardy => {

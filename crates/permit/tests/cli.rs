@@ -224,6 +224,47 @@ async fn losing_the_hold_stops_the_command_with_sigterm() {
     assert!(run.stderr().contains("lost"), "a clear message: {}", run.stderr());
 }
 
+/// An operator's `permit revoke` (or `permit release --session`) ends the hold while the
+/// session lives on, so keepalives keep succeeding: `run`, `elect` and `lock` must still notice,
+/// or two commands would run under one permit once the next holder is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_or_released_hold_stops_run_elect_and_lock_with_76() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let command = script(
+        dir.path(),
+        r#"trap 'echo term > $DIR/signal; exit 0' TERM; echo $PERMIT_SESSION > $DIR/session; while :; do sleep 0.05; done"#,
+    );
+    let mut run =
+        Running::spawn(&server, dir.path(), &["run", "door", "--capacity", "1", "--", "sh", "-c", &command]);
+    let session = file_contents(&dir.path().join("session")).await;
+    let revoked = permit(&server, &["revoke", "door", session.trim()]).await;
+    assert_eq!(revoked.code, 0, "{revoked:?}");
+    assert_eq!(run.exit_code().await, EXIT_LOST, "stderr: {}", run.stderr());
+    assert_eq!(file_contents(&dir.path().join("signal")).await.trim(), "term", "the command got SIGTERM");
+    assert!(run.stderr().contains("revoked"), "says why: {}", run.stderr());
+
+    let mut lock = Running::spawn(&server, dir.path(), &["lock", "door", "--capacity", "1", "--keep"]);
+    let printed = common::eventually(STEP_TIMEOUT, async || lock.stdout().ends_with('\n')).await;
+    assert!(printed, "no token printed; stderr: {}", lock.stderr());
+    let holder = client(&server).get_semaphore("door").await.unwrap().holders[0].session.clone();
+    let released = permit(&server, &["release", "door", "--session", &holder]).await;
+    assert_eq!(released.code, 0, "{released:?}");
+    assert_eq!(lock.exit_code().await, EXIT_LOST, "stderr: {}", lock.stderr());
+
+    let elected = dir.path().join("elected");
+    let leading = script(
+        dir.path(),
+        &format!("echo $PERMIT_SESSION > {}; while :; do sleep 0.05; done", elected.display()),
+    );
+    let mut elect =
+        Running::spawn(&server, dir.path(), &["elect", "sched", "--value", "a", "--", "sh", "-c", &leading]);
+    let leader = file_contents(&elected).await;
+    let ended = permit(&server, &["revoke", "--election", "sched", leader.trim()]).await;
+    assert_eq!(ended.code, 0, "{ended:?}");
+    assert_eq!(elect.exit_code().await, EXIT_LOST, "stderr: {}", elect.stderr());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
     let server = Server::start();

@@ -78,11 +78,21 @@ fn blocks(line: &str) -> bool {
     line.contains("# blocks")
 }
 
+/// Whether a blocking line says that a later line of the tour ends it (`# blocks until ...`).
+fn ends_in_the_tour(line: &str) -> bool {
+    line.contains("# blocks until")
+}
+
 /// The exit code the line's comment gives (`# exits N`), 0 when it gives none.
 fn expected_code(line: &str) -> i32 {
-    line.split_once("# exits ").map_or(0, |(_, rest)| {
+    code_after(line, "# exits ")
+}
+
+/// The number after `marker` in `line`, 0 when there is no marker.
+fn code_after(line: &str, marker: &str) -> i32 {
+    line.split_once(marker).map_or(0, |(_, rest)| {
         let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        digits.parse().unwrap_or_else(|_| panic!("`# exits` without a number in {line:?}"))
+        digits.parse().unwrap_or_else(|_| panic!("`{marker}` without a number in {line:?}"))
     })
 }
 
@@ -281,8 +291,21 @@ fn the_cli_tour_runs_as_written() {
         let (code, output) = session.run(line);
         assert_eq!(code, expected_code(line), "this README line exited {code}:\n{line}\n{output}");
     }
-    // The blocking lines are still running, and Ctrl-C ends each, as the README says.
+    // The blocking lines are still running, and Ctrl-C ends each, as the README says; but for
+    // those the tour itself ends (`# blocks until ...`), which exit with the code they give.
     for other in &mut others {
+        if ends_in_the_tour(&other.line) {
+            let status = other.wait(BLOCKING_TIMEOUT).unwrap_or_else(|| {
+                panic!("this README line says the tour ends it, but it runs on:\n{}", other.line)
+            });
+            assert_eq!(
+                status.code(),
+                Some(code_after(&other.line, "exits ")),
+                "this README line ended with another code than it gives:\n{}",
+                other.line
+            );
+            continue;
+        }
         assert!(
             other.child.try_wait().expect("try_wait").is_none(),
             "this README line says it blocks, but it ended during the tour:\n{}",
@@ -378,6 +401,9 @@ fn the_readme_parser_finds_markers_codes_variables_and_paths() {
         [("".to_owned(), "b-c".to_owned()), ("docs/e.md".to_owned(), "f".to_owned())]
     );
     assert!(blocks("permit lock x   # blocks: holds it"));
+    assert!(ends_in_the_tour("permit lock x   # blocks until the revoke below, then exits 76"));
+    assert_eq!(code_after("permit lock x   # blocks until the revoke below, then exits 76: y", "exits "), 76);
+    assert!(!ends_in_the_tour("permit lock x   # blocks: holds it"));
     assert!(!blocks("permit ls   # every semaphore"));
     assert_eq!(expected_code("permit validate x 7   # exits 3: not current"), 3);
     assert_eq!(expected_code("permit ls"), 0);
