@@ -20,7 +20,7 @@ use crate::Api;
 /// Size of the tmpfs holding the data dir.
 const TMPFS_SIZE: &str = "16m";
 /// Free space left on it once the server runs, so that the disk fills after a few thousand writes.
-const FREE_BYTES: u64 = 1024 * 1024;
+const FREE_BYTES: u64 = 256 * 1024;
 /// Concurrent writers.
 const WORKERS: usize = 8;
 /// Longest the writers may take to fill the disk.
