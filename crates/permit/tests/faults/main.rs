@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use permit_faults::cluster::Clock;
+use permit_faults::scenario::{run, Fault, Scenario};
+use require::{or_skip, Need};
 
 #[path = "../common/require.rs"]
 mod require;
-use permit_faults::scenario::{run, Fault, Scenario};
-use require::{or_skip, Need};
 
 fn out_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/faults")
