@@ -10,7 +10,7 @@ use std::time::Duration;
 use permit_client::{AcquireOptions, Client, SessionOptions};
 use tokio::process::{Child, Command};
 
-use crate::common::{permit_bin, Server};
+use crate::common::{permit_bin, Connections, Server};
 
 /// Longest any single step (a command, a wait for a file) may take.
 const STEP_TIMEOUT: Duration = Duration::from_secs(20);
@@ -38,45 +38,6 @@ struct Output {
 /// Runs `permit <args>` against `server` to completion, within `STEP_TIMEOUT`.
 async fn permit(server: &Server, args: &[&str]) -> Output {
     permit_with_env(server, args, &[]).await
-}
-
-/// A TCP relay in front of a server that counts the connections made through it (a test of
-/// how many attempts a command made, whatever the machine's speed).
-struct Connections {
-    url: String,
-    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    relay: tokio::task::JoinHandle<()>,
-}
-
-impl Connections {
-    async fn to(server_addr: &str) -> Connections {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (counted, server_addr) = (count.clone(), server_addr.to_owned());
-        let relay = tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
-                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let server_addr = server_addr.clone();
-                tokio::spawn(async move {
-                    if let Ok(mut server) = tokio::net::TcpStream::connect(&server_addr).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    }
-                });
-            }
-        });
-        Connections { url, count, relay }
-    }
-
-    fn count(&self) -> usize {
-        self.count.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-impl Drop for Connections {
-    fn drop(&mut self) {
-        self.relay.abort();
-    }
 }
 
 /// Like [`permit`], with extra environment variables.
