@@ -19,6 +19,14 @@ START_TIMEOUT = 30.0
 CLUSTER_SECRET = "permit-python-test-cluster-secret"
 
 
+def unavailable(why: str) -> None:
+    """Skips the test because the machine lacks something it needs, or fails it under
+    ``PERMIT_REQUIRE_PYTHON=1`` (CI), where the whole suite must run."""
+    if os.environ.get("PERMIT_REQUIRE_PYTHON") == "1":
+        pytest.fail(f"PERMIT_REQUIRE_PYTHON=1 but this test cannot run: {why}")
+    pytest.skip(why)
+
+
 def permit_bin() -> str:
     path = os.environ.get("PERMIT_BIN") or str(REPO / "target" / "debug" / "permit")
     if not os.path.exists(path):

@@ -13,7 +13,7 @@ import pytest
 
 import permit
 import permit.aio
-from conftest import KeepaliveCounts, Server, batch_route_refused, metric_sum, metrics, own_server
+from conftest import KeepaliveCounts, Server, batch_route_refused, metric_sum, metrics, own_server, unavailable
 
 T = TypeVar("T")
 
@@ -487,7 +487,7 @@ def test_background_keepalives_fall_back_to_one_per_session_on_an_older_server(n
         node = own_server(temp, {"PERMIT_INJECT_BUG": "no_keepalive_batch"})
         try:
             if not batch_route_refused(node.url):
-                pytest.skip("this permit binary has no bug injection (a test build has it)")
+                unavailable("this permit binary has no bug injection (a test build has it)")
 
             async def main() -> None:
                 async with permit.aio.Client(node.url) as client:

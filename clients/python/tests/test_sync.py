@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import permit
-from conftest import KeepaliveCounts, Server, batch_route_refused, eventually, metric_sum, metrics, own_server
+from conftest import KeepaliveCounts, Server, batch_route_refused, eventually, metric_sum, metrics, own_server, unavailable
 
 
 def test_acquire_holds_and_release_frees(server: Server, name: str) -> None:
@@ -429,7 +429,7 @@ def test_background_keepalives_fall_back_to_one_per_session_on_an_older_server(n
         node = own_server(temp, {"PERMIT_INJECT_BUG": "no_keepalive_batch"})
         try:
             if not batch_route_refused(node.url):
-                pytest.skip("this permit binary has no bug injection (a test build has it)")
+                unavailable("this permit binary has no bug injection (a test build has it)")
             with permit.Client(node.url) as client:
                 sessions = [client.session(ttl=TTL) for _ in range(3)]
                 start = time.monotonic()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import permit
-from conftest import Server
+from conftest import Server, unavailable
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -30,8 +30,9 @@ def _pki(dir: Path) -> None:
         )
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make test certificates")
 def test_ca_file_and_client_certificate(name: str) -> None:
+    if shutil.which("openssl") is None:
+        unavailable("needs the openssl command to make test certificates (apt-get install openssl)")
     with tempfile.TemporaryDirectory() as temp:
         dir = Path(temp)
         _pki(dir)

@@ -9,19 +9,15 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "common/require.rs"]
+mod require;
+use require::{or_skip, Need};
+
 /// What the venv holds; a change here reinstalls.
 const REQUIREMENTS: &[&str] = &["httpx==0.29.0", "sniffio==1.3.1", "pytest==9.2.0", "mypy==2.4.1"];
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repository root")
-}
-
-/// Skips (returns) or fails, as `PERMIT_REQUIRE_PYTHON` asks.
-fn unavailable(why: &str) {
-    if std::env::var("PERMIT_REQUIRE_PYTHON").is_ok_and(|v| v == "1") {
-        panic!("the Python client tests cannot run: {why}");
-    }
-    eprintln!("SKIPPED: the Python client tests cannot run: {why} (PERMIT_REQUIRE_PYTHON=1 makes this fail)");
 }
 
 fn run(command: &mut Command) -> Result<(), String> {
@@ -56,10 +52,7 @@ fn venv(root: &Path) -> Result<PathBuf, String> {
 #[test]
 fn python_client_suite() {
     let root = repo_root();
-    let python = match venv(&root) {
-        Ok(python) => python,
-        Err(why) => return unavailable(&why),
-    };
+    let Some(python) = or_skip(Need::Python, venv(&root)) else { return };
     let client = root.join("clients/python");
     let cache = root.join(".ci/venv-python/mypy-cache");
     let typed = Command::new(&python)

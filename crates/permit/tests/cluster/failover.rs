@@ -1,5 +1,5 @@
 //! Leader `kill -9` under load: nothing acknowledged is lost, tokens keep growing, the queue
-//! keeps its order, and service resumes within the failover bound.
+//! keeps its order, and service resumes (how soon is the benchmark's `failover` figure).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -11,6 +11,8 @@ use crate::common::Cluster;
 use crate::{Api, Failover};
 
 const WORKERS: usize = 6;
+/// TTL of the session whose expiry a new leader must not bring forward.
+const TTL: Duration = Duration::from_secs(2);
 const SEMAPHORES: usize = 3;
 
 #[derive(Default)]
@@ -108,7 +110,6 @@ async fn leader_kill_9_under_load_loses_nothing_acknowledged_and_keeps_the_queue
     let failover = killed_at.elapsed();
     assert_eq!(answer.status, 200);
     println!("failover: leader kill -9 to first acquire through another node took {failover:?}");
-    assert!(failover < Duration::from_secs(5), "failover took {failover:?}");
     assert!(progress(ops_at_kill + 120).await, "the workload resumed after the failover");
     history.lock().unwrap().stop = true;
     for task in tasks {
@@ -151,10 +152,10 @@ async fn a_new_leader_extends_sessions_and_never_expires_them_early() {
     let mut cluster = Cluster::start(3, &[]).await;
     let urls = cluster.urls();
     let mut client = Failover::new(&urls, 0);
-    // TTL 2 s; keepalive acknowledged just before the kill. A correct new leader gives the
-    // session at least now + ttl after it takes over, so it must still exist 1.5 s after the
-    // keepalive was sent, whatever the failover cost.
-    let session = client.session(2_000).await;
+    // Keepalive acknowledged just before the kill. A correct new leader gives the session at
+    // least now + TTL when it takes over, after the keepalive was sent: no read may find it gone
+    // before `sent + TTL`, however long the failover takes.
+    let session = client.session(TTL.as_millis() as u64).await;
     client.post("/v1/semaphores/lease/acquire", json!({ "session": session, "capacity": 1 })).await;
     let leader = cluster.leader(Duration::from_secs(5)).await.unwrap();
     let sent = Instant::now();
@@ -162,21 +163,21 @@ async fn a_new_leader_extends_sessions_and_never_expires_them_early() {
     assert_eq!(answer.status, 200);
     cluster.nodes[leader].kill9();
     let mut other = Failover::new(&urls, leader + 1);
-    let held = other.get("/v1/semaphores/lease").await;
-    if sent.elapsed() < Duration::from_millis(1_900) {
-        assert_eq!(held.body["holders"][0]["session"], session.as_str(), "expired before its TTL");
-    }
-    // Without keepalives it does expire, after the new leader's full TTL.
-    let gone = crate::common::eventually(Duration::from_secs(10), async || {
-        other.get("/v1/semaphores/lease").await.body["holders"].as_array().is_some_and(|h| h.is_empty())
+    // Read until the session is gone (without keepalives it does expire): every read answered
+    // before `sent + TTL` shows the holder, the first that does not was answered after it.
+    let mut reads = Vec::new();
+    let gone = crate::common::eventually(TTL + Duration::from_secs(10), async || {
+        let view = other.get("/v1/semaphores/lease").await;
+        let answered = sent.elapsed();
+        let Some(holders) = view.body["holders"].as_array() else { return false };
+        assert!(holders.is_empty() || holders[0]["session"] == session.as_str(), "{view:?}");
+        reads.push(answered);
+        holders.is_empty()
     })
     .await;
-    assert!(gone, "the session expired eventually");
-    assert!(
-        sent.elapsed() >= Duration::from_millis(2_000),
-        "expired {:?} after the keepalive",
-        sent.elapsed()
-    );
+    assert!(gone, "the session expired eventually ({} reads)", reads.len());
+    let expired_by = reads.last().unwrap();
+    assert!(*expired_by >= TTL, "a read {expired_by:?} after the keepalive found the session expired");
 }
 
 #[tokio::test]

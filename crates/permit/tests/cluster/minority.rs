@@ -23,14 +23,25 @@ async fn a_leader_without_its_quorum_acknowledges_no_grant_release_read_or_keepa
         cluster.nodes[*f].pause();
     }
     let api = Api::new(&cluster.nodes[leader]);
+    // All at once: each waits for a quorum that cannot answer, until the server gives up.
+    let keepalive = format!("/v1/sessions/{a}/keepalive");
+    let (acquire, release, validate, read, keepalive, batched, session) = tokio::join!(
+        api.post("/v1/semaphores/p/acquire", json!({ "session": b })),
+        api.post("/v1/semaphores/p/release", json!({ "session": a })),
+        api.post("/v1/semaphores/p/validate", json!({ "token": token })),
+        api.get("/v1/semaphores/p"),
+        api.post(&keepalive, json!(null)),
+        api.post("/v1/sessions/keepalive", json!({ "sessions": [a, b] })),
+        api.post("/v1/sessions", json!({})),
+    );
     let attempts = [
-        ("acquire", api.post("/v1/semaphores/p/acquire", json!({ "session": b })).await),
-        ("release", api.post("/v1/semaphores/p/release", json!({ "session": a })).await),
-        ("validate", api.post("/v1/semaphores/p/validate", json!({ "token": token })).await),
-        ("read", api.get("/v1/semaphores/p").await),
-        ("keepalive", api.post(&format!("/v1/sessions/{a}/keepalive"), json!(null)).await),
-        ("batched keepalive", api.post("/v1/sessions/keepalive", json!({ "sessions": [a, b] })).await),
-        ("session", api.post("/v1/sessions", json!({})).await),
+        ("acquire", acquire),
+        ("release", release),
+        ("validate", validate),
+        ("read", read),
+        ("keepalive", keepalive),
+        ("batched keepalive", batched),
+        ("session", session),
     ];
     for (what, answer) in &attempts {
         assert_eq!(answer.status, 503, "{what} answered without a quorum: {answer:?}");

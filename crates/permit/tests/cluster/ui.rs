@@ -1,7 +1,7 @@
 //! The dashboard's files are served by every node itself, never forwarded to the leader: a
 //! follower answers them even while the leader is unreachable.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::Cluster;
 use crate::Api;
@@ -15,12 +15,13 @@ async fn every_node_serves_the_dashboard_itself_even_without_a_leader() {
         assert_eq!(config.body["node_id"], i as u64 + 1, "node {} answered for another node", i + 1);
     }
     let leader = cluster.leader(Duration::from_secs(10)).await.expect("a leader");
+    // With the two others stopped there is no leader and none can be elected: a forwarded
+    // request would wait for one and then fail.
+    let (follower, other) = ((leader + 1) % 3, (leader + 2) % 3);
     cluster.nodes[leader].pause();
-    let follower = (leader + 1) % 3;
-    let started = Instant::now();
+    cluster.nodes[other].pause();
     let page = Api::at(&cluster.nodes[follower].url).get("/ui/app.js").await;
-    // A forwarded request would wait for a leader (3 s) and then fail.
     assert_eq!(page.status, 200, "{page:?}");
-    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
     cluster.nodes[leader].resume();
+    cluster.nodes[other].resume();
 }

@@ -2,6 +2,7 @@
 #![allow(dead_code)] // Each test file uses a different part of the harness.
 
 pub mod api;
+pub mod require;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -308,5 +309,44 @@ impl Cluster {
     /// URLs of every node, for clients that fail over between endpoints.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.url.clone()).collect()
+    }
+}
+
+/// A TCP relay in front of a server that counts the connections made through it (a test of
+/// how many attempts a command made, whatever the machine's speed).
+pub struct Connections {
+    pub url: String,
+    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    relay: tokio::task::JoinHandle<()>,
+}
+
+impl Connections {
+    pub async fn to(server_addr: &str) -> Connections {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (counted, server_addr) = (count.clone(), server_addr.to_owned());
+        let relay = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let server_addr = server_addr.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(&server_addr).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        Connections { url, count, relay }
+    }
+
+    pub fn count(&self) -> usize {
+        self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Connections {
+    fn drop(&mut self) {
+        self.relay.abort();
     }
 }

@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 
 use browser::Browser;
 use common::api::Api;
+use common::require::{or_skip, Need};
 use common::{eventually, Server};
 
 /// The root secret of the server under test.
@@ -120,10 +121,7 @@ async fn log_in(browser: &Browser, secret: &str) {
 
 #[tokio::test]
 async fn the_dashboard_shows_live_state_and_admin_actions_to_those_allowed() {
-    if let Err(why) = browser::available() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+    let Some(()) = or_skip(Need::Browser, browser::available()) else { return };
     let started = Instant::now();
     let temp = tempfile::tempdir().unwrap();
     let root_file = temp.path().join("root.secret");

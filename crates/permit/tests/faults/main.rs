@@ -9,6 +9,10 @@ use std::time::Duration;
 
 use permit_faults::cluster::Clock;
 use permit_faults::scenario::{run, Fault, Scenario};
+use require::{or_skip, Need};
+
+#[path = "../common/require.rs"]
+mod require;
 
 fn out_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/faults")
@@ -35,8 +39,11 @@ async fn must_pass(scenario: Scenario) {
     );
 }
 
+/// Whether libfaketime is here for the clock scenarios; where it is not, they pass without
+/// running unless `PERMIT_REQUIRE_FAKETIME=1` (CI).
 fn faketime_available() -> bool {
-    permit_faults::cluster::faketime_library().is_some()
+    let found = permit_faults::cluster::faketime_library().ok_or("libfaketime is not installed".to_owned());
+    or_skip(Need::Faketime, found).is_some()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,7 +84,6 @@ async fn f5b_follower_paused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f7a_wall_clock_jump_of_an_hour_has_no_effect() {
     if !faketime_available() {
-        eprintln!("SKIPPED f7a: faketime is not installed (apt-get install faketime)");
         return;
     }
     let mut scenario = Scenario::new("F7a-wall-clock-plus-1h", Fault::None);
@@ -162,7 +168,6 @@ async fn self_test_catches_stale_reads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f7c_leader_clock_three_times_fast_is_reported_as_a_capacity_violation() {
     if !faketime_available() {
-        eprintln!("SKIPPED f7c: faketime is not installed (apt-get install faketime)");
         return;
     }
     let mut scenario = Scenario::new("F7c-leader-clock-3x", Fault::None);
@@ -173,7 +178,6 @@ async fn f7c_leader_clock_three_times_fast_is_reported_as_a_capacity_violation()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f7b_leader_clock_three_percent_fast_passes() {
     if !faketime_available() {
-        eprintln!("SKIPPED f7b: faketime is not installed (apt-get install faketime)");
         return;
     }
     let mut scenario = Scenario::new("F7b-leader-clock-1.03x", Fault::None);

@@ -16,6 +16,7 @@ mod openapi;
 mod semaphores;
 mod sessions;
 mod slow_disk;
+mod sync_shim;
 mod tenants;
 mod ui;
 mod watch;

@@ -1,4 +1,4 @@
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 
@@ -71,13 +71,11 @@ async fn handed_off_on_release(server: &Server) {
     })
     .await;
     assert!(queued);
-    let released_at = Instant::now();
     assert_eq!(api.release("lock", &a).await.body["released"], 1);
+    // Granted by the release itself: had the waiter waited out its `wait_ms`, it would be 202.
     let granted = waiter.await.unwrap();
-    let handoff = released_at.elapsed();
     assert_eq!((granted.status, granted.body["status"].as_str()), (200, Some("acquired")));
     assert!(granted.body["token"].as_u64().unwrap() > token_a);
-    assert!(handoff < Duration::from_secs(1), "handoff took {handoff:?}");
     assert_eq!(api.holders("lock").await, vec![b]);
 }
 

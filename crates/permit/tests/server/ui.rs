@@ -12,6 +12,7 @@ use crate::Api;
 #[tokio::test]
 async fn the_dashboard_files_are_served_with_their_types_and_a_strict_policy() {
     let server = Server::start();
+    permit_client::install_crypto_provider(); // as every client of this suite (each may run alone)
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let files = [
         ("/ui", "text/html; charset=utf-8"),
