@@ -14,7 +14,8 @@ mod require;
 use require::{or_skip, Need};
 
 /// What the venv holds; a change here reinstalls.
-const REQUIREMENTS: &[&str] = &["httpx==0.29.0", "sniffio==1.3.1", "pytest==9.2.0", "mypy==2.4.1"];
+const REQUIREMENTS: &[&str] =
+    &["httpx==0.29.0", "sniffio==1.3.1", "pytest==9.2.0", "pytest-xdist==3.8.0", "mypy==2.4.1"];
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repository root")
@@ -64,7 +65,9 @@ fn python_client_suite() {
         .expect("run mypy");
     assert!(typed.success(), "mypy --strict found errors in clients/python/permit");
     let tests = Command::new(&python)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+        // Four workers, each with its own session server: the suite mostly waits on servers
+        // (outages, TTLs), so it overlaps well even on two cores.
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "4", "tests"])
         .current_dir(&client)
         .env("PERMIT_BIN", env!("CARGO_BIN_EXE_permit"))
         .env("PYTHONDONTWRITEBYTECODE", "1")
