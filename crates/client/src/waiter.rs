@@ -19,6 +19,9 @@ const WAIT_CHUNK: Duration = Duration::from_secs(30);
 /// one small log entry per this period: 5 s keeps a queue of a hundred CLI waiters at twenty
 /// entries a second, and a position at most 5 s stale; unwatched waits ask every 30 s.
 const WATCHED_CHUNK: Duration = Duration::from_secs(5);
+/// The first wait asked while the position is followed: short, so that a queued waiter learns
+/// (and shows) its place when its wait starts, not one [`WATCHED_CHUNK`] later.
+const WATCHED_FIRST: Duration = Duration::from_millis(50);
 /// Pauses between asks while the servers cannot be reached (after the transport's own retries):
 /// from the first, doubling up to the last.
 const OUTAGE_PAUSE_MIN: Duration = Duration::from_millis(100);
@@ -133,8 +136,14 @@ pub(crate) async fn wait_for_grant(
     let mut place = QueuePlace { session, object: ask.object(), name, armed: true, claim: Some(claim) };
     let mut last_waiting_sent = None;
     let mut outage_pause = OUTAGE_PAUSE_MIN;
+    let mut first = true;
     loop {
-        let chunk = if session.positions_watched() { WATCHED_CHUNK } else { WAIT_CHUNK };
+        let chunk = match session.positions_watched() {
+            true if first => WATCHED_FIRST,
+            true => WATCHED_CHUNK,
+            false => WAIT_CHUNK,
+        };
+        first = false;
         let wait = match deadline {
             _ if try_once => Duration::ZERO,
             None => chunk,
