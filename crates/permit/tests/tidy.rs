@@ -240,3 +240,46 @@ fn a_crate_counts_as_used_only_as_a_path_or_an_import() {
     assert!(!uses_crate("my_serde::x()", "serde"));
     assert!(!uses_crate("use serde_json::Value;", "serde"));
 }
+
+/// Every Rust file `docs/ARCHITECTURE.md` names (in backticks, with or without its crate's
+/// prefix) exists, so that the map follows renames and deletions.
+#[test]
+fn every_file_the_architecture_names_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let map = std::fs::read_to_string(root.join("docs/ARCHITECTURE.md")).unwrap();
+    let named: Vec<&str> = map
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|span| {
+            span.ends_with(".rs") && span.chars().all(|c| c.is_ascii_alphanumeric() || "_/.".contains(c))
+        })
+        .collect();
+    assert!(named.len() > 40, "the scan found the map's file names: {named:?}");
+    let mut everywhere = Vec::new();
+    rust_files(&root.join("crates"), &root.join("crates"), &mut everywhere);
+    let mut missing = Vec::new();
+    for path in named {
+        // A bare file name stands for a file of the module the text is describing.
+        if !path.contains('/') {
+            if !everywhere.iter().any(|file| file.ends_with(&format!("/{path}"))) {
+                missing.push(path);
+            }
+            continue;
+        }
+        let (first, rest) = path.split_once('/').unwrap_or(("", path));
+        let candidates = [
+            root.join(path),
+            root.join("crates").join(path),
+            root.join("crates").join(first).join("src").join(rest),
+            root.join("crates").join(first).join(rest),
+        ];
+        let in_some_crate = ["server", "core", "client", "cli", "sim", "check", "faults", "bench", "permit"]
+            .iter()
+            .any(|krate| root.join("crates").join(krate).join("src").join(path).exists());
+        if !in_some_crate && !candidates.iter().any(|candidate| candidate.exists()) {
+            missing.push(path);
+        }
+    }
+    assert!(missing.is_empty(), "docs/ARCHITECTURE.md names files that do not exist: {missing:?}");
+}
