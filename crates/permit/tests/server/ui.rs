@@ -43,7 +43,8 @@ async fn the_dashboard_files_are_served_with_their_types_and_a_strict_policy() {
     assert!(!html.contains("<script>") && !html.contains("style="), "no inline script or style");
 
     let api = Api::new(&server);
-    assert_eq!(api.get("/ui/config.json").await.body, json!({ "auth": false, "node_id": 1 }));
+    let config = json!({ "auth": false, "node_id": 1, "addr": server.addr });
+    assert_eq!(api.get("/ui/config.json").await.body, config, "the header names this node and its address");
     let missing = api.get("/ui/../Cargo.toml").await;
     assert_eq!(missing.status, 404, "{missing:?}");
     let missing = api.get("/ui/secret.txt").await;
