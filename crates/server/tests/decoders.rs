@@ -13,7 +13,7 @@ use openraft::{
     BasicNode, CommittedLeaderId, Entry, EntryPayload, LogId, Membership, StoredMembership, Vote,
 };
 use permit_core::{Acquire, Batch, Command, Key, Name, SessionId, State};
-use permit_server::raft::log_codec::{decode, LOG_FORMAT_VERSION};
+use permit_server::raft::log::codec::{decode, LOG_FORMAT_VERSION};
 use permit_server::raft::snapshot_store::{Meta, SnapshotStore};
 use permit_server::raft::{NodeId, TypeConfig};
 use proptest::prelude::*;

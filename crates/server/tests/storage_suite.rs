@@ -7,8 +7,8 @@ use openraft::storage::{RaftLogReader, RaftLogStorage};
 use openraft::testing::{log_id, StoreBuilder, Suite};
 use openraft::{Entry, EntryPayload, StorageError};
 use permit_server::notify::Notifier;
+use permit_server::raft::log::SegmentLog;
 use permit_server::raft::replica::Replica;
-use permit_server::raft::segment_log::SegmentLog;
 use permit_server::raft::snapshot_store::SnapshotStore;
 use permit_server::raft::state_machine::StateMachine;
 use permit_server::raft::TypeConfig;
@@ -23,7 +23,7 @@ fn state_machine(dir: &std::path::Path) -> StateMachine {
         snapshots,
         Arc::new(Notify::new()),
         // The suite applies entries that no log store holds.
-        permit_server::raft::log_sync::LogSync::all_durable(),
+        permit_server::raft::log::LogSync::all_durable(),
     )
 }
 
@@ -74,6 +74,29 @@ fn fresh_segment_log() -> (tempfile::TempDir, std::path::PathBuf, SegmentLog) {
     let path = dir.path().join("raft-log");
     let log = SegmentLog::open(&path).expect("open");
     (dir, path, log)
+}
+
+/// Writes `entry`'s record into segment `file` after its last record, as the store would
+/// (`len: u32 LE | crc32(payload): u32 LE | payload`, the payload a kind byte, 1 for an entry,
+/// then the encoded entry).
+fn write_record_after_the_last(file: &std::path::Path, entry: &Entry<TypeConfig>) {
+    use std::os::unix::fs::FileExt;
+    let data = std::fs::read(file).expect("read segment");
+    let mut at = 0;
+    while at + 8 <= data.len() {
+        let len = u32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes")) as usize;
+        if len == 0 {
+            break;
+        }
+        at += 8 + len;
+    }
+    let mut payload = vec![1];
+    payload.extend(permit_server::raft::log::codec::encode(entry));
+    let mut record = (payload.len() as u32).to_le_bytes().to_vec();
+    record.extend(crc32fast::hash(&payload).to_le_bytes());
+    record.extend(payload);
+    let segment = std::fs::OpenOptions::new().write(true).open(file).expect("open segment");
+    segment.write_all_at(&record, at as u64).expect("write record");
 }
 
 /// The byte offset just past the last non-zero byte of `file` (the written records).
@@ -181,11 +204,9 @@ async fn segment_log_reopens_after_a_purge_beyond_its_end() {
     assert_eq!(state.last_log_id.map(|l| l.index), Some(21));
     drop(log);
 
-    // A jump that no purge covers is still corruption (the store does not check the order of
-    // appends; openraft keeps it).
-    let mut log = SegmentLog::open(&path).expect("reopen");
-    append(&mut log, vec![blank(3, 30)]).await;
-    drop(log);
+    // A jump that no purge covers is still corruption. The store asserts that appends are in
+    // order, so the out-of-order record is written into the segment directly.
+    write_record_after_the_last(&only_segment(&path), &blank(3, 30));
     let refused = SegmentLog::open(&path).err().expect("a jump past the purge is refused");
     assert!(refused.to_string().contains("corrupt"), "{refused}");
 }

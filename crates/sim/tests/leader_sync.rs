@@ -1,5 +1,5 @@
 //! A leader reports its appends to openraft before their fsync, so that the fsync runs beside
-//! the replication (`permit_server::raft::log_sync`). openraft then counts the leader in a quorum
+//! the replication (`permit_server::raft::log::sync`). openraft then counts the leader in a quorum
 //! before its copy is durable; nothing such a commit decides may become visible until it is.
 //!
 //! The scenario: one follower is cut off, the leader's fsyncs hang, and a write is proposed. The

@@ -18,13 +18,12 @@ use tokio::sync::{watch, Notify};
 
 use super::clock::LeaderClock;
 use super::leadership::Leading;
-use super::log_sync::{CommitClamp, LogSync};
+use super::log::{CommitClamp, LogSync, SegmentLog};
 use super::membership::MembershipError;
 use super::peer_rpc::PeerRpc;
 use super::proposer::{ProposeError, Proposer};
 use super::read_barrier::{ReadBarrier, Urgency};
 use super::replica::{Replica, ReplicaState};
-use super::segment_log::SegmentLog;
 use super::snapshot_store::SnapshotStore;
 use super::state_machine::{load_replica, StateMachine};
 use super::status::Status;

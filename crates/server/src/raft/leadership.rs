@@ -17,7 +17,7 @@ use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use crate::raft::clock::LeaderClock;
-use crate::raft::log_sync::LogSync;
+use crate::raft::log::LogSync;
 use crate::raft::replica::Replica;
 use crate::raft::Raft;
 
@@ -56,7 +56,7 @@ pub fn start(
                 let m = metrics.borrow_and_update();
                 let leading = m.state == ServerState::Leader;
                 // A leader with other voters syncs its appends beside their replication (gate 5
-                // of `log_sync`); alone, it has nothing to overlap.
+                // of `log::sync`); alone, it has nothing to overlap.
                 sync.set_overlap(leading && m.membership_config.membership().voter_ids().nth(1).is_some());
                 (leading, m.current_term)
             };

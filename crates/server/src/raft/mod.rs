@@ -31,8 +31,7 @@ pub mod clock;
 pub mod consensus;
 pub mod contact;
 pub mod leadership;
-pub mod log_codec;
-pub mod log_sync;
+pub mod log;
 pub mod membership;
 pub mod network;
 pub mod peer_rpc;
@@ -41,7 +40,6 @@ pub mod read_barrier;
 pub mod removal;
 pub mod replica;
 pub mod runtime;
-pub mod segment_log;
 pub mod snapshot_store;
 pub mod state_machine;
 pub mod status;
@@ -84,7 +82,7 @@ pub(crate) fn io_error(e: impl std::fmt::Display) -> std::io::Error {
 }
 
 /// Fsyncs directory `dir` and the directory that holds it (for `dir`'s own entry, when it was
-/// just created): a store's open runs it before it is used (see `segment_log`, `snapshot_store`).
+/// just created): a store's open runs it before it is used (see `log`, `snapshot_store`).
 pub(crate) fn sync_dir_and_its_entry(dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()?;
     match dir.parent() {

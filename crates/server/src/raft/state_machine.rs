@@ -13,7 +13,7 @@ use permit_core::{Effect, State};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::log_sync::LogSync;
+use super::log::LogSync;
 use super::snapshot_store::{Meta, SnapshotStore};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::notify::Notifier;
@@ -31,7 +31,7 @@ pub struct StateMachine {
     /// Poked when the expiry driver may need to re-arm its timer.
     expiry_wake: Arc<Notify>,
     /// What of this node's log is durable: an entry is applied only once it is (gate 1 of
-    /// [`super::log_sync`]).
+    /// [`super::log::sync`]).
     sync: Arc<LogSync>,
 }
 
@@ -154,11 +154,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let entries: Vec<_> = entries.into_iter().collect();
         if let Some(last) = entries.last() {
-            // A leader reports its appends before their fsync (`log_sync`): what they commit
+            // A leader reports its appends before their fsync (`log::sync`): what they commit
             // becomes visible only once this node's copy is durable too.
             self.sync.wait_durable(last.log_id.index).await.map_err(|e| StorageError::IO {
                 source: StorageIOError::apply(last.log_id, AnyError::error(e)),
             })?;
+            // Gate 1: a committed entry is never truncated, so it stays durable once it is.
+            assert!(
+                self.sync.durable().is_some_and(|durable| durable.index >= last.log_id.index),
+                "gate 1: entry {} applied before it is durable",
+                last.log_id
+            );
         }
         let mut effects = Vec::new();
         let mut replies = Vec::new();

@@ -8,7 +8,7 @@ use openraft::storage::LogFlushed;
 
 use super::TypeConfig;
 
-/// Storage faults a simulation injects into a node's log store (`segment_log.rs`), shared
+/// Storage faults a simulation injects into a node's log store (`raft/log/`), shared
 /// across the node's restarts on the same data dir (`Config::storage_faults`; `permit serve`
 /// never sets it).
 ///
@@ -18,7 +18,7 @@ use super::TypeConfig;
 ///   stops.
 /// - A torn tail: appends are written but never synced (an fsync that hangs). An append that
 ///   waits for its fsync is never reported flushed, so openraft acknowledges none of them; a
-///   leader's append reported before its fsync (`log_sync`) is reported, but its sync never
+///   leader's append reported before its fsync (`log::sync`) is reported, but its sync never
 ///   ends, so nothing it commits becomes visible. A power cut then drops what was withheld and
 ///   the next open loses a suffix of the entries written since the last sync, as a disk that
 ///   never made them durable would. Entries synced before the stall are never lost.
@@ -152,7 +152,7 @@ impl StorageFaults {
     }
 
     /// A leader's append of entries up to `last` was written and is reported flushed before
-    /// its fsync (`log_sync`); [`Self::report_synced`] follows once the fsync ends.
+    /// its fsync (`log::sync`); [`Self::report_synced`] follows once the fsync ends.
     pub(super) fn report_written(faults: Option<&StorageFaults>, last: u64, flushed: LogFlushed<TypeConfig>) {
         if let Some(faults) = faults {
             faults.last_written.store(last, std::sync::atomic::Ordering::Relaxed);

@@ -5,7 +5,7 @@
 //! flushed, so a 3-node write used to be two fsyncs in series: the leader's, then a follower's.
 //! A leader with other voters now reports its appends at once (the segment log writes them, and
 //! a blocking thread fdatasyncs them beside the replication while the node's worker goes on
-//! serving: `segment_log`), so openraft counts the leader in a quorum before its copy is durable.
+//! serving: `durable.rs`), so openraft counts the leader in a quorum before its copy is durable.
 //! That is safe only while nothing such a commit decides becomes visible before the leader's
 //! fsync ends (Raft thesis §10.2.1: the leader may write its log in parallel with replicating it,
 //! as long as it counts itself only once durable). These are the gates, each with its test:
@@ -42,7 +42,7 @@ use openraft::raft::{
 use openraft::BasicNode;
 use tokio::sync::watch;
 
-use super::{LogId, NodeId, TypeConfig};
+use crate::raft::{LogId, NodeId, TypeConfig};
 
 /// How long a leader's early-reported appends may wait for their fsync before the worker and
 /// the next append wait for it in place (gate 7): well under the shortest election timeout
@@ -133,7 +133,13 @@ impl LogSync {
 
     /// `leader_commit` clamped to the durable log id (gate 2).
     pub fn clamp_commit(&self, leader_commit: Option<LogId>) -> Option<LogId> {
-        leader_commit.min(self.durable())
+        let durable = self.durable();
+        let clamped = leader_commit.min(durable);
+        assert!(
+            clamped.is_none_or(|c| durable.is_some_and(|d| c.index <= d.index)),
+            "gate 2: commit index {clamped:?} sent beyond the durable {durable:?}"
+        );
+        clamped
     }
 }
 
