@@ -1,10 +1,10 @@
 //! Who is asking, and may they: authentication and authorisation of client requests.
 //!
 //! With `--auth`, every client request carries `Authorization: Bearer SECRET`. The middleware
-//! [`authenticate`] hashes the secret ([`secret_hash`]), finds the token in the replicated state, checks
+//! `authenticate` hashes the secret ([`secret_hash`]), finds the token in the replicated state, checks
 //! the route's [`Need`] (from [`need`], the one table of every route's permission) and hands the
-//! handler a [`Caller`]. Handlers then check what only they can see: that a session named in the
-//! request belongs to the caller's token. Without `--auth` every request is [`Caller::Anyone`].
+//! handler a `Caller`. Handlers then check what only they can see: that a session named in the
+//! request belongs to the caller's token. Without `--auth` every request is `Caller::Anyone`.
 //!
 //! Authorisation runs on the node that executes the request: a follower forwards writes to the
 //! leader with the `Authorization` header, and the leader decides on its own state.
@@ -17,7 +17,7 @@ use axum::http::request::Parts;
 use axum::http::{header, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-pub use permit_core::{Access, Resource};
+pub(crate) use permit_core::{Access, Resource};
 use permit_core::{Creator, Key, Kind, SessionId, State as CoreState, Token, TokenId};
 use permit_wire::{ErrorCode, AUTHORIZATION_SCHEME};
 use sha2::{Digest, Sha256};
@@ -28,7 +28,7 @@ use crate::raft::contact::Standing;
 
 /// The identity a request was made with.
 #[derive(Clone, Debug)]
-pub enum Caller {
+pub(crate) enum Caller {
     /// Auth is off: everyone may do everything, and sessions have no owner.
     Anyone,
     /// A valid token.
@@ -104,7 +104,7 @@ pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> 
 
 impl Caller {
     /// Whether the caller has `access` to `name` of `resource`.
-    pub fn can(&self, resource: Resource, name: &str, access: Access) -> bool {
+    pub(crate) fn can(&self, resource: Resource, name: &str, access: Access) -> bool {
         match self {
             Caller::Anyone => true,
             Caller::Token { token, .. } => token.allows(resource, name, access),
@@ -117,7 +117,7 @@ impl Caller {
     /// that grants less: check each name with [`Caller::can`]. For read access no rule grants
     /// less (every level includes read), so the names under them are exactly the readable
     /// ones, and a list walks only what the caller may see.
-    pub fn prefixes(&self, resource: Resource, access: Access) -> Vec<&str> {
+    pub(crate) fn prefixes(&self, resource: Resource, access: Access) -> Vec<&str> {
         match self {
             Caller::Anyone => vec![""],
             Caller::Token { token, .. } => token
@@ -130,7 +130,7 @@ impl Caller {
     }
 
     /// Whether the caller may read the object `key` (semaphore or election read access).
-    pub fn reads(&self, key: &Key) -> bool {
+    pub(crate) fn reads(&self, key: &Key) -> bool {
         let resource = match key.kind {
             Kind::Semaphore => Resource::Semaphore,
             Kind::Election => Resource::Election,
@@ -142,7 +142,7 @@ impl Caller {
     /// listings, session views and session events): its own sessions, or any with `session`
     /// admin on its name. `session` read or write alone shows no other token's session: the
     /// README's `session:=write` must not let one tenant list another's holds.
-    pub fn sees_session(&self, owner: Option<TokenId>, name: Option<&str>) -> bool {
+    pub(crate) fn sees_session(&self, owner: Option<TokenId>, name: Option<&str>) -> bool {
         match self {
             Caller::Anyone => true,
             Caller::Token { id, token } => {
@@ -155,7 +155,7 @@ impl Caller {
     ///
     /// # Errors
     /// `permission_denied`.
-    pub fn require(&self, resource: Resource, name: &str, access: Access) -> Result<(), ApiError> {
+    pub(crate) fn require(&self, resource: Resource, name: &str, access: Access) -> Result<(), ApiError> {
         if self.can(resource, name, access) {
             return Ok(());
         }
@@ -166,7 +166,7 @@ impl Caller {
     }
 
     /// The caller's token id, when auth is on.
-    pub fn token_id(&self) -> Option<TokenId> {
+    pub(crate) fn token_id(&self) -> Option<TokenId> {
         match self {
             Caller::Anyone => None,
             Caller::Token { id, .. } => Some(*id),
@@ -179,7 +179,7 @@ impl Caller {
     ///
     /// # Errors
     /// `permission_denied` for a session of another token (or one made while auth was off).
-    pub fn owns(&self, state: &CoreState, session: SessionId) -> Result<(), ApiError> {
+    pub(crate) fn owns(&self, state: &CoreState, session: SessionId) -> Result<(), ApiError> {
         let Caller::Token { id, .. } = self else { return Ok(()) };
         match state.session(session) {
             Some(found) if found.owner != Some(*id) => Err(ApiError::new(
@@ -195,7 +195,12 @@ impl Caller {
     ///
     /// # Errors
     /// `permission_denied`.
-    pub fn owns_or(&self, state: &CoreState, session: SessionId, access: Access) -> Result<(), ApiError> {
+    pub(crate) fn owns_or(
+        &self,
+        state: &CoreState,
+        session: SessionId,
+        access: Access,
+    ) -> Result<(), ApiError> {
         let owned = self.owns(state, session);
         let name = state.session(session).and_then(|s| s.name.as_deref()).unwrap_or("");
         if owned.is_err() && self.can(Resource::Session, name, access) {
@@ -208,7 +213,7 @@ impl Caller {
 impl Caller {
     /// The token an object this caller creates is recorded under, with its cap
     /// (`--objects-per-token-max`); `None` with auth off.
-    pub fn creator(&self, node: &Node) -> Option<Creator> {
+    pub(crate) fn creator(&self, node: &Node) -> Option<Creator> {
         self.token_id().map(|token| Creator { token, objects_max: node.config.objects_per_token_max })
     }
 
@@ -218,7 +223,7 @@ impl Caller {
     ///
     /// # Errors
     /// `limit_exceeded`.
-    pub async fn check_objects_cap(&self, node: &Node, key: &Key) -> Result<(), ApiError> {
+    pub(crate) async fn check_objects_cap(&self, node: &Node, key: &Key) -> Result<(), ApiError> {
         let Some(creator) = self.creator(node) else { return Ok(()) };
         let capped = {
             let replica = node.replica().read();
@@ -235,7 +240,7 @@ impl Caller {
     ///
     /// # Errors
     /// `permission_denied`.
-    pub fn check_owns(&self, node: &Node, session: SessionId) -> Result<(), ApiError> {
+    pub(crate) fn check_owns(&self, node: &Node, session: SessionId) -> Result<(), ApiError> {
         match self {
             Caller::Anyone => Ok(()),
             Caller::Token { .. } => self.owns(&node.replica().read().state, session),
@@ -247,7 +252,7 @@ impl Caller {
     ///
     /// # Errors
     /// `limit_exceeded`.
-    pub async fn long_poll(&self, node: &Node) -> Result<LongPoll, ApiError> {
+    pub(crate) async fn long_poll(&self, node: &Node) -> Result<LongPoll, ApiError> {
         crate::api::mark_long_poll();
         match node.long_polls.enter(self, node.config.long_polls_per_token_max) {
             Ok(poll) => Ok(poll),
@@ -268,10 +273,10 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 /// (retrying at once in a loop) then makes at most a few requests per second per connection, so
 /// the CPU it costs stays small and other tokens keep their latency; a well-behaved client waits
 /// for `Retry-After` anyway.
-pub const PER_TOKEN_REFUSAL_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
+const PER_TOKEN_REFUSAL_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The answer to a creation over the caller's cap of objects (429 `limit_exceeded`).
-pub fn objects_cap_refusal() -> ApiError {
+pub(crate) fn objects_cap_refusal() -> ApiError {
     let mut error: ApiError = permit_core::Refusal::LimitExceeded(permit_core::Limit::ObjectsPerToken).into();
     error.message.push_str(
         " (--objects-per-token-max): delete semaphores it no longer needs, or ask for a higher cap",
@@ -280,7 +285,7 @@ pub fn objects_cap_refusal() -> ApiError {
 }
 
 /// Returns `refusal` after [`PER_TOKEN_REFUSAL_DELAY`].
-pub async fn slowly(refusal: ApiError) -> ApiError {
+pub(crate) async fn slowly(refusal: ApiError) -> ApiError {
     tokio::time::sleep(PER_TOKEN_REFUSAL_DELAY).await;
     refusal
 }
@@ -307,22 +312,26 @@ pub fn secret_hash(salt: Option<&[u8; 32]>, secret: &str) -> [u8; 32] {
 /// The token whose secret is `secret` in `state`: looked up under the cluster's salt, then (for
 /// a token stored before the cluster had a salt) under the plain SHA-256. Two O(log n) lookups
 /// at most.
-pub fn token_of_secret<'a>(state: &'a CoreState, secret: &str) -> Option<(TokenId, &'a Token)> {
+fn token_of_secret<'a>(state: &'a CoreState, secret: &str) -> Option<(TokenId, &'a Token)> {
     let salted = state.token_salt().and_then(|salt| state.token_by_secret(&secret_hash(Some(salt), secret)));
     salted.or_else(|| state.token_by_secret(&secret_hash(None, secret)))
 }
 
 /// A new secret: 256 bits from the OS's CSPRNG, as 64 hex digits.
-pub fn new_secret() -> String {
+pub(crate) fn new_secret() -> String {
     let bytes: [u8; 32] = rand::random();
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// Shortest secret the server accepts for the root token, in bytes.
-pub const ROOT_SECRET_BYTES_MIN: usize = 16;
+const ROOT_SECRET_BYTES_MIN: usize = 16;
 
 /// Middleware: finds the caller and checks the route's [`Need`].
-pub async fn authenticate(State(node): State<Arc<Node>>, mut request: Request, next: Next) -> Response {
+pub(crate) async fn authenticate(
+    State(node): State<Arc<Node>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let Some(route) = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()) else {
         return next.run(request).await; // unmatched: the fallback answers 404 / 405
     };
@@ -380,7 +389,7 @@ fn out_of_contact(node: &Node) -> Option<ApiError> {
 impl Caller {
     /// Whether the caller's token still exists in `state` (always, without auth). The root
     /// secret a node was configured with counts until the bootstrap has created the root token.
-    pub fn valid_in(&self, state: &CoreState) -> bool {
+    fn valid_in(&self, state: &CoreState) -> bool {
         match self {
             Caller::Anyone => true,
             Caller::Token { id, .. } => {
@@ -398,7 +407,7 @@ impl Caller {
     ///
     /// # Errors
     /// `poll`'s, `unauthenticated` or `leader_unreachable`.
-    pub async fn unless_cut_off<T>(
+    pub(crate) async fn unless_cut_off<T>(
         &self,
         node: &Node,
         read: bool,
@@ -416,7 +425,7 @@ impl Caller {
 
     /// Resolves when this caller's long-polls must end (see [`Caller::unless_cut_off`]), with
     /// the error that ends them; never without auth.
-    pub async fn cut_off(&self, node: &Node, read: bool) -> ApiError {
+    pub(crate) async fn cut_off(&self, node: &Node, read: bool) -> ApiError {
         let Caller::Token { id, .. } = self else { return std::future::pending().await };
         let revocation = node.notifier.on_revocation(*id);
         let mut standing = node.contact.changes();
@@ -482,13 +491,13 @@ pub(crate) fn identify(node: &Node, headers: &axum::http::HeaderMap) -> Result<C
 
 /// Counts each token's open long-polls, to cap them (`--long-polls-per-token-max`).
 #[derive(Debug, Default)]
-pub struct LongPolls {
+pub(crate) struct LongPolls {
     open: Mutex<HashMap<TokenId, u32>>,
 }
 
 /// One open long-poll; dropping it frees the place.
 #[derive(Debug)]
-pub struct LongPoll {
+pub(crate) struct LongPoll {
     polls: Option<(Arc<LongPolls>, TokenId)>,
 }
 
@@ -497,7 +506,7 @@ impl LongPolls {
     ///
     /// # Errors
     /// `limit_exceeded` (429 with `Retry-After`).
-    pub fn enter(self: &Arc<LongPolls>, caller: &Caller, max: u32) -> Result<LongPoll, ApiError> {
+    pub(crate) fn enter(self: &Arc<LongPolls>, caller: &Caller, max: u32) -> Result<LongPoll, ApiError> {
         let Some(id) = caller.token_id() else { return Ok(LongPoll { polls: None }) };
         let mut open = self.open.lock().expect("long-poll counts lock");
         let count = open.entry(id).or_default();
@@ -527,14 +536,14 @@ impl Drop for LongPoll {
 }
 
 /// Name of the file in the data dir that holds a generated root secret.
-pub const ROOT_TOKEN_FILE: &str = "root-token";
+const ROOT_TOKEN_FILE: &str = "root-token";
 
 /// Creates the cluster's token salt and, with it, the root token, once per cluster: when this node
 /// leads and the replicated state has never had them. The secret is the configured one
 /// (`PERMIT_ROOT_TOKEN`, `--root-token-file`) or one generated into `DATA_DIR/root-token`
 /// (mode 0600). A cluster made before salts gets its salt from its first leader that has this
 /// code; its tokens made before keep their plain SHA-256. Ends when both exist.
-pub async fn bootstrap_root(node: Arc<Node>) {
+pub(crate) async fn bootstrap_root(node: Arc<Node>) {
     let mut leading = node.consensus.leading().clone();
     let mut shutdown = node.shutdown.clone();
     loop {

@@ -5,8 +5,10 @@
 //! compiles away.
 
 /// An injectable bug.
+/// Without the feature no bug is ever active: the variants are only matched, never built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Bug {
+#[cfg_attr(not(feature = "bug-injection"), allow(dead_code))]
+pub(crate) enum Bug {
     /// Answer an acquire as granted before its command is committed.
     AckBeforeCommit,
     /// Never expire sessions: a crashed holder's permits never come back.
@@ -31,14 +33,15 @@ pub enum Bug {
 }
 
 /// How much longer a log append's fdatasync takes under [`Bug::SlowLogSync`].
-pub const SLOW_LOG_SYNC: std::time::Duration = std::time::Duration::from_millis(500);
+pub(crate) const SLOW_LOG_SYNC: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How much longer a snapshot's encoding takes under [`Bug::SlowSnapshotEncode`].
-pub const SLOW_SNAPSHOT_ENCODE: std::time::Duration = std::time::Duration::from_secs(2);
+pub(crate) const SLOW_SNAPSHOT_ENCODE: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Bug {
     /// Every bug, with its name in `PERMIT_INJECT_BUG`.
-    pub const ALL: [(&'static str, Bug); 8] = [
+    #[cfg(feature = "bug-injection")]
+    const ALL: [(&'static str, Bug); 8] = [
         ("ack_before_commit", Bug::AckBeforeCommit),
         ("ignore_ttl", Bug::IgnoreTtl),
         ("non_monotonic_token", Bug::NonMonotonicToken),
@@ -52,7 +55,7 @@ impl Bug {
 
 /// The bug injected into this process, if any.
 #[cfg(feature = "bug-injection")]
-pub fn active() -> Option<Bug> {
+pub(crate) fn active() -> Option<Bug> {
     static ACTIVE: std::sync::OnceLock<Option<Bug>> = std::sync::OnceLock::new();
     *ACTIVE.get_or_init(|| {
         let name = std::env::var("PERMIT_INJECT_BUG").ok()?;
@@ -67,11 +70,11 @@ pub fn active() -> Option<Bug> {
 
 /// The bug injected into this process, if any.
 #[cfg(not(feature = "bug-injection"))]
-pub const fn active() -> Option<Bug> {
+pub(crate) const fn active() -> Option<Bug> {
     None
 }
 
 /// Whether `bug` is injected.
-pub fn is(bug: Bug) -> bool {
+pub(crate) fn is(bug: Bug) -> bool {
     active() == Some(bug)
 }

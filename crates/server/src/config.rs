@@ -76,9 +76,9 @@ pub struct Config {
 
 /// The file of the redb log store that earlier versions kept in a data dir: such a data dir is
 /// refused (see `raft::consensus`).
-pub const REDB_LOG: &str = "raft-log.redb";
+pub(crate) const REDB_LOG: &str = "raft-log.redb";
 /// The segment log's directory in a data dir.
-pub const SEGMENT_LOG: &str = "raft-log";
+pub(crate) const SEGMENT_LOG: &str = "raft-log";
 
 /// `permit serve`'s default address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7376";
@@ -119,7 +119,7 @@ impl Config {
     ///
     /// # Errors
     /// A message naming the setting at fault.
-    pub fn validate(&self) -> anyhow::Result<()> {
+    pub(crate) fn validate(&self) -> anyhow::Result<()> {
         let (min, max) = self.election_timeout_ms;
         anyhow::ensure!(self.heartbeat_ms >= 10, "heartbeat must be at least 10 ms");
         anyhow::ensure!(min > 2 * self.heartbeat_ms, "election timeout must exceed two heartbeats");

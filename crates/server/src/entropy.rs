@@ -17,13 +17,13 @@
 //! 131, and `head -c 32 /dev/urandom | base64` (44 characters) about 262.
 
 /// Fewest estimated bits an operator's secret must have.
-pub const SECRET_BITS_MIN: f64 = 128.0;
+const SECRET_BITS_MIN: f64 = 128.0;
 
 /// Fewest different characters a secret must have.
-pub const DISTINCT_CHARACTERS_MIN: usize = 8;
+const DISTINCT_CHARACTERS_MIN: usize = 8;
 
 /// How to make a good secret, for error messages.
-pub const GOOD_SECRET_HOWTO: &str =
+const GOOD_SECRET_HOWTO: &str =
     "use at least 32 random hex digits or 22 random base64 characters, for example \
      `head -c 32 /dev/urandom | base64` or `openssl rand -hex 32`";
 
@@ -31,7 +31,7 @@ pub const GOOD_SECRET_HOWTO: &str =
 type Class = (fn(&u8) -> bool, u32);
 
 /// The estimated bits of `secret` (see the module docs).
-pub fn estimate_bits(secret: &[u8]) -> f64 {
+fn estimate_bits(secret: &[u8]) -> f64 {
     if secret.is_empty() {
         return 0.0;
     }
@@ -74,7 +74,7 @@ fn smallest_period(secret: &[u8]) -> usize {
 ///
 /// # Errors
 /// A message naming `what`, the estimate and how to make a good secret.
-pub fn check(what: &str, secret: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn check(what: &str, secret: &[u8]) -> anyhow::Result<()> {
     let mut seen = [false; 256];
     for &byte in secret {
         seen[usize::from(byte)] = true;

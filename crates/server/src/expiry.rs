@@ -22,24 +22,24 @@ use crate::raft::replica::Replica;
 const RETRY_DELAY: Duration = Duration::from_millis(20);
 
 /// What the driver needs.
-pub struct ExpiryDriver {
+pub(crate) struct ExpiryDriver {
     /// The node's replica.
-    pub replica: Arc<Replica>,
+    pub(crate) replica: Arc<Replica>,
     /// The leader-time clock.
-    pub clock: Arc<LeaderClock>,
+    pub(crate) clock: Arc<LeaderClock>,
     /// The proposer.
-    pub proposer: Proposer,
+    pub(crate) proposer: Proposer,
     /// Poked when a deadline may have moved earlier.
-    pub wake: Arc<Notify>,
+    pub(crate) wake: Arc<Notify>,
     /// This node's leadership, once its barrier is applied.
-    pub leading: watch::Receiver<crate::raft::leadership::Leading>,
+    pub(crate) leading: watch::Receiver<crate::raft::leadership::Leading>,
     /// Counters.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 impl ExpiryDriver {
     /// Runs until the node shuts down.
-    pub async fn run(mut self) {
+    pub(crate) async fn run(mut self) {
         // Whether the last pass found its deadline passed but could propose nothing (this node's
         // promotion lags its published leadership, or nothing was due after all). Sleeping until
         // that same past deadline again would spin: on a real clock a busy core, under the

@@ -7,10 +7,10 @@
 //! acknowledged was fsynced before it was acknowledged, so a restart loses nothing.
 //!
 //! The durability path (log append, vote save, purge, truncate, snapshot write) reports its
-//! first error with [`FailStop::storage`]; a watcher of the Raft metrics reports a core that
-//! stopped without a shutdown with [`FailStop::stopped`] (`raft::consensus`). The HTTP layer refuses every request
-//! but the health probes once [`FailStop::failure`] is set, and `serve` exits after
-//! [`FAILSTOP_LINGER`], long enough for probes to see the 503.
+//! first error with `FailStop::storage`; a watcher of the Raft metrics reports a core that
+//! stopped without a shutdown with `FailStop::stopped` (`raft::consensus`). The HTTP layer refuses every request
+//! but the health probes once `FailStop::failure` is set, and `serve` exits after
+//! `FAILSTOP_LINGER`, long enough for probes to see the 503.
 
 use std::fmt;
 use std::path::Path;
@@ -21,7 +21,7 @@ use permit_wire::NotReady;
 use tokio::sync::watch;
 
 /// How long a failed node keeps answering 503 (so probes and clients see why) before it exits.
-pub const FAILSTOP_LINGER: Duration = Duration::from_secs(2);
+pub(crate) const FAILSTOP_LINGER: Duration = Duration::from_secs(2);
 
 /// Why a node stopped serving.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,18 +52,18 @@ impl Default for FailStop {
 
 impl FailStop {
     /// A latch that has not failed.
-    pub fn new() -> Arc<FailStop> {
+    pub(crate) fn new() -> Arc<FailStop> {
         Arc::new(FailStop::default())
     }
 
     /// Records a storage error of `operation` on `path`; the first failure wins and is logged.
-    pub fn storage(&self, operation: &str, path: &Path, error: &dyn fmt::Display) {
+    pub(crate) fn storage(&self, operation: &str, path: &Path, error: &dyn fmt::Display) {
         let message = format!("{operation} of {} failed: {error}", path.display());
         self.set(Failure { reason: NotReady::StorageError, message });
     }
 
     /// Records that the Raft core stopped although no shutdown was asked for.
-    pub fn stopped(&self, why: &str) {
+    pub(crate) fn stopped(&self, why: &str) {
         self.set(Failure { reason: NotReady::Shutdown, message: format!("raft stopped: {why}") });
     }
 
@@ -85,17 +85,17 @@ impl FailStop {
     }
 
     /// The failure, once there is one.
-    pub fn failure(&self) -> Option<Failure> {
+    pub(crate) fn failure(&self) -> Option<Failure> {
         self.failure.borrow().clone()
     }
 
     /// True once a failure was recorded.
-    pub fn is_failed(&self) -> bool {
+    pub(crate) fn is_failed(&self) -> bool {
         self.failure.borrow().is_some()
     }
 
     /// Resolves with the first failure.
-    pub async fn wait(&self) -> Failure {
+    pub(crate) async fn wait(&self) -> Failure {
         let mut receiver = self.failure.subscribe();
         loop {
             if let Some(failure) = receiver.borrow_and_update().clone() {

@@ -20,9 +20,9 @@ use tokio::sync::Notify;
 
 /// Where one stream is woken.
 #[derive(Debug, Default)]
-pub struct Inbox {
+pub(crate) struct Inbox {
     /// Woken (one stored permit) when an event it may see was added to the ring.
-    pub notify: Notify,
+    pub(crate) notify: Notify,
     /// The seq of the first such event since the stream last took this (0: none). The
     /// publisher adds events in seq order, so this is the smallest such seq: the stream may
     /// skip every event before it, which it could not have been sent.
@@ -33,12 +33,13 @@ pub struct Inbox {
 
 impl Inbox {
     /// Takes the seq of the first event this stream may see since the last call (0: none).
-    pub fn take_first_unread(&self) -> u64 {
+    pub(crate) fn take_first_unread(&self) -> u64 {
         self.first_unread.swap(0, Ordering::AcqRel)
     }
 
     /// How many times the stream was woken for an event.
-    pub fn wakeups(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn wakeups(&self) -> u64 {
         self.wakeups.load(Ordering::Relaxed)
     }
 
@@ -51,12 +52,12 @@ impl Inbox {
 
 /// What one stream may be sent (see the module docs).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Sight {
+pub(crate) struct Sight {
     /// Events of this kind about this resource (semaphore, election, or session by its name)
     /// whose name starts with this prefix.
-    pub prefixes: Vec<(EventKind, Resource, String)>,
+    pub(crate) prefixes: Vec<(EventKind, Resource, String)>,
     /// Session events of this kind about sessions this token created.
-    pub owned: Vec<(EventKind, TokenId)>,
+    pub(crate) owned: Vec<(EventKind, TokenId)>,
 }
 
 /// Streams registered under one (kind, resource).
@@ -76,12 +77,12 @@ struct Index {
 
 /// The index of every open stream by what it may see.
 #[derive(Default)]
-pub struct Fanout {
+pub(crate) struct Fanout {
     index: Mutex<Index>,
 }
 
 /// One stream's registration; dropping it unregisters.
-pub struct Subscription {
+pub(crate) struct Subscription {
     fanout: Arc<Fanout>,
     id: u64,
     sight: Sight,
@@ -90,7 +91,7 @@ pub struct Subscription {
 
 impl Subscription {
     /// Where the stream is woken.
-    pub fn inbox(&self) -> &Arc<Inbox> {
+    pub(crate) fn inbox(&self) -> &Arc<Inbox> {
         &self.inbox
     }
 }
@@ -115,7 +116,7 @@ impl Fanout {
     }
 
     /// Registers a stream that may see `sight`.
-    pub fn subscribe(self: &Arc<Fanout>, sight: Sight) -> Subscription {
+    pub(crate) fn subscribe(self: &Arc<Fanout>, sight: Sight) -> Subscription {
         let inbox = Arc::new(Inbox::default());
         let mut index = self.lock();
         index.next_id += 1;
@@ -135,7 +136,7 @@ impl Fanout {
     /// Wakes the streams that may see `event`, numbered `seq`. Costs one lookup per distinct
     /// prefix length registered for its kind and resource (and one for its session's owner),
     /// plus one per stream woken; nothing per stream that may not see it.
-    pub fn deliver(&self, seq: u64, event: &Event) {
+    pub(crate) fn deliver(&self, seq: u64, event: &Event) {
         let index = self.lock();
         let (resource, name) = filed_under(event);
         if let Some(table) = index.tables.get(&(event.kind, resource)) {
@@ -154,7 +155,8 @@ impl Fanout {
     }
 
     /// Open registrations.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         let index = self.lock();
         let mut ids: std::collections::HashSet<u64> = index
             .tables
@@ -166,7 +168,8 @@ impl Fanout {
     }
 
     /// Whether no stream is registered.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

@@ -7,28 +7,28 @@
 //! an idle semaphore costs nothing but its ring.
 
 /// Seconds a history keeps: 15 minutes.
-pub const HISTORY_SECONDS: usize = 900;
+pub(crate) const HISTORY_SECONDS: usize = 900;
 
 /// One second: the values at its end (for the second in progress, now), the most held during
 /// it, and its grants. `u32` fields, saturating: capacity, holds and waiters are capped far
 /// below (`permit_core::limits`), and a second with more than 4 billion grants cannot happen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Second {
+pub(crate) struct Second {
     /// Permits held.
-    pub held: u32,
+    pub(crate) held: u32,
     /// Capacity.
-    pub capacity: u32,
+    pub(crate) capacity: u32,
     /// Sessions waiting.
-    pub waiters: u32,
+    pub(crate) waiters: u32,
     /// The most permits held at any moment of the second.
-    pub held_max: u32,
+    pub(crate) held_max: u32,
     /// Acquires granted during the second.
-    pub grants: u32,
+    pub(crate) grants: u32,
 }
 
 /// The last [`HISTORY_SECONDS`] seconds of one semaphore. Its memory is fixed at creation:
 /// `HISTORY_SECONDS` × `size_of::<Second>()` bytes (18 000) plus a few words.
-pub struct History {
+pub(crate) struct History {
     ring: Box<[Second]>,
     /// The second (of the observer's clock) of the newest sample.
     newest: u64,
@@ -42,7 +42,7 @@ fn narrow(value: u64) -> u32 {
 
 impl History {
     /// A history that starts at `second` with these values.
-    pub fn new(second: u64, held: u64, capacity: u64, waiters: u64) -> History {
+    pub(crate) fn new(second: u64, held: u64, capacity: u64, waiters: u64) -> History {
         let mut ring = vec![Second::default(); HISTORY_SECONDS].into_boxed_slice();
         let (held, capacity, waiters) = (narrow(held), narrow(capacity), narrow(waiters));
         ring[slot(second)] = Second { held, capacity, waiters, held_max: held, grants: 0 };
@@ -72,50 +72,50 @@ impl History {
     }
 
     /// Brings the ring to `second` without changing any value (a read, an idle second).
-    pub fn advance(&mut self, second: u64) {
+    pub(crate) fn advance(&mut self, second: u64) {
         self.at(second);
     }
 
     /// The values are these from `second` on (a snapshot was installed).
-    pub fn set(&mut self, second: u64, held: u64, capacity: u64, waiters: u64) {
+    pub(crate) fn set(&mut self, second: u64, held: u64, capacity: u64, waiters: u64) {
         let now = self.at(second);
         (now.held, now.capacity, now.waiters) = (narrow(held), narrow(capacity), narrow(waiters));
         now.held_max = now.held_max.max(now.held);
     }
 
     /// `delta` more (or fewer) permits are held from `second` on.
-    pub fn held(&mut self, second: u64, delta: i64) {
+    pub(crate) fn held(&mut self, second: u64, delta: i64) {
         let now = self.at(second);
         now.held = narrow((i64::from(now.held) + delta).max(0) as u64);
         now.held_max = now.held_max.max(now.held);
     }
 
     /// An acquire was granted in `second`.
-    pub fn granted(&mut self, second: u64) {
+    pub(crate) fn granted(&mut self, second: u64) {
         let now = self.at(second);
         now.grants = now.grants.saturating_add(1);
     }
 
     /// One more (`1`) or one fewer (`-1`) session waits from `second` on.
-    pub fn waiters(&mut self, second: u64, delta: i64) {
+    pub(crate) fn waiters(&mut self, second: u64, delta: i64) {
         let now = self.at(second);
         now.waiters = narrow((i64::from(now.waiters) + delta).max(0) as u64);
     }
 
     /// The capacity is `capacity` from `second` on.
-    pub fn capacity(&mut self, second: u64, capacity: u64) {
+    pub(crate) fn capacity(&mut self, second: u64, capacity: u64) {
         self.at(second).capacity = narrow(capacity);
     }
 
     /// The samples, oldest first, each with its second.
-    pub fn samples(&self) -> impl Iterator<Item = (u64, Second)> + '_ {
+    pub(crate) fn samples(&self) -> impl Iterator<Item = (u64, Second)> + '_ {
         let oldest = self.newest + 1 - self.len as u64;
         (oldest..=self.newest).map(|s| (s, self.ring[slot(s)]))
     }
 }
 
 /// This node's wall clock, in ms since the Unix epoch (0 before 1970).
-pub fn wall_ms() -> u64 {
+pub(crate) fn wall_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::SystemTime::UNIX_EPOCH)
         .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))

@@ -2,7 +2,7 @@
 //!
 //! Every node tracks the sessions its state machine applied; only the leader refreshes deadlines
 //! on keepalive and proposes expiries. When a node becomes leader it extends every deadline to at
-//! least `now + ttl` ([`Lessor::promote`]), so a lease never shrinks across a leader change.
+//! least `now + ttl` (`Lessor::promote`), so a lease never shrinks across a leader change.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -23,12 +23,12 @@ pub struct Lessor {
 
 impl Lessor {
     /// Tracks a session created by an applied command.
-    pub fn on_created(&mut self, id: SessionId, ttl_ms: u64, now: Instant) {
+    pub(crate) fn on_created(&mut self, id: SessionId, ttl_ms: u64, now: Instant) {
         self.set_deadline(id, now + Duration::from_millis(ttl_ms), ttl_ms);
     }
 
     /// Forgets a session removed by an applied command.
-    pub fn on_removed(&mut self, id: SessionId) {
+    pub(crate) fn on_removed(&mut self, id: SessionId) {
         if let Some((deadline, _)) = self.deadlines.remove(&id) {
             self.by_deadline.remove(&(deadline, id));
         }
@@ -37,7 +37,7 @@ impl Lessor {
 
     /// Tracks exactly `sessions` (id, ttl), every deadline `now + ttl`: a snapshot replaced the
     /// state. Builds both indexes in bulk.
-    pub fn reset(&mut self, sessions: impl ExactSizeIterator<Item = (SessionId, u64)>, now: Instant) {
+    pub(crate) fn reset(&mut self, sessions: impl ExactSizeIterator<Item = (SessionId, u64)>, now: Instant) {
         self.deadlines = HashMap::with_capacity(sessions.len());
         for (id, ttl_ms) in sessions {
             let deadline = adjusted(now + Duration::from_millis(ttl_ms), ttl_ms);
@@ -71,7 +71,7 @@ impl Lessor {
     ///
     /// One pass over the sessions and one bulk rebuild of the deadline order, not a re-insert per
     /// session: a new leader serves nothing until it is done.
-    pub fn promote(&mut self, term: u64, now: Instant) {
+    pub(crate) fn promote(&mut self, term: u64, now: Instant) {
         for (deadline, ttl_ms) in self.deadlines.values_mut() {
             let extended = now + Duration::from_millis(*ttl_ms);
             if *deadline < extended {
@@ -84,18 +84,18 @@ impl Lessor {
     }
 
     /// Stops being leader: no more expiries from this node.
-    pub fn demote(&mut self) {
+    pub(crate) fn demote(&mut self) {
         self.promoted_term = None;
         self.expiring.clear();
     }
 
     /// The term this node leads in, once it extended every deadline.
-    pub fn promoted_term(&self) -> Option<u64> {
+    pub(crate) fn promoted_term(&self) -> Option<u64> {
         self.promoted_term
     }
 
     /// The earliest deadline among sessions not already expiring.
-    pub fn next_deadline(&self) -> Option<Instant> {
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
         if crate::bugs::is(crate::bugs::Bug::IgnoreTtl) {
             return None;
         }
@@ -103,7 +103,7 @@ impl Lessor {
     }
 
     /// Sessions whose deadline passed by `now` (at most `max`), marked as expiring.
-    pub fn take_expired(&mut self, now: Instant, max: usize) -> Vec<SessionId> {
+    pub(crate) fn take_expired(&mut self, now: Instant, max: usize) -> Vec<SessionId> {
         if crate::bugs::is(crate::bugs::Bug::IgnoreTtl) {
             return Vec::new();
         }
@@ -122,7 +122,7 @@ impl Lessor {
     }
 
     /// Undoes `take_expired` for sessions whose expiry could not be proposed.
-    pub fn unmark(&mut self, ids: &[SessionId]) {
+    pub(crate) fn unmark(&mut self, ids: &[SessionId]) {
         for id in ids {
             self.expiring.remove(id);
         }

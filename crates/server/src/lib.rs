@@ -4,18 +4,18 @@
 //! group-commit [`raft::proposer`] into the Raft log ([`raft`]: openraft with the segment log
 //! store), is applied by the state machine adapter to the [`raft::replica`], and is answered
 //! from the outcome.
-//! Session deadlines live in memory in the [`lessor`]; the [`expiry`] driver proposes expiries
+//! Session deadlines live in memory in the [`lessor`]; the `expiry` driver proposes expiries
 //! on the leader. See `docs/ARCHITECTURE.md` for the map.
 
 pub mod api;
 pub mod auth;
-pub mod bugs;
+pub(crate) mod bugs;
 pub mod config;
-pub mod entropy;
-pub mod expiry;
+pub(crate) mod entropy;
+pub(crate) mod expiry;
 pub mod failstop;
-pub mod fanout;
-pub mod history;
+pub(crate) mod fanout;
+pub(crate) mod history;
 pub mod lessor;
 pub mod listener;
 pub mod metrics;
@@ -23,13 +23,12 @@ pub mod node;
 pub mod notify;
 pub mod observe;
 pub mod peer;
-pub mod peer_conn;
+pub(crate) mod peer_conn;
 pub mod raft;
 pub mod tls;
 
 use std::future::Future;
 use std::io::Write;
-use std::sync::Arc;
 use std::time::Duration;
 
 pub use config::Config;
@@ -44,7 +43,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// # Errors
 /// When the address cannot be bound, the data dir or a TLS file cannot be opened, or Raft fails
 /// to start; and when the node fails while serving (a storage error, or Raft stopped on its own:
-/// see [`failstop`]), after refusing all work for [`failstop::FAILSTOP_LINGER`].
+/// see [`failstop`]), after refusing all work for `failstop::FAILSTOP_LINGER`.
 pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     let acceptor = config.tls.as_ref().map(tls::server_config).transpose()?;
     let settings = listener::ListenerSettings {
@@ -113,6 +112,3 @@ pub async fn shutdown_signal() {
         _ = terminate.recv() => {}
     }
 }
-
-/// A node handle kept alive for tests that embed the server.
-pub type NodeHandle = Arc<Node>;

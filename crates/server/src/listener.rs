@@ -10,16 +10,16 @@
 //!   TLS the same bound covers the first byte and the handshake.
 //! - **Body-read timeout.** Once a request's head has arrived, its body must arrive whole within
 //!   `body_read_timeout` (the header-read timeout): a client that trickles its body, or never
-//!   sends it, gets `408 body_timeout` and its connection closes ([`DeadlineBody`]). A body the
+//!   sends it, gets `408 body_timeout` and its connection closes (`DeadlineBody`). A body the
 //!   client has already sent is never cut off, however long the server takes to read it.
 //! - **Per-client cap.** At most `connections_per_client_max` client connections from one source
 //!   address (IPv6 addresses count one by one) are open at once; more are refused (counted in
 //!   `permit_connections_refused_total{reason="per_client"}`), so that one address cannot take
 //!   every slot. A connection whose first request carries a valid peer credential stops counting
 //!   towards its address's share (a follower forwards every client's request from one address).
-//! - **Peer reserve.** On a node with a cluster secret, [`PEER_CONNECTIONS_RESERVED`] slots beyond
+//! - **Peer reserve.** On a node with a cluster secret, `PEER_CONNECTIONS_RESERVED` slots beyond
 //!   `connections_max` serve peers only: a connection that finds the client slots full (or its
-//!   address at its cap) takes one of them, and must prove within [`PEER_PROOF_TIMEOUT`] that it
+//!   address at its cap) takes one of them, and must prove within `PEER_PROOF_TIMEOUT` that it
 //!   is a peer (a request with a valid credential); every request on it must carry one, else it
 //!   gets `429 limit_exceeded` and is closed. When the reserve is full, a new connection evicts
 //!   the oldest one that has not proved itself yet, so connections that send nothing cannot
@@ -58,14 +58,14 @@ use crate::metrics::Metrics;
 use crate::peer::ClusterSecret;
 
 /// `--header-read-timeout`'s default.
-pub const HEADER_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+pub(crate) const HEADER_READ_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
 /// `--connections-max`'s default: well below the usual 65 536 file descriptors, well above what
 /// a node's clients and peers need.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 4096;
 
 /// Largest `--connections-max` accepted (far above any file-descriptor limit in practice).
-pub const CONNECTIONS_MAX_LIMIT: usize = 1 << 24;
+pub(crate) const CONNECTIONS_MAX_LIMIT: usize = 1 << 24;
 
 /// `--connections-per-client-max`'s default: a quarter of the default cap, so that at least four
 /// addresses are needed to fill it, and far above what one client process opens (the benchmark
@@ -75,11 +75,11 @@ pub const CONNECTIONS_PER_CLIENT_MAX_DEFAULT: usize = 1024;
 /// Connection slots beyond `--connections-max` that only peers may keep, on a node with a
 /// cluster secret: enough for the Raft traffic and forwarded requests of a few peers while the
 /// clients' slots are full.
-pub const PEER_CONNECTIONS_RESERVED: usize = 64;
+pub(crate) const PEER_CONNECTIONS_RESERVED: usize = 64;
 
 /// How long a connection in a peer slot has to send a request with a valid peer credential
 /// (peers send theirs as soon as they connect) before it is closed.
-pub const PEER_PROOF_TIMEOUT: Duration = Duration::from_secs(1);
+const PEER_PROOF_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The least time between two warnings about refused connections.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
@@ -95,26 +95,26 @@ const REFUSAL_DRAIN_BYTES_MAX: usize = 64 * 1024;
 
 /// How connections are accepted and served.
 #[derive(Clone)]
-pub struct ListenerSettings {
+pub(crate) struct ListenerSettings {
     /// Longest wait for a complete request head (and, over TLS, for the handshake).
-    pub header_read_timeout: Duration,
+    pub(crate) header_read_timeout: Duration,
     /// Longest wait for a request's whole body once its head arrived.
-    pub body_read_timeout: Duration,
+    pub(crate) body_read_timeout: Duration,
     /// Most client connections open at once.
-    pub connections_max: usize,
+    pub(crate) connections_max: usize,
     /// Most client connections from one source address open at once.
-    pub connections_per_client_max: usize,
+    pub(crate) connections_per_client_max: usize,
     /// The cluster secret: with it, [`PEER_CONNECTIONS_RESERVED`] more slots serve peers only.
-    pub cluster_secret: Option<ClusterSecret>,
+    pub(crate) cluster_secret: Option<ClusterSecret>,
     /// This node's id, which peers sign their requests for.
-    pub node_id: u64,
+    pub(crate) node_id: u64,
     /// Serves HTTPS when set.
-    pub tls: Option<TlsAcceptor>,
+    pub(crate) tls: Option<TlsAcceptor>,
 }
 
 /// Serves `router` on `listener` until `stop` resolves, then waits for the open connections to
 /// finish their requests.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     settings: ListenerSettings,
@@ -617,7 +617,7 @@ impl Service {
 /// (the handler's extractor maps [`BodyReadTimeout`]) and the connection closes (hyper does not
 /// keep a connection whose request body was not read to its end). Only waiting counts: bytes
 /// already received are handed over even after the deadline.
-pub struct DeadlineBody {
+pub(crate) struct DeadlineBody {
     inner: Incoming,
     deadline: tokio::time::Instant,
     /// The timer, made only when the body first has to wait.
@@ -628,7 +628,7 @@ pub struct DeadlineBody {
 /// The error of a [`DeadlineBody`] whose deadline passed.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("the request body did not arrive in time: the whole body must follow its head within the header-read timeout")]
-pub struct BodyReadTimeout;
+pub(crate) struct BodyReadTimeout;
 
 impl hyper::body::Body for DeadlineBody {
     type Data = Bytes;
@@ -668,7 +668,7 @@ impl hyper::body::Body for DeadlineBody {
 
 /// Whether `error` (an extractor's or `to_bytes`'s) is, or was caused by, a body that did not
 /// arrive in time.
-pub fn is_body_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn is_body_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut cause = Some(error);
     while let Some(error) = cause {
         if error.is::<BodyReadTimeout>() {

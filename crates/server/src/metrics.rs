@@ -4,7 +4,7 @@
 //! middleware, the state's figures as entries apply (`observe.rs`). A scrape sets only the Raft
 //! gauges, the clock-dependent per-object gauges and the `process_*` figures: O(series), never a
 //! walk of the state. Objects past `--metrics-names-max` share the series labelled
-//! [`crate::observe::OVERFLOW_LABEL`]. `docs/observability.md` lists every metric.
+//! `crate::observe::OVERFLOW_LABEL`. `docs/observability.md` lists every metric.
 
 use std::sync::atomic::AtomicU64;
 
@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 pub const METRICS_NAMES_MAX_DEFAULT: usize = 1000;
 
 /// A label set.
-pub type Labels = Vec<(String, String)>;
+pub(crate) type Labels = Vec<(String, String)>;
 
 /// Buckets of the wait and hold time histograms, in seconds.
 const OBJECT_SECONDS_BUCKETS: [f64; 18] = [
@@ -33,19 +33,19 @@ const LONG_POLL_BUCKETS: [f64; 12] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 
 /// The per-object gauges of one series ([`Metrics::object_series`]).
 #[derive(Clone)]
-pub struct ObjectGauges {
+pub(crate) struct ObjectGauges {
     /// Capacity (semaphores).
-    pub capacity: Gauge,
+    pub(crate) capacity: Gauge,
     /// Permits held (semaphores).
-    pub held: Gauge,
+    pub(crate) held: Gauge,
     /// Holders (for an election, 1 while it has a leader).
-    pub holders: Gauge,
+    pub(crate) holders: Gauge,
     /// Queued acquires (election candidates).
-    pub waiters: Gauge,
+    pub(crate) waiters: Gauge,
 }
 
 /// The clock-dependent gauges of one series, set at each scrape ([`Metrics::clock_series`]).
-pub struct ClockGauges {
+pub(crate) struct ClockGauges {
     oldest_waiter: Gauge<f64, AtomicU64>,
     /// Elections only.
     tenure: Option<Gauge<f64, AtomicU64>>,
@@ -54,7 +54,7 @@ pub struct ClockGauges {
 impl ClockGauges {
     /// Sets how long the oldest waiter has waited and (elections) how long the leader has led
     /// (0 without one), in seconds.
-    pub fn set(&self, oldest_waiter: f64, tenure: Option<f64>) {
+    pub(crate) fn set(&self, oldest_waiter: f64, tenure: Option<f64>) {
         self.oldest_waiter.set(oldest_waiter);
         if let Some(gauge) = &self.tenure {
             gauge.set(tenure.unwrap_or(0.0));
@@ -76,7 +76,7 @@ fn hold_labels(labels: &Labels, how: EventKind) -> Labels {
 /// on first use and kept: a lookup builds and hashes the label vector. Valid until
 /// [`Metrics::forget_object`] drops the object's series.
 #[derive(Default)]
-pub struct ObjectCounts {
+pub(crate) struct ObjectCounts {
     grants: Option<Counter>,
     wait_seconds: Option<Histogram>,
     expirations: Option<Counter>,
@@ -168,7 +168,7 @@ pub struct Metrics {
     handoff_waited: Counter,
     handoff_missed: Counter,
     /// Duration of each log append: the segment log's write and its fdatasync.
-    pub append_seconds: Histogram,
+    pub(crate) append_seconds: Histogram,
     sessions_expired: Counter,
     sessions_created: Counter,
     sessions_closed: Counter,
@@ -183,55 +183,55 @@ pub struct Metrics {
     semaphore: ObjectFamilies,
     election: ObjectFamilies,
     /// ReadIndex rounds (quorum confirmations) run for linearizable reads and keepalives.
-    pub read_rounds: Counter,
+    pub(crate) read_rounds: Counter,
     /// Linearizable reads and keepalives that waited for a ReadIndex round.
-    pub read_barrier_waits: Counter,
+    pub(crate) read_barrier_waits: Counter,
     /// Peer RPCs this node sent, by kind (counted by the peer network before each send).
-    pub peer_rpcs_sent: PeerRpcCounts,
+    pub(crate) peer_rpcs_sent: PeerRpcCounts,
     /// Peer RPCs this node received and admitted, by kind.
-    pub peer_rpcs_received: PeerRpcCounts,
+    pub(crate) peer_rpcs_received: PeerRpcCounts,
     connections_open: Gauge,
     connections_refused: Family<Labels, Counter>,
     /// Gauges set at scrape time.
-    pub gauges: StateGauges,
+    pub(crate) gauges: StateGauges,
     /// One render at a time: renders run on the blocking pool (see `api::system::metrics`), and
     /// concurrent scrapes must not take a thread each. The permit moves into the render, so a
     /// scraper that hangs up does not free it before the render ends.
-    pub renders: std::sync::Arc<tokio::sync::Semaphore>,
+    pub(crate) renders: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 /// Gauges describing the state and Raft, refreshed at each scrape.
 #[derive(Default)]
-pub struct StateGauges {
+pub(crate) struct StateGauges {
     /// Live sessions.
-    pub sessions: Gauge,
+    pub(crate) sessions: Gauge,
     /// Semaphores.
-    pub semaphores: Gauge,
+    pub(crate) semaphores: Gauge,
     /// Elections with a leader or candidates.
-    pub elections: Gauge,
+    pub(crate) elections: Gauge,
     /// Holds over all objects.
-    pub holds: Gauge,
+    pub(crate) holds: Gauge,
     /// Waiters over all objects.
-    pub waiters: Gauge,
+    pub(crate) waiters: Gauge,
     /// The largest fencing token issued.
-    pub last_token: Gauge,
+    pub(crate) last_token: Gauge,
     /// Current Raft term.
-    pub raft_term: Gauge,
+    pub(crate) raft_term: Gauge,
     /// 1 when this node is the Raft leader.
-    pub raft_is_leader: Gauge,
+    pub(crate) raft_is_leader: Gauge,
     /// Last log index on this node.
-    pub raft_last_log_index: Gauge,
+    pub(crate) raft_last_log_index: Gauge,
     /// Last applied log index on this node.
-    pub raft_applied_index: Gauge,
+    pub(crate) raft_applied_index: Gauge,
     /// Last log index in this node's latest snapshot.
-    pub raft_snapshot_index: Gauge,
+    pub(crate) raft_snapshot_index: Gauge,
     /// Last log index purged from this node's log (compaction).
-    pub raft_purged_index: Gauge,
+    pub(crate) raft_purged_index: Gauge,
 }
 
 impl Metrics {
     /// Registers every metric.
-    pub fn new() -> Metrics {
+    pub(crate) fn new() -> Metrics {
         let mut registry = Registry::with_prefix("permit");
         let requests = Family::<Labels, Counter>::default();
         registry.register("http_requests", "HTTP requests by route, method and status", requests.clone());
@@ -403,7 +403,14 @@ impl Metrics {
     /// Counts one HTTP request to the route template `route` (a long-poll's duration goes to
     /// its own histogram, not the request latency one). A method that HTTP does not define is
     /// counted as `OTHER`, so that requests cannot add series without bound.
-    pub fn observe_request(&self, route: &str, method: &str, status: u16, seconds: f64, long_poll: bool) {
+    pub(crate) fn observe_request(
+        &self,
+        route: &str,
+        method: &str,
+        status: u16,
+        seconds: f64,
+        long_poll: bool,
+    ) {
         let method = if STANDARD_METHODS.contains(&method) { method } else { "OTHER" };
         let (count, histogram) = {
             let mut routes = self.routes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -465,7 +472,7 @@ impl Metrics {
 
     /// The gauges of the series `labels` of an object of `kind` (created at zero if new). The
     /// handles stay valid until [`Metrics::forget_object`] drops the series.
-    pub fn object_series(&self, kind: Kind, labels: &Labels) -> ObjectGauges {
+    pub(crate) fn object_series(&self, kind: Kind, labels: &Labels) -> ObjectGauges {
         let f = self.families(kind);
         ObjectGauges {
             capacity: f.capacity.get_or_create(labels).clone(),
@@ -477,7 +484,7 @@ impl Metrics {
 
     /// Runs `change` on one object's `gauges`, and keeps the totals over all objects
     /// (`permit_holds`, `permit_waiters`) in step.
-    pub fn change_object<R>(&self, gauges: &ObjectGauges, change: impl FnOnce(&ObjectGauges) -> R) {
+    pub(crate) fn change_object<R>(&self, gauges: &ObjectGauges, change: impl FnOnce(&ObjectGauges) -> R) {
         let (holders, waiters) = (gauges.holders.get(), gauges.waiters.get());
         change(gauges);
         self.gauges.holds.inc_by(gauges.holders.get() - holders);
@@ -485,7 +492,7 @@ impl Metrics {
     }
 
     /// The gauge counting objects of `kind`.
-    pub fn objects_gauge(&self, kind: Kind) -> &Gauge {
+    pub(crate) fn objects_gauge(&self, kind: Kind) -> &Gauge {
         match kind {
             Kind::Semaphore => &self.gauges.semaphores,
             Kind::Election => &self.gauges.elections,
@@ -494,7 +501,7 @@ impl Metrics {
 
     /// Drops every series of an object (it was deleted, or the gauges are rebuilt). The totals
     /// lose what it held.
-    pub fn forget_object(&self, labels: &Labels) {
+    pub(crate) fn forget_object(&self, labels: &Labels) {
         for f in [&self.semaphore, &self.election] {
             if let Some(holders) = f.holders.get(labels) {
                 self.gauges.holds.dec_by(holders.get());
@@ -507,7 +514,7 @@ impl Metrics {
     }
 
     /// Zeroes the object totals before the per-object gauges are rebuilt.
-    pub fn reset_object_totals(&self) {
+    pub(crate) fn reset_object_totals(&self) {
         for gauge in
             [&self.gauges.semaphores, &self.gauges.elections, &self.gauges.holds, &self.gauges.waiters]
         {
@@ -516,36 +523,36 @@ impl Metrics {
     }
 
     /// Sets the session count (after a snapshot was installed).
-    pub fn set_totals(&self, sessions: i64) {
+    pub(crate) fn set_totals(&self, sessions: i64) {
         self.gauges.sessions.set(sessions);
     }
 
     /// Counts a created session.
-    pub fn session_created(&self) {
+    pub(crate) fn session_created(&self) {
         self.sessions_created.inc();
         self.gauges.sessions.inc();
     }
 
     /// Counts a session that expired or was closed.
-    pub fn session_ended(&self, expired: bool) {
+    pub(crate) fn session_ended(&self, expired: bool) {
         if expired { &self.sessions_expired } else { &self.sessions_closed }.inc();
         self.gauges.sessions.dec();
     }
 
     /// Counts a keepalive answered.
-    pub fn keepalive(&self) {
+    pub(crate) fn keepalive(&self) {
         self.keepalives.inc();
     }
 
     /// Counts a batched keepalive of `ids` sessions, `renewed` of which were renewed.
-    pub fn keepalive_batch(&self, ids: u64, renewed: u64) {
+    pub(crate) fn keepalive_batch(&self, ids: u64, renewed: u64) {
         self.keepalive_batch_sessions.observe(ids as f64);
         self.keepalives.inc_by(renewed);
     }
 
     /// Counts a grant that waited `waited` seconds in the queue (0 for an immediate one), in
     /// the series `labels` of an object of `kind` (whose handles `series` keeps).
-    pub fn granted(&self, kind: Kind, labels: &Labels, series: &mut ObjectCounts, waited: f64) {
+    pub(crate) fn granted(&self, kind: Kind, labels: &Labels, series: &mut ObjectCounts, waited: f64) {
         let f = self.families(kind);
         series.grants.get_or_insert_with(|| f.grants.get_or_create(labels).clone()).inc();
         series
@@ -555,18 +562,18 @@ impl Metrics {
     }
 
     /// Counts a try-acquire refused.
-    pub fn try_acquire_refused(&self, kind: Kind, labels: &Labels) {
+    pub(crate) fn try_acquire_refused(&self, kind: Kind, labels: &Labels) {
         self.families(kind).try_refusals.get_or_create(labels).inc();
     }
 
     /// Counts a long-poll acquire that timed out still queued.
-    pub fn acquire_timed_out(&self, kind: Kind, labels: &Labels) {
+    pub(crate) fn acquire_timed_out(&self, kind: Kind, labels: &Labels) {
         self.families(kind).timeouts.get_or_create(labels).inc();
     }
 
     /// Records a hold that lasted `held` seconds and ended as `how` (released, expired or
     /// revoked), as [`Metrics::granted`] counts.
-    pub fn hold_ended(
+    pub(crate) fn hold_ended(
         &self,
         kind: Kind,
         labels: &Labels,
@@ -585,13 +592,13 @@ impl Metrics {
     }
 
     /// Counts an election's change of leader.
-    pub fn leader_changed(&self, labels: &Labels) {
+    pub(crate) fn leader_changed(&self, labels: &Labels) {
         self.election.leader_changes.get_or_create(labels).inc();
     }
 
     /// The clock-dependent gauges of the series `labels` of an object of `kind` (created if
     /// new), valid until [`Metrics::forget_object`] drops the series.
-    pub fn clock_series(&self, kind: Kind, labels: &Labels) -> ClockGauges {
+    pub(crate) fn clock_series(&self, kind: Kind, labels: &Labels) -> ClockGauges {
         let f = self.families(kind);
         ClockGauges {
             oldest_waiter: f.oldest_waiter_seconds.get_or_create(labels).clone(),
@@ -600,20 +607,20 @@ impl Metrics {
     }
 
     /// Records the size of one proposed batch.
-    pub fn observe_batch(&self, commands: usize) {
+    pub(crate) fn observe_batch(&self, commands: usize) {
         self.batch_commands.observe(commands as f64);
     }
 
     /// Records one wait of the proposer for the next commands of `woken` sessions, of which
     /// `missed` sent none in time.
-    pub fn observe_handoff_wait(&self, woken: usize, missed: usize) {
+    pub(crate) fn observe_handoff_wait(&self, woken: usize, missed: usize) {
         self.handoff_waited.inc_by(woken as u64);
         self.handoff_missed.inc_by(missed as u64);
     }
 
     /// Records one request forwarded to the leader; `seconds` is how long the leader took to
     /// answer it, recorded unless it was a long-poll (whose time is the wait's).
-    pub fn observe_forward(&self, long_poll: bool, seconds: f64) {
+    pub(crate) fn observe_forward(&self, long_poll: bool, seconds: f64) {
         let kind = if long_poll { "long_poll" } else { "request" };
         self.forwards.get_or_create(&vec![("kind".to_owned(), kind.to_owned())]).inc();
         if !long_poll {
@@ -622,32 +629,32 @@ impl Metrics {
     }
 
     /// Records how long one batch took to commit and apply.
-    pub fn observe_write(&self, seconds: f64) {
+    pub(crate) fn observe_write(&self, seconds: f64) {
         self.write_seconds.observe(seconds);
     }
 
     /// Counts holds released by `max_hold_ms`.
-    pub fn holds_expired(&self, count: u64) {
+    pub(crate) fn holds_expired(&self, count: u64) {
         self.holds_expired.inc_by(count);
     }
 
     /// Counts an accepted connection as open.
-    pub fn connection_opened(&self) {
+    pub(crate) fn connection_opened(&self) {
         self.connections_open.inc();
     }
 
     /// Counts an open connection as closed.
-    pub fn connection_closed(&self) {
+    pub(crate) fn connection_closed(&self) {
         self.connections_open.dec();
     }
 
     /// Counts a connection closed without being served, by reason.
-    pub fn connection_refused(&self, reason: &str) {
+    pub(crate) fn connection_refused(&self, reason: &str) {
         self.connections_refused.get_or_create(&vec![("reason".to_owned(), reason.to_owned())]).inc();
     }
 
     /// Renders every metric in the Prometheus text format.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut text = String::new();
         encode(&mut text, &self.registry).expect("writing to a String cannot fail");
         // The process figures are unprefixed, as every exporter names them.
@@ -665,7 +672,7 @@ impl Default for Metrics {
 
 /// The kinds of peer RPC, as counted in `permit_peer_rpcs_{sent,received}_total{kind}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PeerRpcKind {
+pub(crate) enum PeerRpcKind {
     /// AppendEntries carrying log entries.
     Append,
     /// AppendEntries without entries: a heartbeat or a ReadIndex confirmation.
@@ -679,7 +686,7 @@ pub enum PeerRpcKind {
 /// One counter per [`PeerRpcKind`], each a series of one labelled family; cloned into the peer
 /// network and the peer routes so that counting costs one atomic add, no label lookup.
 #[derive(Debug, Clone, Default)]
-pub struct PeerRpcCounts {
+pub(crate) struct PeerRpcCounts {
     append: Counter,
     heartbeat: Counter,
     vote: Counter,
@@ -700,23 +707,13 @@ impl PeerRpcCounts {
     }
 
     /// Counts one RPC of `kind`.
-    pub fn count(&self, kind: PeerRpcKind) {
+    pub(crate) fn count(&self, kind: PeerRpcKind) {
         match kind {
             PeerRpcKind::Append => self.append.inc(),
             PeerRpcKind::Heartbeat => self.heartbeat.inc(),
             PeerRpcKind::Vote => self.vote.inc(),
             PeerRpcKind::Snapshot => self.snapshot.inc(),
         };
-    }
-
-    /// The count of `kind` so far.
-    pub fn get(&self, kind: PeerRpcKind) -> u64 {
-        match kind {
-            PeerRpcKind::Append => self.append.get(),
-            PeerRpcKind::Heartbeat => self.heartbeat.get(),
-            PeerRpcKind::Vote => self.vote.get(),
-            PeerRpcKind::Snapshot => self.snapshot.get(),
-        }
     }
 }
 

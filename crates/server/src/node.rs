@@ -240,12 +240,12 @@ impl Node {
     }
 
     /// This node's view of the cluster now.
-    pub fn status(&self) -> Status {
+    pub(crate) fn status(&self) -> Status {
         self.consensus.status()
     }
 
     /// The URL scheme peers are reached with (`https` when this node has TLS).
-    pub fn peer_scheme(&self) -> &'static str {
+    pub(crate) fn peer_scheme(&self) -> &'static str {
         crate::tls::peer_scheme(self.config.tls.as_ref())
     }
 
@@ -258,7 +258,7 @@ impl Node {
     }
 
     /// Waits until a read of the local state is linearizable (see
-    /// [`Consensus::ensure_linearizable`]).
+    /// `Consensus::ensure_linearizable`).
     ///
     /// # Errors
     /// [`ProposeError::NotLeader`] when it does not lead or cannot reach a quorum.
@@ -267,7 +267,7 @@ impl Node {
     }
 
     /// Runs `refresh` on the replica under a confirmed lease authority (see
-    /// [`Consensus::with_lease_authority`]).
+    /// `Consensus::with_lease_authority`).
     ///
     /// # Errors
     /// [`ProposeError::NotLeader`] when it does not lead, or no longer in the confirmed term.
@@ -279,7 +279,7 @@ impl Node {
     }
 
     /// The leader's id and address, waiting up to `patience` for one to be known.
-    pub async fn leader(&self, patience: Duration) -> Option<(NodeId, String)> {
+    pub(crate) async fn leader(&self, patience: Duration) -> Option<(NodeId, String)> {
         self.consensus.leader(patience).await
     }
 

@@ -1,6 +1,6 @@
 //! Wake-ups for long-polls: a waiting acquire wakes when its wait ends (`Effect::WaitEnded`), a
 //! watch when its object changes (`Effect::ObjectChanged`), and every long-poll and event stream
-//! of a token when that token is deleted ([`Notifier::revoke`]). An apply wakes only the requests
+//! of a token when that token is deleted (`Notifier::revoke`). An apply wakes only the requests
 //! it concerns. The queue itself is replicated state; only these wake-ups live in memory.
 
 use std::collections::HashMap;
@@ -28,27 +28,27 @@ pub struct Notifier {
 }
 
 /// Most woken sessions kept for the proposer between two of its batches.
-pub const WOKEN_MAX: usize = 64;
+const WOKEN_MAX: usize = 64;
 
 /// A registration for the end of one session's wait on one object. Dropping it unregisters.
-pub type WaitSubscription = Subscription<(Key, SessionId)>;
+pub(crate) type WaitSubscription = Subscription<(Key, SessionId)>;
 
 /// A registration for changes of one object (a blocking read). Dropping it unregisters.
-pub type WatchSubscription = Subscription<Key>;
+pub(crate) type WatchSubscription = Subscription<Key>;
 
 /// A registration for the deletion of one token (a long-poll or stream it holds open).
 /// Dropping it unregisters.
-pub type RevocationSubscription = Subscription<TokenId>;
+pub(crate) type RevocationSubscription = Subscription<TokenId>;
 
 /// A registration in one of the [`Notifier`]'s registries. Dropping it unregisters.
-pub struct Subscription<K: Registry> {
+pub(crate) struct Subscription<K: Registry> {
     notifier: Arc<Notifier>,
     key: K,
     notify: Arc<Notify>,
 }
 
 /// Which registry a key type lives in.
-pub trait Registry: std::hash::Hash + Eq + Clone + Sized {
+pub(crate) trait Registry: std::hash::Hash + Eq + Clone + Sized {
     /// The registry of this key type in `notifier`.
     fn interests(notifier: &Notifier) -> &Interests<Self>;
 }
@@ -83,22 +83,22 @@ impl Notifier {
     }
 
     /// Registers interest in the end of `session`'s wait on `key`.
-    pub fn subscribe(self: &Arc<Notifier>, key: Key, session: SessionId) -> WaitSubscription {
+    pub(crate) fn subscribe(self: &Arc<Notifier>, key: Key, session: SessionId) -> WaitSubscription {
         self.register((key, session))
     }
 
     /// Registers interest in changes of the object `key` (including its creation and deletion).
-    pub fn watch(self: &Arc<Notifier>, key: Key) -> WatchSubscription {
+    pub(crate) fn watch(self: &Arc<Notifier>, key: Key) -> WatchSubscription {
         self.register(key)
     }
 
     /// Registers interest in the deletion of `token`.
-    pub fn on_revocation(self: &Arc<Notifier>, token: TokenId) -> RevocationSubscription {
+    pub(crate) fn on_revocation(self: &Arc<Notifier>, token: TokenId) -> RevocationSubscription {
         self.register(token)
     }
 
     /// Wakes the long-polls and streams of tokens that an apply deleted.
-    pub fn revoke(&self, deleted: &[TokenId]) {
+    pub(crate) fn revoke(&self, deleted: &[TokenId]) {
         if deleted.is_empty() {
             return;
         }
@@ -116,7 +116,7 @@ impl Notifier {
     }
 
     /// Wakes whoever the effects of an apply concern.
-    pub fn dispatch(&self, effects: &[Effect]) {
+    pub(crate) fn dispatch(&self, effects: &[Effect]) {
         {
             let waits = self.waits.lock().expect("notifier lock");
             let watches = self.watches.lock().expect("notifier lock");
@@ -144,12 +144,12 @@ impl Notifier {
 
     /// Moves the sessions whose waits ended since the last call into `into` (see
     /// [`Notifier::dispatch`]).
-    pub fn take_woken(&self, into: &mut Vec<SessionId>) {
+    pub(crate) fn take_woken(&self, into: &mut Vec<SessionId>) {
         into.append(&mut self.woken.lock().expect("notifier lock"));
     }
 
     /// Wakes every registered wait (the whole state was replaced by a snapshot).
-    pub fn wake_all(&self) {
+    pub(crate) fn wake_all(&self) {
         for (notify, _) in self.waits.lock().expect("notifier lock").values() {
             notify.notify_waiters();
         }
@@ -165,7 +165,7 @@ impl Notifier {
 
 impl<K: Registry> Subscription<K> {
     /// The `Notify` to wait on; enable the `notified()` future before checking the state.
-    pub fn notify(&self) -> &Notify {
+    pub(crate) fn notify(&self) -> &Notify {
         &self.notify
     }
 }

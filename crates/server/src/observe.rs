@@ -5,7 +5,7 @@
 //! (`raft/state_machine.rs`) hands each entry's effects here with the entry's log index and
 //! leader time. Everything is updated incrementally, so a scrape costs O(series) and never walks
 //! the state under the replica lock; a snapshot install rebuilds the gauges once. The semaphores
-//! with series of their own also get a [`History`] of their last 15 minutes, by this node's clock.
+//! with series of their own also get a `History` of their last 15 minutes, by this node's clock.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -21,15 +21,15 @@ use crate::metrics::{ClockGauges, Labels, Metrics, ObjectCounts, ObjectGauges};
 pub const EVENT_RING_LEN: usize = 10_000;
 
 /// The label value under which objects past `--metrics-names-max` are summed.
-pub const OVERFLOW_LABEL: &str = "_other";
+pub(crate) const OVERFLOW_LABEL: &str = "_other";
 
 /// One event as streamed: its number, the event, and its JSON, rendered when a stream first
 /// sends it (most events are never streamed, so rendering each at apply time would be wasted
 /// work on the apply path).
 #[derive(Debug)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     /// Its number on this node (the SSE `id`).
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// The log index of the entry it came from.
     index: u64,
     /// The leader time of that entry.
@@ -40,28 +40,28 @@ pub struct Recorded {
 
 impl Recorded {
     /// Its kind.
-    pub fn kind(&self) -> EventKind {
+    pub(crate) fn kind(&self) -> EventKind {
         self.event.kind
     }
 
     /// The object, for object events.
-    pub fn key(&self) -> Option<&Key> {
+    pub(crate) fn key(&self) -> Option<&Key> {
         self.event.key.as_ref()
     }
 
     /// The session's name, for session events (auth checks `session` read on it): `""` for a
     /// session without one, `None` for other events.
-    pub fn session_name(&self) -> Option<&str> {
+    pub(crate) fn session_name(&self) -> Option<&str> {
         self.event.kind.is_session().then(|| self.event.session_name.as_deref().unwrap_or(""))
     }
 
     /// The token that created the session, for session events of an owned session.
-    pub fn session_owner(&self) -> Option<permit_core::TokenId> {
+    pub(crate) fn session_owner(&self) -> Option<permit_core::TokenId> {
         self.event.session_owner
     }
 
     /// The `data:` line.
-    pub fn json(&self) -> &str {
+    pub(crate) fn json(&self) -> &str {
         self.json.get_or_init(|| render(self.seq, self.index, self.now_ms, &self.event))
     }
 }
@@ -77,10 +77,10 @@ impl Recorded {
 /// The last [`EVENT_RING_LEN`] events, and the streams waiting for more, woken only for the
 /// events they may see ([`Fanout`]).
 #[derive(Default)]
-pub struct EventRing {
+pub(crate) struct EventRing {
     inner: Mutex<Ring>,
     /// The open streams, by what they may see.
-    pub fanout: Arc<Fanout>,
+    pub(crate) fanout: Arc<Fanout>,
 }
 
 #[derive(Default)]
@@ -91,11 +91,11 @@ struct Ring {
 }
 
 /// What a stream resuming after `last` gets.
-pub struct Since {
+pub(crate) struct Since {
     /// `Some((requested, first_available))` when events after `last` fell out of the ring.
-    pub missed: Option<(u64, u64)>,
+    pub(crate) missed: Option<(u64, u64)>,
     /// The events to send, oldest first.
-    pub events: Vec<Arc<Recorded>>,
+    pub(crate) events: Vec<Arc<Recorded>>,
 }
 
 impl EventRing {
@@ -104,13 +104,13 @@ impl EventRing {
     }
 
     /// The seq of the newest event (0 before the first).
-    pub fn last_seq(&self) -> u64 {
+    pub(crate) fn last_seq(&self) -> u64 {
         self.lock().next_seq.saturating_sub(1)
     }
 
     /// Events with a seq above `last`. With `check`, reports a gap when `last + 1` is no longer
     /// (or not yet, after a restart) in the ring.
-    pub fn since(&self, last: u64, check: bool) -> Since {
+    pub(crate) fn since(&self, last: u64, check: bool) -> Since {
         let ring = self.lock();
         let next = ring.next_seq.max(1);
         let first = ring.events.front().map_or(next, |event| event.seq);
@@ -191,7 +191,7 @@ struct Tracker {
 /// The event ring and the incrementally kept metrics of one node.
 pub struct Observer {
     /// Events for `GET /v1/events`.
-    pub ring: EventRing,
+    pub(crate) ring: EventRing,
     metrics: Arc<Metrics>,
     names_max: usize,
     tracker: Mutex<Tracker>,
@@ -227,7 +227,7 @@ impl Observer {
 
     /// Rebuilds the per-object gauges from `state` (a snapshot was installed or loaded): the one
     /// walk of the state, done at install time, never at scrape time.
-    pub fn reset(&self, state: &State) {
+    pub(crate) fn reset(&self, state: &State) {
         let mut tracker = self.tracker();
         let m = &self.metrics;
         for tracked in tracker.objects.values() {
@@ -314,7 +314,7 @@ impl Observer {
     }
 
     /// Takes in the effects of the log entry at `index`, applied at leader time `now_ms`.
-    pub fn on_entry(&self, index: u64, now_ms: u64, effects: &[Effect]) {
+    pub(crate) fn on_entry(&self, index: u64, now_ms: u64, effects: &[Effect]) {
         let mut tracker = self.tracker();
         for effect in effects {
             match effect {
@@ -452,7 +452,7 @@ impl Observer {
     }
 
     /// Refreshes the gauges that depend on the clock (oldest waiter, leader tenure): O(series).
-    pub fn refresh(&self) {
+    pub(crate) fn refresh(&self) {
         let mut tracker = self.tracker();
         let now = Instant::now();
         let mut overflow_has = [false, false];
@@ -477,7 +477,7 @@ impl Observer {
     }
 
     /// Counts a waiting acquire or campaign on `key` whose long-poll ended still queued.
-    pub fn acquire_timed_out(&self, key: &Key) {
+    pub(crate) fn acquire_timed_out(&self, key: &Key) {
         if let Some(tracked) = self.tracker().objects.get(key) {
             self.metrics.acquire_timed_out(key.kind, &tracked.labels);
         }
@@ -485,13 +485,13 @@ impl Observer {
 
     /// How long `session` has waited on `key`, by this node's clock (since it applied the
     /// entry that queued it, or since it loaded a snapshot that held the waiter).
-    pub fn waited(&self, key: &Key, session: SessionId) -> Option<Duration> {
+    pub(crate) fn waited(&self, key: &Key, session: SessionId) -> Option<Duration> {
         let tracker = self.tracker();
         tracker.objects.get(key)?.queued.get(&session).map(|(_, since, _)| since.elapsed())
     }
 
     /// How long the oldest waiter of `key` has waited, as [`Observer::waited`] counts.
-    pub fn oldest_wait(&self, key: &Key) -> Option<Duration> {
+    pub(crate) fn oldest_wait(&self, key: &Key) -> Option<Duration> {
         let tracker = self.tracker();
         tracker.objects.get(key)?.queue_order.values().next().map(Instant::elapsed)
     }
@@ -500,7 +500,7 @@ impl Observer {
     /// in ms since the Unix epoch (by this node's wall clock when it started, plus its monotonic
     /// clock since), and that clock now. The history is `None` when this node keeps none for
     /// it (it is past `--metrics-names-max`, or unknown here).
-    pub fn history(&self, key: &Key) -> (Option<Vec<(u64, Second)>>, u64) {
+    pub(crate) fn history(&self, key: &Key) -> (Option<Vec<(u64, Second)>>, u64) {
         let mut tracker = self.tracker();
         let since_epoch = self.epoch.elapsed();
         let now_ms =
@@ -511,12 +511,6 @@ impl Observer {
         history.advance(since_epoch.as_secs());
         let samples = history.samples().map(|(s, values)| (self.epoch_wall_ms + s * 1000, values)).collect();
         (Some(samples), now_ms)
-    }
-
-    /// Objects tracked with a series of their own, and in all.
-    pub fn tracked(&self) -> (usize, usize) {
-        let tracker = self.tracker();
-        (tracker.own, tracker.objects.len())
     }
 }
 

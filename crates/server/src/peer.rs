@@ -33,7 +33,7 @@ use sha2::{Digest, Sha256};
 use crate::raft::NodeId;
 
 /// Fewest bytes a cluster secret may have (after trimming whitespace).
-pub const CLUSTER_SECRET_BYTES_MIN: usize = 16;
+const CLUSTER_SECRET_BYTES_MIN: usize = 16;
 /// Largest cluster secret file read, in bytes.
 const CLUSTER_SECRET_FILE_BYTES_MAX: u64 = 4096;
 /// What an authenticator is over, first: a new scheme gets a new context so that messages of an
@@ -41,14 +41,14 @@ const CLUSTER_SECRET_FILE_BYTES_MAX: u64 = 4096;
 const CONTEXT: &[u8] = b"permit-peer-v2";
 /// How many counters below the highest one taken from a sender are still accepted once (in any
 /// order): requests to one peer in flight at once are reordered by at most their number.
-pub const REPLAY_WINDOW: u64 = 1024;
+const REPLAY_WINDOW: u64 = 1024;
 /// How many replaced nonces of one sender a node remembers (a sender draws a new one at each
 /// start). Beyond that the oldest is forgotten.
 const RETIRED_NONCES_MAX: usize = 64;
 /// Longest membership claim accepted, in bytes.
-pub const MEMBERS_CLAIM_BYTES_MAX: usize = 2048;
+const MEMBERS_CLAIM_BYTES_MAX: usize = 2048;
 /// How to make a secret, for error messages.
-pub const SECRET_HOWTO: &str = "make one with `head -c 32 /dev/urandom | base64 > cluster.secret` \
+pub(crate) const SECRET_HOWTO: &str = "make one with `head -c 32 /dev/urandom | base64 > cluster.secret` \
     and start every node with `--cluster-secret-file cluster.secret` (the same file on every node)";
 
 /// The secret shared by the nodes of a cluster. Its `Debug` output never shows it.
@@ -65,8 +65,8 @@ impl ClusterSecret {
     /// A secret from `bytes` with surrounding whitespace trimmed.
     ///
     /// # Errors
-    /// When fewer than [`CLUSTER_SECRET_BYTES_MIN`] bytes remain, or the secret is easy to guess
-    /// ([`crate::entropy::check`]).
+    /// When fewer than `CLUSTER_SECRET_BYTES_MIN` bytes remain, or the secret is easy to guess
+    /// (`crate::entropy::check`).
     pub fn new(bytes: &[u8]) -> anyhow::Result<ClusterSecret> {
         let trimmed = bytes.trim_ascii();
         anyhow::ensure!(
@@ -172,7 +172,7 @@ static MEMBERS: HeaderName = HeaderName::from_static(PEER_MEMBERS_HEADER);
 
 /// Why a peer request is not authenticated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PeerAuthError {
+pub(crate) enum PeerAuthError {
     /// This node has no cluster secret, so it accepts no peer request.
     #[error("this node has no cluster secret and accepts no peer requests")]
     NoSecret,
@@ -212,11 +212,6 @@ impl PeerSigner {
     /// The signer of node `id`, with a new random nonce.
     pub fn new(secret: ClusterSecret, id: NodeId) -> PeerSigner {
         PeerSigner { secret, id, nonce: new_nonce(), receivers: Mutex::default() }
-    }
-
-    /// This node's id.
-    pub fn id(&self) -> NodeId {
-        self.id
     }
 
     /// Inserts into `headers` the peer headers of one message to node `to`: `method` on `path`
@@ -272,7 +267,7 @@ impl PeerSigner {
 
 /// The receiving side of the peer channel of one node: checks each message's authenticator
 /// and that it was not taken before.
-pub struct PeerVerifier {
+pub(crate) struct PeerVerifier {
     secret: ClusterSecret,
     id: NodeId,
     nonce: u64,
@@ -287,12 +282,12 @@ impl fmt::Debug for PeerVerifier {
 
 /// A peer message whose headers are authentic; its body still has to match ([`PeerHead::check_body`]).
 #[derive(Debug, Clone)]
-pub struct PeerHead {
+pub(crate) struct PeerHead {
     /// The node that sent it.
-    pub sender: NodeId,
+    pub(crate) sender: NodeId,
     body_sha256: [u8; 32],
     /// The sender's membership claim (`permit-peer-members`), `""` when it sent none.
-    pub members: String,
+    pub(crate) members: String,
 }
 
 impl PeerHead {
@@ -300,7 +295,7 @@ impl PeerHead {
     ///
     /// # Errors
     /// [`PeerAuthError::BodyMismatch`] when it is not.
-    pub fn check_body(&self, body: &[u8]) -> Result<(), PeerAuthError> {
+    pub(crate) fn check_body(&self, body: &[u8]) -> Result<(), PeerAuthError> {
         let digest: [u8; 32] = Sha256::digest(body).into();
         if digest == self.body_sha256 {
             Ok(())
@@ -312,12 +307,12 @@ impl PeerHead {
 
 impl PeerVerifier {
     /// The verifier of node `id`, with a new random nonce.
-    pub fn new(secret: ClusterSecret, id: NodeId) -> PeerVerifier {
+    pub(crate) fn new(secret: ClusterSecret, id: NodeId) -> PeerVerifier {
         PeerVerifier { secret, id, nonce: new_nonce(), senders: Mutex::default() }
     }
 
     /// This start's nonce, as the `permit-peer-nonce` header of a refusal.
-    pub fn nonce_header(&self) -> (HeaderName, HeaderValue) {
+    pub(crate) fn nonce_header(&self) -> (HeaderName, HeaderValue) {
         let value = HeaderValue::try_from(format!("{:016x}", self.nonce)).expect("hex digits");
         (NONCE.clone(), value)
     }
@@ -328,7 +323,7 @@ impl PeerVerifier {
     ///
     /// # Errors
     /// [`PeerAuthError`] saying which check failed.
-    pub fn verify_head(
+    pub(crate) fn verify_head(
         &self,
         method: &str,
         path: &str,
@@ -355,7 +350,13 @@ impl PeerVerifier {
 /// it), checked without taking the message: for deciding where a request or connection belongs
 /// (a peer's connection slot, the `Host` check), never for accepting a message, which is
 /// [`PeerVerifier::verify_head`]'s job.
-pub fn signed_for(secret: &ClusterSecret, to: NodeId, method: &str, path: &str, headers: &HeaderMap) -> bool {
+pub(crate) fn signed_for(
+    secret: &ClusterSecret,
+    to: NodeId,
+    method: &str,
+    path: &str,
+    headers: &HeaderMap,
+) -> bool {
     Head::parse(headers).is_ok_and(|head| head.authentic(secret, to, method, path))
 }
 

@@ -36,11 +36,11 @@ use tokio::net::{TcpSocket, TcpStream};
 use crate::tls::PEER_POOL_IDLE;
 
 /// An error of one exchange with a peer.
-pub type PeerIoError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type PeerIoError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why a request to a peer got no answer.
 #[derive(Debug, thiserror::Error)]
-pub enum PeerError {
+pub(crate) enum PeerError {
     /// No connection to the peer could be made: the request was not sent.
     #[error("no connection: {0}")]
     Connect(PeerIoError),
@@ -51,7 +51,7 @@ pub enum PeerError {
 
 /// Whether a request lost on a reused connection may be sent again on a new one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Resend {
+pub(crate) enum Resend {
     /// Yes: the peer copes with it twice (a Raft message).
     Once,
     /// No: it may have been applied (a forwarded client request).
@@ -59,35 +59,35 @@ pub enum Resend {
 }
 
 /// One request to a peer.
-pub struct PeerRequest<'a> {
-    pub method: hyper::Method,
+pub(crate) struct PeerRequest<'a> {
+    pub(crate) method: hyper::Method,
     /// Path and query.
-    pub path: &'a str,
-    pub headers: &'a hyper::HeaderMap,
-    pub body: Bytes,
-    pub resend: Resend,
+    pub(crate) path: &'a str,
+    pub(crate) headers: &'a hyper::HeaderMap,
+    pub(crate) body: Bytes,
+    pub(crate) resend: Resend,
 }
 
 /// How a [`PeerPool`] dials its peers and what it keeps.
 #[derive(Clone)]
-pub struct PeerPoolConfig {
+pub(crate) struct PeerPoolConfig {
     /// Dial from this address when it is a specific one (so peers and fault-injecting proxies
     /// see which node connects).
-    pub local: Option<IpAddr>,
+    pub(crate) local: Option<IpAddr>,
     /// TLS to the peers, when the node has it.
-    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
     /// A connection (with its TLS handshake) must be up within this.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// The most idle connections kept per peer.
-    pub idle_max: usize,
+    pub(crate) idle_max: usize,
     /// The largest answer body accepted.
-    pub answer_max: usize,
+    pub(crate) answer_max: usize,
 }
 
 /// A node's connections to its peers: how it opens them and the idle ones, by peer address.
 /// Clones share the idle lists.
 #[derive(Clone)]
-pub struct PeerPool {
+pub(crate) struct PeerPool {
     local: Option<IpAddr>,
     tls: Option<tokio_rustls::TlsConnector>,
     connect_timeout: Duration,
@@ -98,7 +98,7 @@ pub struct PeerPool {
 
 impl PeerPool {
     /// A pool with no connection yet.
-    pub fn new(config: PeerPoolConfig) -> PeerPool {
+    pub(crate) fn new(config: PeerPoolConfig) -> PeerPool {
         PeerPool {
             local: config.local.filter(|ip| !ip.is_unspecified()),
             tls: config.tls.map(tokio_rustls::TlsConnector::from),
@@ -116,7 +116,7 @@ impl PeerPool {
     /// [`PeerError::Connect`] when no connection could be made (nothing was sent);
     /// [`PeerError::Lost`] when the peer closed the connection before its answer, or answered
     /// more than the pool's `answer_max`.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         addr: &str,
         request: PeerRequest<'_>,

@@ -3,7 +3,7 @@
 //! and the HTTP client it probes them with.
 //!
 //! The crypto provider is rustls' `ring` provider, installed as the process default by
-//! [`install_crypto_provider`]: it builds with `cc` alone (no cmake, no C++), which keeps a clean
+//! `install_crypto_provider`: it builds with `cc` alone (no cmake, no C++), which keeps a clean
 //! build short on small machines, and it is the provider rustls was audited with first. See
 //! `docs/security.md` ("## TLS").
 
@@ -14,11 +14,11 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// The first byte of a TLS record carrying a handshake (a ClientHello starts with it).
-pub const TLS_HANDSHAKE_BYTE: u8 = 0x16;
+pub(crate) const TLS_HANDSHAKE_BYTE: u8 = 0x16;
 
 /// Idle pooled connections to peers are dropped after this long, before a peer's
 /// header-read timeout (10 s by default) closes them under a request about to be sent.
-pub const PEER_POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(4);
+pub(crate) const PEER_POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// Largest PEM file read for a certificate, key or CA bundle.
 const PEM_BYTES_MAX: u64 = 1 << 20;
@@ -39,7 +39,7 @@ pub struct TlsConfig {
 
 impl TlsConfig {
     /// The CA bundle peers are verified against, if one was given.
-    pub fn peer_ca_file(&self) -> Option<&Path> {
+    fn peer_ca_file(&self) -> Option<&Path> {
         self.peer_ca.as_deref().or(self.client_ca.as_deref())
     }
 }
@@ -47,7 +47,7 @@ impl TlsConfig {
 /// Installs rustls' `ring` provider as the process default, once; later calls do nothing.
 /// Every reqwest client in the process needs a default provider (reqwest is built with
 /// `rustls-no-provider`).
-pub fn install_crypto_provider() {
+fn install_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Losing a race against another thread installing one is fine.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -92,7 +92,7 @@ fn load_roots(path: &Path, what: &str) -> anyhow::Result<rustls::RootCertStore> 
 ///
 /// # Errors
 /// A message naming the file that cannot be read or does not match.
-pub fn server_config(tls: &TlsConfig) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+pub(crate) fn server_config(tls: &TlsConfig) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     install_crypto_provider();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
@@ -122,7 +122,7 @@ pub fn server_config(tls: &TlsConfig) -> anyhow::Result<Arc<rustls::ServerConfig
 ///
 /// # Errors
 /// A message naming the file that cannot be read.
-pub fn peer_client(
+pub(crate) fn peer_client(
     builder: reqwest::ClientBuilder,
     tls: Option<&TlsConfig>,
 ) -> anyhow::Result<reqwest::ClientBuilder> {
@@ -153,7 +153,7 @@ pub fn peer_client(
 ///
 /// # Errors
 /// A message naming the file that cannot be read or does not match.
-pub fn peer_client_config(tls: &TlsConfig) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+pub(crate) fn peer_client_config(tls: &TlsConfig) -> anyhow::Result<Arc<rustls::ClientConfig>> {
     use rustls_platform_verifier::BuilderVerifierExt;
     install_crypto_provider();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -174,7 +174,7 @@ pub fn peer_client_config(tls: &TlsConfig) -> anyhow::Result<Arc<rustls::ClientC
 }
 
 /// The URL scheme peers are reached with: `https` when the node has TLS.
-pub fn peer_scheme(tls: Option<&TlsConfig>) -> &'static str {
+pub(crate) fn peer_scheme(tls: Option<&TlsConfig>) -> &'static str {
     if tls.is_some() {
         "https"
     } else {

@@ -23,7 +23,7 @@ const TOKEN_ID_ATTEMPTS: usize = 3;
 /// salted hash of it (HMAC-SHA256 under the cluster's token salt). Needs `acl` admin.
 #[utoipa::path(post, path = "/v1/acl/tokens", tag = "acl", request_body = CreateTokenRequest,
     responses((status = 201, body = TokenCreated)))]
-pub async fn create(
+pub(crate) async fn create(
     State(node): State<Arc<Node>>,
     Json(request): Json<CreateTokenRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -58,7 +58,7 @@ pub async fn create(
 /// Every token, without secrets. Needs `acl` read.
 #[utoipa::path(get, path = "/v1/acl/tokens", tag = "acl",
     responses((status = 200, body = TokenList)))]
-pub async fn list(State(node): State<Arc<Node>>) -> Result<axum::Json<TokenList>, ApiError> {
+pub(crate) async fn list(State(node): State<Arc<Node>>) -> Result<axum::Json<TokenList>, ApiError> {
     node.ensure_linearizable().await?;
     let replica = node.replica().read();
     let state = &replica.state;
@@ -70,7 +70,7 @@ pub async fn list(State(node): State<Arc<Node>>) -> Result<axum::Json<TokenList>
 #[utoipa::path(get, path = "/v1/acl/tokens/self", tag = "acl",
     responses((status = 200, body = TokenView),
               (status = 400, body = ErrorBody, description = "`invalid_argument`: auth is off, requests carry no token")))]
-pub async fn current(
+pub(crate) async fn current(
     State(node): State<Arc<Node>>,
     caller: Caller,
 ) -> Result<axum::Json<TokenView>, ApiError> {
@@ -90,7 +90,10 @@ pub async fn current(
 #[utoipa::path(delete, path = "/v1/acl/tokens/{id}", tag = "acl",
     params(("id" = String, Path, description = "Token id (32 hex digits)")),
     responses((status = 204)))]
-pub async fn delete(State(node): State<Arc<Node>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+pub(crate) async fn delete(
+    State(node): State<Arc<Node>>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
     let id: TokenId = id.parse().map_err(|_| token_not_found())?;
     match node.propose(Command::DeleteToken { id }).await? {
         Outcome::TokenDeleted { sessions_closed } => {

@@ -37,12 +37,12 @@ fn membership_error(error: MembershipError) -> ApiError {
 /// The members, their roles and how far each has got.
 #[utoipa::path(get, path = "/v1/cluster", tag = "cluster",
     responses((status = 200, body = ClusterView)))]
-pub async fn status(State(node): State<Arc<Node>>) -> Result<axum::Json<ClusterView>, ApiError> {
+pub(crate) async fn status(State(node): State<Arc<Node>>) -> Result<axum::Json<ClusterView>, ApiError> {
     Ok(axum::Json(view(&node).await))
 }
 
 /// Builds the cluster view from this node's Raft metrics, probing each member's health.
-pub async fn view(node: &Node) -> ClusterView {
+pub(crate) async fn view(node: &Node) -> ClusterView {
     let status = node.status();
     let probes = status.members.values().map(|member| {
         let (http, addr, id) = (node.http.clone(), member.addr.clone(), member.id);
@@ -78,7 +78,7 @@ pub async fn view(node: &Node) -> ClusterView {
 /// the given voters, which must be started with `--join` too.
 #[utoipa::path(post, path = "/v1/cluster/init", tag = "cluster", request_body = InitClusterRequest,
     responses((status = 200, body = ClusterView), (status = 409, body = ErrorBody)))]
-pub async fn init(
+pub(crate) async fn init(
     State(node): State<Arc<Node>>,
     Json(request): Json<InitClusterRequest>,
 ) -> Result<axum::Json<ClusterView>, ApiError> {
@@ -94,7 +94,7 @@ pub async fn init(
 /// behind), then becomes a voter (unless `learner` is set).
 #[utoipa::path(post, path = "/v1/cluster/members", tag = "cluster", request_body = AddMemberRequest,
     responses((status = 200, body = ClusterView), (status = 409, body = ErrorBody)))]
-pub async fn add(
+pub(crate) async fn add(
     State(node): State<Arc<Node>>,
     Json(request): Json<AddMemberRequest>,
 ) -> Result<axum::Json<ClusterView>, ApiError> {
@@ -148,7 +148,10 @@ async fn check_new_member(node: &Node, request: &AddMemberRequest) -> Result<(),
 #[utoipa::path(delete, path = "/v1/cluster/members/{id}", tag = "cluster",
     params(("id" = u64, Path, description = "Node id")),
     responses((status = 204), (status = 409, body = ErrorBody)))]
-pub async fn remove(State(node): State<Arc<Node>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+pub(crate) async fn remove(
+    State(node): State<Arc<Node>>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
     let id: NodeId =
         id.parse().map_err(|_| ApiError::new(ErrorCode::InvalidArgument, "node ids are integers"))?;
     node.consensus.remove_member(id).await.map_err(membership_error)?;
@@ -161,7 +164,7 @@ pub async fn remove(State(node): State<Arc<Node>>, Path(id): Path<String>) -> Re
 /// holds session ids and token hashes).
 #[utoipa::path(get, path = "/v1/snapshot", tag = "cluster",
     responses((status = 200, description = "The backup", content_type = "application/octet-stream", body = Vec<u8>)))]
-pub async fn snapshot(State(node): State<Arc<Node>>) -> Result<axum::response::Response, ApiError> {
+pub(crate) async fn snapshot(State(node): State<Arc<Node>>) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     node.ensure_linearizable().await?;
     let backup = crate::raft::state_machine::backup(&node.replica().read());

@@ -31,7 +31,7 @@ use crate::node::Node;
               (status = 409, body = ErrorBody, description = "`unavailable`, `wait_cancelled`, `limit_exceeded`"),
               (status = 429, body = ErrorBody, description = "`limit_exceeded`: a per-token cap (long-polls, \
 or objects created: `--objects-per-token-max`); retry after `Retry-After` seconds")))]
-pub async fn campaign(
+pub(crate) async fn campaign(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Path(name): Path<String>,
@@ -97,7 +97,7 @@ fn read_view(node: &Node, name: &Name) -> (ElectionView, u64) {
 /// only the names under the caller's read rules (see `GET /v1/semaphores`).
 #[utoipa::path(get, path = "/v1/elections", tag = "elections", params(ListParams),
     responses((status = 200, body = ElectionList)))]
-pub async fn list(
+pub(crate) async fn list(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Query(params): Query<ListParams>,
@@ -128,7 +128,7 @@ pub async fn list(
 #[utoipa::path(get, path = "/v1/elections/{name}", tag = "elections",
     params(("name" = String, Path, description = "Election name"), ReadParams),
     responses((status = 200, body = ElectionView, headers(("permit-index" = u64)))))]
-pub async fn get(
+pub(crate) async fn get(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Path(name): Path<String>,
@@ -152,7 +152,7 @@ pub async fn get(
 #[utoipa::path(post, path = "/v1/elections/{name}/resign", tag = "elections", request_body = ReleaseRequest,
     params(("name" = String, Path, description = "Election name")),
     responses((status = 200, body = ReleaseResponse), (status = 404, body = ErrorBody)))]
-pub async fn resign(
+pub(crate) async fn resign(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Path(name): Path<String>,
@@ -166,7 +166,7 @@ pub async fn resign(
 #[utoipa::path(post, path = "/v1/elections/{name}/revoke", tag = "elections", request_body = RevokeRequest,
     params(("name" = String, Path, description = "Election name")),
     responses((status = 200, body = ReleaseResponse)))]
-pub async fn revoke(
+pub(crate) async fn revoke(
     State(node): State<Arc<Node>>,
     Path(name): Path<String>,
     Json(request): Json<RevokeRequest>,

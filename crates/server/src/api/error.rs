@@ -9,31 +9,32 @@ use permit_wire::{ErrorBody, ErrorCode, ErrorDetail};
 use crate::raft::proposer::ProposeError;
 
 /// What to do about a missing semaphore, in every `semaphore_not_found` message.
-pub const SEMAPHORE_NOT_FOUND_HINT: &str = "create it with PUT /v1/semaphores/{name} {\"capacity\": N} \
+pub(crate) const SEMAPHORE_NOT_FOUND_HINT: &str =
+    "create it with PUT /v1/semaphores/{name} {\"capacity\": N} \
 (`permit set-capacity NAME N`), or pass \"capacity\" with the acquire to create it on first use";
 
 /// An error answer: `{"error": {"code", "message"}}` with the code's HTTP status.
 #[derive(Debug, Clone)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     /// Stable code.
-    pub code: ErrorCode,
+    pub(crate) code: ErrorCode,
     /// Message for humans.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl ApiError {
     /// An error with this code and message.
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
         ApiError { code, message: message.into() }
     }
 
     /// `session_not_found`.
-    pub fn session_not_found() -> ApiError {
+    pub(crate) fn session_not_found() -> ApiError {
         ApiError::new(ErrorCode::SessionNotFound, "session not found (never created, closed, or expired)")
     }
 
     /// `body_timeout`: the body did not arrive in time (`listener::DeadlineBody`).
-    pub fn body_timeout() -> ApiError {
+    pub(crate) fn body_timeout() -> ApiError {
         ApiError::new(
             ErrorCode::BodyTimeout,
             "the request body did not arrive whole within the header-read timeout after its head; \
@@ -42,7 +43,7 @@ impl ApiError {
     }
 
     /// `internal`, for outcomes that cannot happen.
-    pub fn internal(what: impl std::fmt::Debug) -> ApiError {
+    pub(crate) fn internal(what: impl std::fmt::Debug) -> ApiError {
         tracing::error!(?what, "internal error");
         ApiError::new(ErrorCode::Internal, format!("internal error: {what:?}"))
     }

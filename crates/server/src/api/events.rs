@@ -22,22 +22,22 @@ use crate::node::Node;
 use crate::observe::Recorded;
 
 /// How often an idle stream sends `: keepalive`.
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
 
 /// Query parameters of the event stream.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct EventsParams {
+pub(crate) struct EventsParams {
     /// Only object events whose name starts with this (session events pass only when it is
     /// empty).
-    pub prefix: Option<String>,
+    pub(crate) prefix: Option<String>,
     /// Comma-separated kinds to send (default: all): `session_created`, `session_expired`,
     /// `session_closed`, `queued`, `granted`, `released`, `wait_ended`, `expired`, `revoked`,
     /// `capacity_changed`, `leader_changed`.
-    pub kinds: Option<String>,
+    pub(crate) kinds: Option<String>,
     /// Close the stream after this many milliseconds (default: keep it open until the client or
     /// the node goes away), for clients that read in rounds; resume with `Last-Event-ID`.
-    pub wait_ms: Option<u64>,
+    pub(crate) wait_ms: Option<u64>,
 }
 
 /// Which events one stream sends.
@@ -223,7 +223,7 @@ impl Stream {
 /// server builds frames as text, so this type only documents them).
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)]
-pub struct EventFrame {
+pub(crate) struct EventFrame {
     /// The event's `seq`: resume after it with `Last-Event-ID`.
     id: Option<String>,
     /// The event's kind (`granted`, `released`, ...), or `missed`.
@@ -248,7 +248,7 @@ pub struct EventFrame {
     responses((status = 200, content_type = "text/event-stream", body = EventFrame,
             description = "An endless stream of `id:`/`event:`/`data:` frames; the schema is one frame's"),
         (status = 400, body = permit_wire::ErrorBody, description = "`invalid_argument`: an unknown kind")))]
-pub async fn events(
+pub(crate) async fn events(
     State(node): State<Arc<Node>>,
     caller: Caller,
     headers: HeaderMap,

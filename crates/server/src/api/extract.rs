@@ -15,7 +15,7 @@ use super::error::ApiError;
 /// A JSON object body; rejections become `malformed_json`, `invalid_body`,
 /// `unsupported_media_type` or `body_too_large`. Any other JSON value (an array, which serde
 /// would otherwise read as a struct's fields in order, a number, `null`) is `invalid_body`.
-pub struct Json<T>(pub T);
+pub(crate) struct Json<T>(pub(crate) T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Json<T> {
     type Rejection = ApiError;
@@ -51,7 +51,7 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
 
 /// A path parameter as text; a segment that is not UTF-8 once percent-decoded is
 /// `invalid_argument` (axum would answer plain text).
-pub struct Path<T>(pub T);
+pub(crate) struct Path<T>(pub(crate) T);
 
 impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T> {
     type Rejection = ApiError;
@@ -65,7 +65,7 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T>
 }
 
 /// A query string; rejections become `invalid_argument`.
-pub struct Query<T>(pub T);
+pub(crate) struct Query<T>(pub(crate) T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
     type Rejection = ApiError;
@@ -77,11 +77,11 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
 }
 
 /// Parses a semaphore or election name from the path.
-pub fn parse_name(text: &str) -> Result<Name, ApiError> {
+pub(crate) fn parse_name(text: &str) -> Result<Name, ApiError> {
     Name::new(text).map_err(|e| ApiError::new(ErrorCode::InvalidName, e.to_string()))
 }
 
 /// Parses a session id. A malformed id cannot name a session, so it is `session_not_found`.
-pub fn parse_session(text: &str) -> Result<SessionId, ApiError> {
+pub(crate) fn parse_session(text: &str) -> Result<SessionId, ApiError> {
     text.parse().map_err(|_| ApiError::session_not_found())
 }

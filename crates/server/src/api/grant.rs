@@ -13,7 +13,7 @@ use super::error::ApiError;
 use crate::node::Node;
 
 /// The result of an acquire or campaign as the client sees it.
-pub enum Grant {
+pub(crate) enum Grant {
     /// Held, with this token.
     Acquired {
         /// Permits held.
@@ -29,14 +29,14 @@ pub enum Grant {
 }
 
 /// The server-side cap on a long-poll.
-pub fn capped_wait(wait_ms: Option<u64>) -> u64 {
+pub(crate) fn capped_wait(wait_ms: Option<u64>) -> u64 {
     wait_ms.unwrap_or(0).min(WAIT_MS_MAX)
 }
 
 /// Proposes `acquire` and, if it is queued and `wait_ms > 0`, waits up to `wait_ms` for the grant.
 /// An `ephemeral` acquire that creates its semaphore makes it one that is deleted when idle. An
 /// object it creates counts against the `creator` token's cap.
-pub async fn acquire(
+pub(crate) async fn acquire(
     node: &Node,
     acquire: Acquire,
     wait_ms: u64,

@@ -27,7 +27,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use permit_wire::{ErrorCode, BODY_BYTES_MAX};
 
-pub use error::ApiError;
+pub(crate) use error::ApiError;
 
 use crate::node::Node;
 
@@ -36,7 +36,7 @@ use crate::node::Node;
 const RETRY_AFTER_SECONDS: &str = "1";
 
 /// The client API and, on a node with a cluster secret, the peer RPC routes of `node`.
-pub fn router(node: Arc<Node>) -> Router {
+pub(crate) fn router(node: Arc<Node>) -> Router {
     let client = Router::new()
         .route("/v1/sessions", post(sessions::create).get(sessions::list))
         .route("/v1/sessions/keepalive", post(sessions::keepalive_batch))
@@ -133,7 +133,7 @@ async fn edge(State(node): State<Arc<Node>>, request: Request, next: Next) -> Re
 tokio::task_local! {
     /// Set while serving a request that long-polls (it took a long-poll place, or was forwarded
     /// as one): its duration goes to the long-poll histogram, not the request latency one.
-    pub(crate) static LONG_POLL: std::cell::Cell<bool>;
+    static LONG_POLL: std::cell::Cell<bool>;
 }
 
 /// Marks the request being served as a long-poll (see [`LONG_POLL`]).

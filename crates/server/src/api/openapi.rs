@@ -198,7 +198,7 @@ fn constrain_name(schema: &mut Object) {
 }
 
 /// Regular expression of a session id (see `permit_core::SessionId`).
-pub const SESSION_ID_PATTERN: &str = "^[0-9a-f]{32}$";
+const SESSION_ID_PATTERN: &str = "^[0-9a-f]{32}$";
 
 /// Constrains the ids of a batched keepalive to the session id syntax, each given once, as the
 /// handler checks them.

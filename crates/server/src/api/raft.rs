@@ -78,16 +78,16 @@ fn answer(result: Result<Vec<u8>, Response>) -> Response {
 }
 
 /// AppendEntries (also the leader's heartbeat).
-pub async fn append(State(node): State<Arc<Node>>, request: Request) -> Response {
+pub(crate) async fn append(State(node): State<Arc<Node>>, request: Request) -> Response {
     answer(serve(&node, PeerRoute::Append, request).await)
 }
 
 /// RequestVote.
-pub async fn vote(State(node): State<Arc<Node>>, request: Request) -> Response {
+pub(crate) async fn vote(State(node): State<Arc<Node>>, request: Request) -> Response {
     answer(serve(&node, PeerRoute::Vote, request).await)
 }
 
 /// InstallSnapshot (one chunk).
-pub async fn snapshot(State(node): State<Arc<Node>>, request: Request) -> Response {
+pub(crate) async fn snapshot(State(node): State<Arc<Node>>, request: Request) -> Response {
     answer(serve(&node, PeerRoute::Snapshot, request).await)
 }

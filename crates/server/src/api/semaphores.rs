@@ -35,7 +35,7 @@ fn index_header(index: u64) -> [(HeaderName, String); 1] {
 
 /// Builds the view of a semaphore from the applied state; `now_ms` is leader time now, and
 /// `waited` how long a session has waited on it.
-pub fn view(
+pub(crate) fn view(
     state: &CoreState,
     name: &Name,
     object: &Semaphore,
@@ -107,7 +107,7 @@ fn read_view(node: &Node, name: &Name) -> Result<(SemaphoreView, u64), ApiError>
               (status = 409, body = ErrorBody, description = "`limit_exceeded`: too many semaphores"),
               (status = 429, body = ErrorBody, description = "`limit_exceeded`: the token has created \
 as many semaphores and elections as `--objects-per-token-max` allows; retry after `Retry-After` seconds")))]
-pub async fn put(
+pub(crate) async fn put(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Path(name): Path<String>,
@@ -138,7 +138,7 @@ pub async fn put(
 #[utoipa::path(get, path = "/v1/semaphores/{name}", tag = "semaphores",
     params(("name" = String, Path, description = "Semaphore name"), ReadParams),
     responses((status = 200, body = SemaphoreView, headers(("permit-index" = u64))), (status = 404, body = ErrorBody)))]
-pub async fn get(
+pub(crate) async fn get(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Path(name): Path<String>,
@@ -167,7 +167,7 @@ pub async fn get(
     responses((status = 200, body = SemaphoreHistory, description = "One sample per second, oldest first"),
               (status = 404, body = ErrorBody, description = "`semaphore_not_found`: this node has no such semaphore \
 (`not_found`: no route matches, e.g. an empty path segment)")))]
-pub async fn history(
+pub(crate) async fn history(
     State(node): State<Arc<Node>>,
     Path(name): Path<String>,
     Query(params): Query<HistoryParams>,
@@ -217,29 +217,29 @@ pub async fn history(
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
-pub struct HistoryParams {
+pub(crate) struct HistoryParams {
     /// Only the last this many seconds (the newest samples), default and at most 900.
     #[param(minimum = 1, maximum = 900)]
-    pub seconds: Option<u64>,
+    pub(crate) seconds: Option<u64>,
 }
 
 /// Query parameters of the list.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
-pub struct ListParams {
+pub(crate) struct ListParams {
     /// Start after this name (for sessions: this session id).
-    pub after: Option<String>,
+    pub(crate) after: Option<String>,
     /// Page size, default 100, at most 1000.
     #[param(minimum = 1, maximum = 1000)]
-    pub limit: Option<usize>,
+    pub(crate) limit: Option<usize>,
     /// Serve from this node's applied state (may be stale).
     #[serde(default)]
-    pub stale: bool,
+    pub(crate) stale: bool,
 }
 
 /// The page size a list asks for, checked against [`LIST_LIMIT_MAX`].
-pub fn list_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+pub(crate) fn list_limit(limit: Option<usize>) -> Result<usize, ApiError> {
     let limit = limit.unwrap_or(LIST_LIMIT_DEFAULT);
     if !(1..=LIST_LIMIT_MAX).contains(&limit) {
         return Err(ApiError::new(
@@ -255,7 +255,7 @@ pub fn list_limit(limit: Option<usize>) -> Result<usize, ApiError> {
 /// not the size of the table.
 #[utoipa::path(get, path = "/v1/semaphores", tag = "semaphores", params(ListParams),
     responses((status = 200, body = SemaphoreList)))]
-pub async fn list(
+pub(crate) async fn list(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Query(params): Query<ListParams>,
@@ -294,7 +294,10 @@ pub async fn list(
 #[utoipa::path(delete, path = "/v1/semaphores/{name}", tag = "semaphores",
     params(("name" = String, Path, description = "Semaphore name")),
     responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-pub async fn delete(State(node): State<Arc<Node>>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+pub(crate) async fn delete(
+    State(node): State<Arc<Node>>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
     let name = parse_name(&name)?;
     match node.propose(Command::DeleteSemaphore { name }).await? {
         Outcome::SemaphoreDeleted => Ok(StatusCode::NO_CONTENT),
@@ -315,7 +318,7 @@ pub async fn delete(State(node): State<Arc<Node>>, Path(name): Path<String>) -> 
 `permits_mismatch`, `wait_cancelled`, `limit_exceeded`"),
               (status = 429, body = ErrorBody, description = "`limit_exceeded`: a per-token cap (long-polls, \
 or objects created: `--objects-per-token-max`); retry after `Retry-After` seconds")))]
-pub async fn acquire(
+pub(crate) async fn acquire(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Path(name): Path<String>,
@@ -354,7 +357,7 @@ pub async fn acquire(
 #[utoipa::path(post, path = "/v1/semaphores/{name}/release", tag = "semaphores", request_body = ReleaseRequest,
     params(("name" = String, Path, description = "Semaphore name")),
     responses((status = 200, body = ReleaseResponse), (status = 404, body = ErrorBody)))]
-pub async fn release(
+pub(crate) async fn release(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Path(name): Path<String>,
@@ -369,7 +372,7 @@ pub async fn release(
 #[utoipa::path(post, path = "/v1/semaphores/{name}/revoke", tag = "semaphores", request_body = RevokeRequest,
     params(("name" = String, Path, description = "Semaphore name")),
     responses((status = 200, body = ReleaseResponse)))]
-pub async fn revoke(
+pub(crate) async fn revoke(
     State(node): State<Arc<Node>>,
     Path(name): Path<String>,
     Json(request): Json<RevokeRequest>,
@@ -380,7 +383,7 @@ pub async fn revoke(
 
 /// Releases `session`'s hold or wait on `key` (shared with elections' resign and the revokes).
 /// With a `caller`, the session must be the caller's; `None` is an admin's revoke.
-pub async fn release_key(
+pub(crate) async fn release_key(
     node: &Node,
     key: Key,
     session: &str,
@@ -406,7 +409,7 @@ pub async fn release_key(
 #[utoipa::path(post, path = "/v1/semaphores/{name}/validate", tag = "semaphores", request_body = ValidateRequest,
     params(("name" = String, Path, description = "Semaphore name")),
     responses((status = 200, body = ValidateResponse)))]
-pub async fn validate(
+pub(crate) async fn validate(
     State(node): State<Arc<Node>>,
     Path(name): Path<String>,
     Json(request): Json<ValidateRequest>,

@@ -30,7 +30,7 @@ const SESSION_ID_ATTEMPTS: usize = 3;
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body = CreateSessionRequest,
     responses((status = 201, body = SessionCreated),
               (status = 409, body = ErrorBody, description = "`limit_exceeded`: too many sessions")))]
-pub async fn create(
+pub(crate) async fn create(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Json(request): Json<CreateSessionRequest>,
@@ -80,7 +80,7 @@ pub async fn create(
 #[utoipa::path(post, path = "/v1/sessions/{id}/keepalive", tag = "sessions",
     params(("id" = String, Path, description = "Session id")),
     responses((status = 200, body = KeepaliveResponse), (status = 404, body = ErrorBody)))]
-pub async fn keepalive(
+pub(crate) async fn keepalive(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Path(id): Path<String>,
@@ -113,7 +113,7 @@ fn renew(replica: &mut ReplicaState, caller: &Caller, id: SessionId, now: Instan
     responses((status = 200, body = KeepaliveBatchResponse),
               (status = 400, body = ErrorBody,
                description = "`invalid_argument`: no ids, more than 1024, a malformed or a repeated id; nothing renewed")))]
-pub async fn keepalive_batch(
+pub(crate) async fn keepalive_batch(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Json(request): Json<KeepaliveBatchRequest>,
@@ -182,7 +182,7 @@ fn parse_batch(texts: &[String]) -> Result<Vec<SessionId>, ApiError> {
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions",
     params(("id" = String, Path, description = "Session id"), StaleParams),
     responses((status = 200, body = SessionView), (status = 404, body = ErrorBody)))]
-pub async fn get(
+pub(crate) async fn get(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Path(id): Path<String>,
@@ -243,7 +243,7 @@ pub async fn get(
 /// name; holds and waits count only objects the caller may read.
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", params(ListParams),
     responses((status = 200, body = SessionList)))]
-pub async fn list(
+pub(crate) async fn list(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Query(params): Query<ListParams>,
@@ -281,7 +281,7 @@ pub async fn list(
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions",
     params(("id" = String, Path, description = "Session id")),
     responses((status = 204), (status = 404, body = ErrorBody)))]
-pub async fn close(
+pub(crate) async fn close(
     State(node): State<Arc<Node>>,
     caller: Caller,
     Path(id): Path<String>,

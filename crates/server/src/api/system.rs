@@ -16,7 +16,7 @@ use crate::raft::status::{Role, Status};
 /// Kubernetes readiness probes.
 #[utoipa::path(get, path = "/v1/health", tag = "system",
     responses((status = 200, body = Health), (status = 503, body = Health)))]
-pub async fn health(State(node): State<Arc<Node>>) -> impl IntoResponse {
+pub(crate) async fn health(State(node): State<Arc<Node>>) -> impl IntoResponse {
     let health = report(&node);
     let status = if health.reason.is_none() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, axum::Json(health))
@@ -27,7 +27,7 @@ pub async fn health(State(node): State<Arc<Node>>) -> impl IntoResponse {
 /// Kubernetes liveness probes. The body is the same report as `/v1/health`.
 #[utoipa::path(get, path = "/v1/health/live", tag = "system",
     responses((status = 200, body = Health), (status = 503, body = Health)))]
-pub async fn live(State(node): State<Arc<Node>>) -> impl IntoResponse {
+pub(crate) async fn live(State(node): State<Arc<Node>>) -> impl IntoResponse {
     let health = report(&node);
     let dead = matches!(health.reason, Some(NotReady::Shutdown | NotReady::StorageError));
     let status = if dead { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
@@ -80,7 +80,7 @@ fn not_ready(node: &Node, status: &Status) -> Option<(NotReady, Option<String>)>
 
 /// Prometheus metrics (text format).
 #[utoipa::path(get, path = "/metrics", tag = "system", responses((status = 200, body = String, content_type = "application/openmetrics-text")))]
-pub async fn metrics(State(node): State<Arc<Node>>) -> Result<impl IntoResponse, ApiError> {
+pub(crate) async fn metrics(State(node): State<Arc<Node>>) -> Result<impl IntoResponse, ApiError> {
     // Off the worker threads: a large state's render takes milliseconds, and requests queued
     // behind it on its worker would wait that long (docs/performance.md, *Metrics scrape cost
     // and apply stall*). One at a time, so that a flood of scrapes holds one blocking thread, not
@@ -113,13 +113,13 @@ fn refresh_gauges(node: &Node) {
 }
 
 /// The OpenAPI 3 spec of this API.
-pub async fn openapi() -> impl IntoResponse {
+pub(crate) async fn openapi() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], super::openapi::spec_json())
 }
 
 /// This node's applied state as a hash, to check that replicas converge (always local).
 #[utoipa::path(get, path = "/v1/debug/digest", tag = "system", responses((status = 200, body = StateDigest)))]
-pub async fn digest(State(node): State<Arc<Node>>) -> axum::Json<StateDigest> {
+pub(crate) async fn digest(State(node): State<Arc<Node>>) -> axum::Json<StateDigest> {
     let replica = node.replica().read();
     let applied_index = replica.applied_index();
     axum::Json(StateDigest { node_id: node.id, applied_index, digest: replica.state.digest() })

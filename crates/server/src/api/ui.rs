@@ -17,7 +17,7 @@ use super::error::ApiError;
 use crate::node::Node;
 
 /// The policy of every `/ui` answer.
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
 connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// The embedded files: name under `/ui/`, content type, bytes.
@@ -29,14 +29,14 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
 ];
 
 /// The dashboard page.
-pub async fn page() -> Response {
+pub(crate) async fn page() -> Response {
     serve("index.html")
 }
 
 /// One of the page's assets, or `config.json`: what the page must know before its first API
 /// call (whether to ask for a token), so that it makes no call bound to fail, and which node
 /// it talks to (id and address, for its header).
-pub async fn asset(State(node): State<Arc<Node>>, Path(file): Path<String>) -> Response {
+pub(crate) async fn asset(State(node): State<Arc<Node>>, Path(file): Path<String>) -> Response {
     if file == "config.json" {
         // The address the cluster knows this node by, else the one it listens on.
         let addr =

@@ -15,30 +15,30 @@ use crate::node::Node;
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
-pub struct ReadParams {
+pub(crate) struct ReadParams {
     /// Block until the object's index is larger than this.
-    pub index: Option<u64>,
+    pub(crate) index: Option<u64>,
     /// Longest block, in ms (capped at 60000). Default 0 with no `index`, 60000 with one.
-    pub wait_ms: Option<u64>,
+    pub(crate) wait_ms: Option<u64>,
     /// Serve from this node's applied state without confirming leadership (may be stale).
     #[serde(default)]
-    pub stale: bool,
+    pub(crate) stale: bool,
 }
 
 /// Query parameters of reads that do not block.
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
-pub struct StaleParams {
+pub(crate) struct StaleParams {
     /// Serve from this node's applied state without confirming leadership (may be stale).
     #[serde(default)]
-    pub stale: bool,
+    pub(crate) stale: bool,
 }
 
 /// Reads object `key` with `read` (which returns its view and index) after an optional
 /// linearizable barrier, blocking as the parameters ask. Only a change of `key` wakes the
 /// request (`Notifier::watch`), not every apply.
-pub async fn blocking_read<T>(
+pub(crate) async fn blocking_read<T>(
     node: &Node,
     key: Key,
     params: &ReadParams,

@@ -23,36 +23,36 @@ use super::{LogId, NodeId, TypeConfig};
 
 /// How far above its own current term a node accepts a term from a peer (2^32). See the module
 /// docs.
-pub const TERM_STEP_MAX: u64 = 1 << 32;
+const TERM_STEP_MAX: u64 = 1 << 32;
 /// The largest Raft term a node accepts at all (2^62), far from `u64::MAX`.
-pub const RAFT_TERM_CEILING: u64 = 1 << 62;
+const RAFT_TERM_CEILING: u64 = 1 << 62;
 
 /// The largest term a node whose current term is `current` accepts from a peer.
-pub fn term_limit(current: u64) -> u64 {
+pub(crate) fn term_limit(current: u64) -> u64 {
     current.saturating_add(TERM_STEP_MAX).min(RAFT_TERM_CEILING)
 }
 
 /// Largest body of `/raft/vote` (a vote request is a few dozen bytes).
-pub const VOTE_BODY_BYTES_MAX: usize = 64 * 1024;
+pub(crate) const VOTE_BODY_BYTES_MAX: usize = 64 * 1024;
 /// Largest body of `/raft/append`.
-pub const APPEND_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
+pub(crate) const APPEND_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// Largest encoded log entry: the proposer cuts a batch once it reaches
 /// `crate::raft::proposer::BATCH_BYTES_SOFT_MAX`, and one command adds at most as much again.
-pub const ENTRY_BYTES_MAX: usize = 2 * crate::raft::proposer::BATCH_BYTES_SOFT_MAX;
+pub(crate) const ENTRY_BYTES_MAX: usize = 2 * crate::raft::proposer::BATCH_BYTES_SOFT_MAX;
 /// Most entries in one AppendEntries (openraft's `max_payload_entries`): enough that a full
 /// request stays under [`APPEND_BODY_BYTES_MAX`] with room for its header.
-pub const APPEND_ENTRIES_MAX: u64 = (APPEND_BODY_BYTES_MAX / ENTRY_BYTES_MAX) as u64 - 1;
+pub(crate) const APPEND_ENTRIES_MAX: u64 = (APPEND_BODY_BYTES_MAX / ENTRY_BYTES_MAX) as u64 - 1;
 /// Size of a snapshot chunk (openraft's `snapshot_max_chunk_size`).
-pub const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
+pub(crate) const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
 /// Largest body of `/raft/snapshot`: one chunk plus its metadata (the membership).
-pub const SNAPSHOT_BODY_BYTES_MAX: usize = SNAPSHOT_CHUNK_BYTES + 256 * 1024;
+pub(crate) const SNAPSHOT_BODY_BYTES_MAX: usize = SNAPSHOT_CHUNK_BYTES + 256 * 1024;
 
 // A full append (with room for its header) fits its body limit, and carries enough entries.
 const _: () = assert!((APPEND_ENTRIES_MAX as usize + 1) * ENTRY_BYTES_MAX <= APPEND_BODY_BYTES_MAX);
 const _: () = assert!(APPEND_ENTRIES_MAX >= 8);
 
 /// A Raft message between peers: who sent it and the largest term it names.
-pub trait PeerMessage {
+pub(crate) trait PeerMessage {
     /// Whether only a leader sends it (AppendEntries, InstallSnapshot). A member that was down
     /// while the membership changed does not know the new leader, and must hear from it to learn
     /// the new membership: such a message may come from a node that is not a member yet, under
@@ -115,7 +115,7 @@ impl PeerMessage for InstallSnapshotRequest<TypeConfig> {
 }
 
 /// The largest term in a peer's answer, so that a node never adopts an absurd term from one.
-pub trait PeerAnswer {
+pub(crate) trait PeerAnswer {
     /// The largest term anywhere in the answer.
     fn max_term(&self) -> u64;
 }

@@ -1,7 +1,7 @@
 //! The seam between Permit and openraft: one [`Consensus`] per node assembles the log store, the
 //! state machine, Raft, the proposer, the leadership watcher and the read barrier, and offers
 //! what the rest of the server needs in Permit's own types: propose a command, wait for a
-//! linearizable read, refresh a lease, the [`Status`], membership changes and the peer channel.
+//! linearizable read, refresh a lease, the `Status`, membership changes and the peer channel.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -36,14 +36,14 @@ use crate::notify::Notifier;
 /// Longest wait for a quorum to confirm leadership before a linearizable read.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest wait for a new learner to catch up before it is promoted.
-pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What a started [`Consensus`] hands to the node for its background tasks.
 pub(crate) struct Parts {
     /// The leader clock (the expiry driver reads it).
-    pub clock: Arc<LeaderClock>,
+    pub(crate) clock: Arc<LeaderClock>,
     /// Woken when a deadline may have moved earlier.
-    pub expiry_wake: Arc<Notify>,
+    pub(crate) expiry_wake: Arc<Notify>,
 }
 
 /// The replicated log and state of one node. See the module docs.
@@ -174,7 +174,7 @@ impl Consensus {
     }
 
     /// The applied state (read-only outside the consensus layer).
-    pub fn replica(&self) -> &Arc<Replica> {
+    pub(crate) fn replica(&self) -> &Arc<Replica> {
         &self.replica
     }
 
@@ -189,7 +189,7 @@ impl Consensus {
     }
 
     /// The receiving end of the peer channel.
-    pub fn peer_rpc(&self) -> &PeerRpc {
+    pub(crate) fn peer_rpc(&self) -> &PeerRpc {
         &self.peer_rpc
     }
 
@@ -209,19 +209,19 @@ impl Consensus {
     ///
     /// # Errors
     /// [`ProposeError`] when it cannot be committed by this node.
-    pub async fn propose(&self, command: Command) -> Result<Outcome, ProposeError> {
+    pub(crate) async fn propose(&self, command: Command) -> Result<Outcome, ProposeError> {
         self.proposer.propose(command).await
     }
 
     /// This node's view of the cluster now.
-    pub fn status(&self) -> Status {
+    pub(crate) fn status(&self) -> Status {
         Status::of(&self.raft.metrics().borrow())
     }
 
     /// Whether this node is the leader it knows of and a member: what [`Consensus::leader`]
     /// would answer with this node's id, without building a [`Status`] (every request a leader
     /// serves asks this first).
-    pub fn leads(&self) -> bool {
+    pub(crate) fn leads(&self) -> bool {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         metrics.current_leader == Some(self.id)
@@ -231,7 +231,7 @@ impl Consensus {
     /// The current term and the leader this node knows with its address, read together
     /// (what every answer's headers name). `f` runs while Raft's metrics are borrowed, which
     /// holds up their next update: keep it short.
-    pub fn term_and_leader<R>(&self, f: impl FnOnce(u64, Option<(NodeId, &str)>) -> R) -> R {
+    pub(crate) fn term_and_leader<R>(&self, f: impl FnOnce(u64, Option<(NodeId, &str)>) -> R) -> R {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         let leader = metrics.current_leader.and_then(|leader| {
@@ -242,7 +242,7 @@ impl Consensus {
     }
 
     /// The current term (cheaper than a whole [`Status`]).
-    pub fn term(&self) -> u64 {
+    pub(crate) fn term(&self) -> u64 {
         self.raft.metrics().borrow().current_term
     }
 
@@ -252,7 +252,7 @@ impl Consensus {
     ///
     /// # Errors
     /// [`ProposeError::NotLeader`] when it does not lead or cannot reach a quorum.
-    pub async fn ensure_linearizable(&self) -> Result<(), ProposeError> {
+    pub(crate) async fn ensure_linearizable(&self) -> Result<(), ProposeError> {
         self.confirm(Urgency::Now).await
     }
 
@@ -280,7 +280,7 @@ impl Consensus {
     ///
     /// # Errors
     /// [`ProposeError::NotLeader`] when it does not lead, or no longer in the confirmed term.
-    pub async fn with_lease_authority<R>(
+    pub(crate) async fn with_lease_authority<R>(
         &self,
         refresh: impl FnOnce(&mut ReplicaState) -> R,
     ) -> Result<R, ProposeError> {
@@ -296,7 +296,7 @@ impl Consensus {
     }
 
     /// The leader's id and address, waiting up to `patience` for one to be known.
-    pub async fn leader(&self, patience: Duration) -> Option<(NodeId, String)> {
+    pub(crate) async fn leader(&self, patience: Duration) -> Option<(NodeId, String)> {
         let mut metrics = self.raft.metrics();
         let deadline = tokio::time::Instant::now() + patience;
         loop {
@@ -314,7 +314,10 @@ impl Consensus {
     ///
     /// # Errors
     /// [`MembershipError::AlreadyInitialized`] on a member, or another refusal.
-    pub async fn init_cluster(&self, members: &BTreeMap<NodeId, String>) -> Result<(), MembershipError> {
+    pub(crate) async fn init_cluster(
+        &self,
+        members: &BTreeMap<NodeId, String>,
+    ) -> Result<(), MembershipError> {
         super::membership::init(&self.raft, members).await
     }
 
@@ -323,7 +326,12 @@ impl Consensus {
     /// # Errors
     /// A [`MembershipError`] when this node does not lead, another change is in progress, or
     /// the learner does not catch up within [`CATCH_UP_TIMEOUT`].
-    pub async fn add_member(&self, id: NodeId, addr: &str, learner: bool) -> Result<(), MembershipError> {
+    pub(crate) async fn add_member(
+        &self,
+        id: NodeId,
+        addr: &str,
+        learner: bool,
+    ) -> Result<(), MembershipError> {
         super::membership::add_learner(&self.raft, id, addr, CATCH_UP_TIMEOUT).await?;
         if !learner {
             super::membership::promote(&self.raft, id).await?;
@@ -335,7 +343,7 @@ impl Consensus {
     ///
     /// # Errors
     /// A [`MembershipError`] when it is not a member or the change is refused.
-    pub async fn remove_member(&self, id: NodeId) -> Result<(), MembershipError> {
+    pub(crate) async fn remove_member(&self, id: NodeId) -> Result<(), MembershipError> {
         super::membership::remove(&self.raft, id).await
     }
 
@@ -364,16 +372,11 @@ impl Consensus {
     }
 
     /// Stops Raft (waiting at most five seconds).
-    pub async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.raft.shutdown()).await;
         // Then a state machine still waiting for an entry to become durable (a disk that failed
         // or hung under it) gives up, and drops its log reader (and the log's directory lock).
         self.sync.close();
-    }
-
-    /// This node's id.
-    pub fn id(&self) -> NodeId {
-        self.id
     }
 }
 

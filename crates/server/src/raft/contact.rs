@@ -30,11 +30,11 @@ use tokio::time::Instant;
 use crate::raft::{NodeId, Raft};
 
 /// How often the contact watcher samples the Raft core and publishes the standing.
-pub const CHECK_EVERY: Duration = Duration::from_millis(100);
+pub(crate) const CHECK_EVERY: Duration = Duration::from_millis(100);
 
 /// Whether this node applies the cluster's log now (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Standing {
+pub(crate) enum Standing {
     /// It applies the log: a leader with its quorum, a follower or learner hearing from its
     /// leader, a single node, or a pristine node.
     InContact,
@@ -45,7 +45,7 @@ pub enum Standing {
 }
 
 /// One node's view of its own contact with the cluster (see the module docs).
-pub struct Contact {
+pub(crate) struct Contact {
     raft: Raft,
     id: NodeId,
     /// Longest silence of the leader (or, on a leader, of its quorum) that still counts as
@@ -63,13 +63,13 @@ impl Contact {
     /// The contact of node `id`, silent for at most `bound`; `removed` is the removal
     /// watcher's verdict. Nothing is sampled until [`Contact::run`] runs: a follower counts as
     /// out of contact until then.
-    pub fn new(raft: Raft, id: NodeId, bound: Duration, removed: watch::Receiver<bool>) -> Contact {
+    pub(crate) fn new(raft: Raft, id: NodeId, bound: Duration, removed: watch::Receiver<bool>) -> Contact {
         let (changes, _) = watch::channel(Standing::OutOfContact);
         Contact { raft, id, bound, removed, heard: Mutex::new(None), changes }
     }
 
     /// This node's standing now.
-    pub fn standing(&self) -> Standing {
+    pub(crate) fn standing(&self) -> Standing {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         if metrics.running_state.is_err() {
@@ -97,13 +97,13 @@ impl Contact {
     }
 
     /// A receiver of the standing's changes (it sees the current standing at once).
-    pub fn changes(&self) -> watch::Receiver<Standing> {
+    pub(crate) fn changes(&self) -> watch::Receiver<Standing> {
         self.changes.subscribe()
     }
 
     /// Samples when this node last heard from its leader and publishes the standing, every
     /// [`CHECK_EVERY`], until the Raft core stops.
-    pub async fn run(self: std::sync::Arc<Contact>) {
+    pub(crate) async fn run(self: std::sync::Arc<Contact>) {
         loop {
             let Ok(heard) = self.raft.with_raft_state(|state| state.vote_last_modified()).await else {
                 return;

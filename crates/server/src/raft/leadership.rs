@@ -28,19 +28,19 @@ const BARRIER_RETRY: Duration = Duration::from_millis(50);
 
 /// Leadership as the rest of the node sees it: the term this node leads in and the log index of
 /// its barrier, once the barrier is committed and applied.
-pub type Leading = Option<Barrier>;
+pub(crate) type Leading = Option<Barrier>;
 
 /// A committed leadership barrier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Barrier {
+pub(crate) struct Barrier {
     /// The Raft term this node leads in.
-    pub term: u64,
+    pub(crate) term: u64,
     /// Log index of the barrier entry.
-    pub index: u64,
+    pub(crate) index: u64,
 }
 
 /// Watches `raft`'s metrics and publishes this node's leadership (`None` when it does not lead).
-pub fn start(
+pub(crate) fn start(
     raft: Raft,
     replica: Arc<Replica>,
     clock: Arc<LeaderClock>,

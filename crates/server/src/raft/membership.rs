@@ -11,7 +11,7 @@ use super::{NodeId, Raft};
 
 /// Why a membership change was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum MembershipError {
+pub(crate) enum MembershipError {
     /// This node does not lead (or stopped leading during the change).
     #[error("leadership moved during the change; check the status and retry")]
     NotLeader,

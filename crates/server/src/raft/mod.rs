@@ -18,31 +18,31 @@
 //! The server runs one worker thread by default (`--worker-threads`), so an fsync in place
 //! stops every request for its duration: on a healthy disk, less than the cross-thread
 //! hand-offs it saves. A disk that turns slow must not stop them for longer, so
-//! with one worker a log write that took [`SLOW_LOG_IO`] or more sends the writes of the next
-//! [`HAND_OFF_WINDOW`] (renewed by every slow one) to another thread first, and the other
+//! with one worker a log write that took `SLOW_LOG_IO` or more sends the writes of the next
+//! `HAND_OFF_WINDOW` (renewed by every slow one) to another thread first, and the other
 //! requests are answered meanwhile. A disk that hangs outright stops the node's requests: its
 //! health checks stop answering, so a supervisor restarts it instead of keeping a node that
 //! cannot write. With several workers the others answer requests while one is blocked.
 //! Snapshot files, which can take seconds, are always written off the worker threads (a thread
 //! of their own, or `blocking`).
 
-pub mod bounds;
-pub mod clock;
+pub(crate) mod bounds;
+pub(crate) mod clock;
 pub mod consensus;
-pub mod contact;
-pub mod leadership;
+pub(crate) mod contact;
+pub(crate) mod leadership;
 pub mod log;
-pub mod membership;
-pub mod network;
-pub mod peer_rpc;
+pub(crate) mod membership;
+pub(crate) mod network;
+pub(crate) mod peer_rpc;
 pub mod proposer;
-pub mod read_barrier;
-pub mod removal;
+pub(crate) mod read_barrier;
+pub(crate) mod removal;
 pub mod replica;
 pub mod runtime;
 pub mod snapshot_store;
 pub mod state_machine;
-pub mod status;
+pub(crate) mod status;
 pub mod storage_faults;
 
 use std::io::Cursor;
@@ -68,14 +68,14 @@ pub type Raft = openraft::Raft<TypeConfig>;
 /// Node ids are small integers chosen by the operator (`--id`); a single node is node 1.
 pub type NodeId = u64;
 /// A log id.
-pub type LogId = openraft::LogId<NodeId>;
+pub(crate) type LogId = openraft::LogId<NodeId>;
 /// Raft metrics of a node.
-pub type RaftMetrics = openraft::RaftMetrics<NodeId, openraft::BasicNode>;
-/// A peer network Raft can run on: the HTTP one ([`network::Network`]) or a simulation's.
+pub(crate) type RaftMetrics = openraft::RaftMetrics<NodeId, openraft::BasicNode>;
+/// A peer network Raft can run on: the HTTP one (`network::Network`) or a simulation's.
 pub trait PeerNetwork: openraft::network::RaftNetworkFactory<TypeConfig> {}
 impl<N: openraft::network::RaftNetworkFactory<TypeConfig>> PeerNetwork for N {}
 /// A storage error.
-pub type StorageError = openraft::StorageError<NodeId>;
+pub(crate) type StorageError = openraft::StorageError<NodeId>;
 
 pub(crate) fn io_error(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(e.to_string())
@@ -94,9 +94,9 @@ pub(crate) fn sync_dir_and_its_entry(dir: &std::path::Path) -> std::io::Result<(
 /// A log write (or fsync) that takes this long, on a node with one worker thread, hands the
 /// writes of the next [`HAND_OFF_WINDOW`] to another thread (see the module docs). It lies above
 /// a healthy disk's fdatasync, even one that waits behind a snapshot file's flush.
-pub const SLOW_LOG_IO: Duration = Duration::from_millis(25);
+const SLOW_LOG_IO: Duration = Duration::from_millis(25);
 /// How long log writes are handed off after the last slow one.
-pub const HAND_OFF_WINDOW: Duration = Duration::from_secs(10);
+const HAND_OFF_WINDOW: Duration = Duration::from_secs(10);
 
 /// Where the log store runs its durable writes: in place on the calling task (openraft's core
 /// task), or through [`blocking`] while the disk is slow on a node with one worker thread.

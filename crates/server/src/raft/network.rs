@@ -29,7 +29,7 @@ use crate::peer::PeerSigner;
 use crate::peer_conn::{PeerPool, PeerPoolConfig, PeerRequest, Resend};
 
 /// Path prefix of the peer RPC routes.
-pub const RAFT_PATH_PREFIX: &str = "/raft";
+const RAFT_PATH_PREFIX: &str = "/raft";
 
 /// Longest a peer may take to accept a TCP connection (and finish the TLS handshake, over HTTPS).
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -45,13 +45,13 @@ static CONTENT_TYPE: hyper::header::HeaderValue =
 /// What this node says of itself on its Raft RPCs: its membership claim; and its current term,
 /// which bounds the terms it takes from answers. Kept up to date by [`follow`].
 #[derive(Debug, Default)]
-pub struct LocalView {
+pub(crate) struct LocalView {
     term: AtomicU64,
     members: RwLock<Arc<str>>,
 }
 
 /// Keeps `view` up to date with `raft`'s term and membership until the Raft core stops.
-pub async fn follow(raft: Raft, view: Arc<LocalView>) {
+pub(crate) async fn follow(raft: Raft, view: Arc<LocalView>) {
     let mut metrics = raft.metrics();
     // The metrics change with every append and apply; the membership rarely: its claim is made
     // again only when openraft hands over another membership.
@@ -77,7 +77,7 @@ pub async fn follow(raft: Raft, view: Arc<LocalView>) {
 
 /// Creates the clients openraft sends peer RPCs with; they share one [`PeerPool`].
 #[derive(Clone)]
-pub struct Network {
+pub(crate) struct Network {
     pool: PeerPool,
     /// Signs every RPC (none without a cluster secret: peers refuse them).
     signer: Option<Arc<PeerSigner>>,
@@ -120,7 +120,7 @@ impl Network {
     ///
     /// # Errors
     /// When a TLS file cannot be read.
-    pub fn new(
+    pub(crate) fn new(
         local: Option<std::net::IpAddr>,
         signer: Option<Arc<PeerSigner>>,
         view: Arc<LocalView>,
@@ -140,7 +140,7 @@ impl Network {
 }
 
 /// openraft's client for one peer: its RPCs go over the pool's connections to that peer.
-pub struct PeerConnection {
+pub(crate) struct PeerConnection {
     pool: PeerPool,
     /// `host:port` of the peer, as in the membership.
     addr: String,

@@ -34,7 +34,7 @@ use crate::metrics::{PeerRpcCounts, PeerRpcKind};
 
 /// The three peer routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PeerRoute {
+pub(crate) enum PeerRoute {
     /// AppendEntries (also the leader's heartbeat).
     Append,
     /// RequestVote.
@@ -45,7 +45,7 @@ pub enum PeerRoute {
 
 impl PeerRoute {
     /// The largest body the route takes.
-    pub fn body_limit(self) -> usize {
+    pub(crate) fn body_limit(self) -> usize {
         match self {
             PeerRoute::Append => APPEND_BODY_BYTES_MAX,
             PeerRoute::Vote => VOTE_BODY_BYTES_MAX,
@@ -54,7 +54,7 @@ impl PeerRoute {
     }
 
     /// Whether only a leader sends it (see [`PeerMessage::FROM_LEADER`]).
-    pub fn from_leader(self) -> bool {
+    fn is_from_leader(self) -> bool {
         match self {
             PeerRoute::Append => <AppendEntriesRequest<TypeConfig> as PeerMessage>::FROM_LEADER,
             PeerRoute::Vote => <VoteRequest<NodeId> as PeerMessage>::FROM_LEADER,
@@ -65,7 +65,7 @@ impl PeerRoute {
 
 /// Why a peer message was refused before Raft saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The sender may not send it (not a member, or it claims to be another node).
     Forbidden(String),
     /// It does not decode, or carries an absurd term or an inconsistent snapshot.
@@ -83,7 +83,7 @@ struct SnapshotReceiver {
 }
 
 /// The receiving end of the peer channel of one node.
-pub struct PeerRpc {
+pub(crate) struct PeerRpc {
     raft: Raft,
     receiver: tokio::sync::Mutex<SnapshotReceiver>,
     received: PeerRpcCounts,
@@ -110,7 +110,7 @@ impl PeerRpc {
     ///
     /// # Errors
     /// Why not, for a `403 permission_denied`.
-    pub fn accepts(&self, route: PeerRoute, peer: NodeId, claim: &str) -> Result<(), String> {
+    pub(crate) fn accepts(&self, route: PeerRoute, peer: NodeId, claim: &str) -> Result<(), String> {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         let stored = &metrics.membership_config;
@@ -119,7 +119,7 @@ impl PeerRpc {
             return Ok(());
         }
         let refused = || Err(format!("node {peer} is not a member of this cluster"));
-        if !route.from_leader() {
+        if !route.is_from_leader() {
             return refused();
         }
         let led = self
@@ -144,7 +144,12 @@ impl PeerRpc {
     ///
     /// # Errors
     /// A [`Refusal`] when a check of the module docs fails.
-    pub async fn handle(&self, route: PeerRoute, peer: NodeId, body: &[u8]) -> Result<Vec<u8>, Refusal> {
+    pub(crate) async fn handle(
+        &self,
+        route: PeerRoute,
+        peer: NodeId,
+        body: &[u8],
+    ) -> Result<Vec<u8>, Refusal> {
         match route {
             PeerRoute::Append => {
                 let rpc = admit::<AppendEntriesRequest<TypeConfig>>(peer, body, self.term())?;

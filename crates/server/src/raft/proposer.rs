@@ -40,12 +40,12 @@ const COALESCE_YIELDS: usize = 2;
 /// stays under `crate::raft::bounds::ENTRY_BYTES_MAX`, which allows one more command of this size
 /// (the largest command, an expiry of 1024 sessions, is about 17 KiB; an acquire with a 4 KiB
 /// election value about 4.3 KiB).
-pub const BATCH_BYTES_SOFT_MAX: usize = 256 * 1024;
+pub(crate) const BATCH_BYTES_SOFT_MAX: usize = 256 * 1024;
 /// Most the proposer waits for the commands of the sessions a batch woke (see [`HandoffWait`]),
 /// however slow the writes have been.
 const HANDOFF_WAIT_MAX: Duration = Duration::from_millis(5);
 /// Longest wait for one batch to commit before its requests are answered `Timeout`.
-pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a proposal did not produce an outcome.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -71,13 +71,13 @@ struct Proposal {
 
 /// Handle to the proposer task.
 #[derive(Clone)]
-pub struct Proposer {
+pub(crate) struct Proposer {
     queue: mpsc::Sender<Proposal>,
 }
 
 impl Proposer {
     /// Starts the proposer task for `raft`.
-    pub fn start(
+    pub(crate) fn start(
         raft: Raft,
         clock: Arc<LeaderClock>,
         replica: Arc<Replica>,
@@ -96,7 +96,7 @@ impl Proposer {
     ///
     /// # Cancel safety
     /// Dropping the future does not withdraw the command: it may still be applied.
-    pub async fn propose(&self, command: Command) -> Result<Outcome, ProposeError> {
+    pub(crate) async fn propose(&self, command: Command) -> Result<Outcome, ProposeError> {
         let (reply, outcome) = oneshot::channel();
         self.queue.send(Proposal { command, reply }).await.map_err(|_| ProposeError::ShuttingDown)?;
         outcome.await.map_err(|_| ProposeError::ShuttingDown)?

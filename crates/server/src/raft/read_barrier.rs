@@ -23,11 +23,11 @@ use tokio::time::{Duration, Instant};
 use crate::raft::proposer::ProposeError;
 
 /// Least time between the starts of two rounds that only [`Urgency::Lazy`] callers want.
-pub const LAZY_ROUND_SPACING: Duration = Duration::from_millis(2);
+pub(crate) const LAZY_ROUND_SPACING: Duration = Duration::from_millis(2);
 
 /// How soon a caller needs its round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Urgency {
+pub(crate) enum Urgency {
     /// As soon as possible: a linearizable read.
     Now,
     /// Within [`LAZY_ROUND_SPACING`] of the previous round's start: a keepalive.
@@ -36,7 +36,7 @@ pub enum Urgency {
 
 /// The round counter and the callers waiting.
 #[derive(Debug)]
-pub struct ReadBarrier {
+pub(crate) struct ReadBarrier {
     rounds: Mutex<Rounds>,
     /// Signalled when an [`Urgency::Now`] caller arrives, to end a lazy round's spacing.
     urgent: Notify,
@@ -62,7 +62,7 @@ struct Rounds {
 
 impl ReadBarrier {
     /// A barrier with no round run yet.
-    pub fn new() -> Arc<ReadBarrier> {
+    pub(crate) fn new() -> Arc<ReadBarrier> {
         Arc::new(ReadBarrier { rounds: Mutex::new(Rounds::default()), urgent: Notify::new() })
     }
 
@@ -71,7 +71,7 @@ impl ReadBarrier {
     ///
     /// # Errors
     /// The round's error.
-    pub async fn wait<F, Fut>(
+    pub(crate) async fn wait<F, Fut>(
         self: &Arc<ReadBarrier>,
         urgency: Urgency,
         confirm: F,

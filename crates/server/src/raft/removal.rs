@@ -21,28 +21,28 @@ use tokio::time::Instant;
 use crate::raft::{NodeId, Raft};
 
 /// How often the removal watcher looks at the membership.
-pub const CHECK_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// How long a member stays leaderless (in maximal election timeouts) before it asks the others.
-pub const LEADERLESS_PATIENCE_TIMEOUTS: u32 = 2;
+const LEADERLESS_PATIENCE_TIMEOUTS: u32 = 2;
 /// Longest wait for another member's health answer.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// What the removal watcher needs.
-pub struct RemovalWatch {
+pub(crate) struct RemovalWatch {
     /// The node's Raft handle.
-    pub raft: Raft,
+    pub(crate) raft: Raft,
     /// This node's id.
-    pub id: NodeId,
+    pub(crate) id: NodeId,
     /// Client for probing the other members.
-    pub http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
     /// The URL scheme the members are reached with (`https` on a TLS cluster).
-    pub scheme: &'static str,
+    pub(crate) scheme: &'static str,
     /// The longest election timeout.
-    pub election_timeout_max: Duration,
+    pub(crate) election_timeout_max: Duration,
     /// Set to true while this node is removed.
-    pub removed: watch::Sender<bool>,
+    pub(crate) removed: watch::Sender<bool>,
     /// Whether to ask the other members' HTTP health (off in simulations).
-    pub probe_peers: bool,
+    pub(crate) probe_peers: bool,
 }
 
 /// What this node can tell from its own membership.
@@ -59,7 +59,7 @@ enum LocalView {
 
 impl RemovalWatch {
     /// Runs the watcher until the Raft core stops.
-    pub async fn run(self) {
+    pub(crate) async fn run(self) {
         let mut leaderless_since: Option<Instant> = None;
         let patience = self.election_timeout_max * LEADERLESS_PATIENCE_TIMEOUTS;
         loop {

@@ -29,7 +29,7 @@ pub struct ReplicaState {
 
 impl ReplicaState {
     /// Index of the last applied log entry (0 before the first).
-    pub fn applied_index(&self) -> u64 {
+    pub(crate) fn applied_index(&self) -> u64 {
         self.last_applied.map_or(0, |id| id.index)
     }
 }
@@ -54,7 +54,7 @@ impl Deref for ReadGuard<'_> {
 
 impl Replica {
     /// A replica starting from `state`.
-    pub fn new(state: ReplicaState) -> Replica {
+    pub(crate) fn new(state: ReplicaState) -> Replica {
         Replica { inner: Mutex::new(state) }
     }
 
@@ -75,7 +75,7 @@ impl Replica {
     }
 
     /// The largest leader time applied.
-    pub fn now_ms(&self) -> u64 {
+    pub(crate) fn now_ms(&self) -> u64 {
         self.read().state.now_ms()
     }
 }

@@ -47,7 +47,7 @@ impl SnapshotStore {
     }
 
     /// Reports write failures to `fail_stop`, and refuses every write once it has failed.
-    pub fn with_fail_stop(mut self, fail_stop: Arc<FailStop>) -> SnapshotStore {
+    pub(crate) fn with_fail_stop(mut self, fail_stop: Arc<FailStop>) -> SnapshotStore {
         self.fail_stop = Some(fail_stop);
         self
     }

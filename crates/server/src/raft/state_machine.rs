@@ -261,13 +261,13 @@ fn snapshot_meta(replica: &crate::raft::replica::ReplicaState) -> Meta {
 
 /// A backup of the applied state (`GET /v1/snapshot`), frozen under the lock by [`backup`]
 /// and encoded outside it by [`Backup::encode`].
-pub struct Backup {
+pub(crate) struct Backup {
     meta: Meta,
     view: permit_core::SnapshotView,
 }
 
 /// The applied state as it stands, to encode as a backup: O(1), so cheap under the lock.
-pub fn backup(replica: &crate::raft::replica::ReplicaState) -> Backup {
+pub(crate) fn backup(replica: &crate::raft::replica::ReplicaState) -> Backup {
     Backup { meta: snapshot_meta(replica), view: replica.state.snapshot_view() }
 }
 
@@ -277,7 +277,7 @@ impl Backup {
     ///
     /// # Errors
     /// When the meta does not encode (never, in practice).
-    pub fn encode(self) -> std::io::Result<Vec<u8>> {
+    pub(crate) fn encode(self) -> std::io::Result<Vec<u8>> {
         super::snapshot_store::encode(&self.meta, &self.view.encode())
     }
 }
@@ -294,7 +294,7 @@ impl Backup {
 /// # Errors
 /// When the data dir holds a log or a snapshot already, the file is not a consistent backup, or
 /// the root secret is another restored token's.
-pub fn restore(
+pub(crate) fn restore(
     file: &std::path::Path,
     snapshots: &SnapshotStore,
     log_path: &std::path::Path,
@@ -366,7 +366,7 @@ pub fn restore(
 ///
 /// # Errors
 /// When the snapshot exists but cannot be read or decoded.
-pub fn load_replica(snapshots: &SnapshotStore) -> anyhow::Result<crate::raft::replica::ReplicaState> {
+pub(crate) fn load_replica(snapshots: &SnapshotStore) -> anyhow::Result<crate::raft::replica::ReplicaState> {
     let mut replica = crate::raft::replica::ReplicaState::default();
     let started = std::time::Instant::now();
     if let Some((meta, bytes)) = snapshots.load()? {

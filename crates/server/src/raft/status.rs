@@ -8,7 +8,7 @@ use super::{NodeId, RaftMetrics};
 
 /// A node's role in the Raft group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     /// It leads: it accepts writes.
     Leader,
     /// A voter following a leader (or waiting for one).
@@ -23,7 +23,7 @@ pub enum Role {
 
 impl Role {
     /// The role's name in health reports (`leader`, `follower`, ...).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Role::Leader => "leader",
             Role::Follower => "follower",
@@ -36,38 +36,38 @@ impl Role {
 
 /// One member of the membership this node knows.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
+pub(crate) struct Member {
     /// Its node id.
-    pub id: NodeId,
+    pub(crate) id: NodeId,
     /// Its HTTP address (`host:port`).
-    pub addr: String,
+    pub(crate) addr: String,
     /// Whether it votes (a learner does not).
-    pub voter: bool,
+    pub(crate) voter: bool,
 }
 
 /// A node's view of the cluster at one moment.
 #[derive(Debug, Clone)]
-pub struct Status {
+pub(crate) struct Status {
     /// This node's role.
-    pub role: Role,
+    pub(crate) role: Role,
     /// The current term.
-    pub term: u64,
+    pub(crate) term: u64,
     /// The leader this node knows, if any.
-    pub leader: Option<NodeId>,
+    pub(crate) leader: Option<NodeId>,
     /// Index of the last entry in this node's log.
-    pub last_log_index: Option<u64>,
+    pub(crate) last_log_index: Option<u64>,
     /// Index of the last entry applied to this node's state.
-    pub applied_index: Option<u64>,
+    pub(crate) applied_index: Option<u64>,
     /// Index of the last entry in this node's snapshot.
-    pub snapshot_index: Option<u64>,
+    pub(crate) snapshot_index: Option<u64>,
     /// Index of the last entry purged from this node's log.
-    pub purged_index: Option<u64>,
+    pub(crate) purged_index: Option<u64>,
     /// The members, by id (empty on a pristine node waiting to be added).
-    pub members: BTreeMap<NodeId, Member>,
+    pub(crate) members: BTreeMap<NodeId, Member>,
     /// On a leader, how far each follower's log is known to match (`None`: nothing yet).
-    pub matched: BTreeMap<NodeId, Option<u64>>,
+    pub(crate) matched: BTreeMap<NodeId, Option<u64>>,
     /// Why the Raft core stopped, once it did.
-    pub fatal: Option<String>,
+    pub(crate) fatal: Option<String>,
 }
 
 impl Status {
@@ -99,17 +99,17 @@ impl Status {
     }
 
     /// The leader's id and address, when a leader is known and is a member.
-    pub fn leader_member(&self) -> Option<&Member> {
+    pub(crate) fn leader_member(&self) -> Option<&Member> {
         self.leader.and_then(|id| self.members.get(&id))
     }
 
     /// Whether this node is pristine: started with `--join` and not added to a cluster yet.
-    pub fn pristine(&self) -> bool {
+    pub(crate) fn pristine(&self) -> bool {
         self.members.is_empty()
     }
 }
 
-pub(crate) fn role_of(state: openraft::ServerState) -> Role {
+fn role_of(state: openraft::ServerState) -> Role {
     match state {
         openraft::ServerState::Leader => Role::Leader,
         openraft::ServerState::Follower => Role::Follower,

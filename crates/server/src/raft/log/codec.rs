@@ -1,9 +1,9 @@
 //! The record codec. A record is `len: u32 LE | crc32(payload): u32 LE | payload`; the payload
-//! is a kind byte ([`KIND_ENTRY`] or [`KIND_COMMITTED`]) then the value, encoded as every stored
+//! is a kind byte (`KIND_ENTRY` or `KIND_COMMITTED`) then the value, encoded as every stored
 //! entry, vote, purge point and commit index is: [`LOG_FORMAT_VERSION`], then postcard.
 //!
-//! What [`record`] writes, [`parse`] reads back whole (asserted on write: no record is longer
-//! than the open accepts); what [`parse`] refuses is a torn or corrupt record, an error for the
+//! What `record` writes, `parse` reads back whole (asserted on write: no record is longer
+//! than the open accepts); what `parse` refuses is a torn or corrupt record, an error for the
 //! open to judge (`open.rs`), never a panic.
 
 use serde::de::DeserializeOwned;
