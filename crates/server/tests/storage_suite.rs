@@ -7,7 +7,7 @@ use openraft::storage::{RaftLogReader, RaftLogStorage};
 use openraft::testing::{log_id, StoreBuilder, Suite};
 use openraft::{Entry, EntryPayload, StorageError};
 use permit_server::notify::Notifier;
-use permit_server::raft::log::SegmentLog;
+use permit_server::raft::log::{LogError, SegmentLog};
 use permit_server::raft::replica::Replica;
 use permit_server::raft::snapshot_store::SnapshotStore;
 use permit_server::raft::state_machine::StateMachine;
@@ -149,6 +149,24 @@ async fn segment_log_truncates_a_torn_tail_and_refuses_corruption_before_it() {
     std::fs::write(&segment, &data).expect("write");
     let refused = SegmentLog::open(&path).err().expect("corruption before the tail is refused");
     assert!(refused.to_string().contains("corrupt"), "{refused}");
+    assert!(
+        matches!(LogError::of(&refused), LogError::Corrupt { path, .. } if path == segment),
+        "typed, naming the file: {refused:?}"
+    );
+}
+
+/// A second opener of the same log (another server on the data dir) is refused, typed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segment_log_refuses_a_second_opener_as_locked() {
+    let (_dir, path, log) = fresh_segment_log();
+    let refused = SegmentLog::open(&path).err().expect("locked");
+    assert!(
+        matches!(LogError::of(&refused), LogError::Locked { path: lock } if lock == path.join("lock")),
+        "{refused:?}"
+    );
+    assert_eq!(refused.to_string(), "it is locked (is another server using this data dir?)");
+    drop(log);
+    SegmentLog::open(&path).expect("free once the first one is closed");
 }
 
 /// A power cut can lose a batch's first sector while a later one reached the disk: the torn

@@ -9,6 +9,7 @@
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::LogError;
 use crate::raft::{io_error, LogId};
 
 /// First byte of every stored log entry and metadata value. Bump when the layout changes.
@@ -28,7 +29,7 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, std::io::Error> {
     match bytes.split_first() {
         Some((&LOG_FORMAT_VERSION, body)) => postcard::from_bytes(body).map_err(io_error),
-        Some((version, _)) => Err(std::io::Error::other(format!("log format version {version} unsupported"))),
+        Some((&version, _)) => Err(LogError::UnknownFormat { path: None, version }.into()),
         None => Err(std::io::Error::other("empty log record")),
     }
 }
@@ -48,7 +49,7 @@ pub(super) fn peek_index(body: &[u8]) -> Result<u64, std::io::Error> {
         Some((&LOG_FORMAT_VERSION, rest)) => {
             postcard::take_from_bytes::<LogId>(rest).map(|(log_id, _)| log_id.index).map_err(io_error)
         }
-        Some((version, _)) => Err(std::io::Error::other(format!("log format version {version} unsupported"))),
+        Some((&version, _)) => Err(LogError::UnknownFormat { path: None, version }.into()),
         None => Err(std::io::Error::other("empty log record")),
     }
 }

@@ -10,7 +10,7 @@ use openraft::Entry;
 
 use super::codec::HEADER;
 use super::segment::{fdatasync, segment_path, sync_dir};
-use super::{Inner, SegmentLog};
+use super::{Inner, LogError, SegmentLog};
 use crate::raft::storage_faults::StorageFaults;
 use crate::raft::TypeConfig;
 
@@ -66,9 +66,12 @@ impl SegmentLog {
             let mut inner = self.lock();
             let last = inner.entries.keys().next_back().copied();
             if let Some(torn) = torn.filter(|torn| last >= Some(*torn)) {
-                return Err(io::Error::other(format!(
-                    "entry {torn} survived its torn record (last {last:?})"
-                )));
+                return Err(LogError::Corrupt {
+                    path: dir,
+                    offset: 0,
+                    why: format!("entry {torn} survived its torn record (last {last:?})"),
+                }
+                .into());
             }
             // The commit index hint is written without an fsync of its own: it goes with the
             // tail (it may point into it if the disk lied).

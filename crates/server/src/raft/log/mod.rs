@@ -7,6 +7,7 @@
 //! - `durable.rs`: what the store makes durable when, in place or beside replication (the store's
 //!   side of those gates);
 //! - `storage.rs`: openraft's storage traits over all of it;
+//! - `error.rs`: the typed storage errors ([`LogError`]);
 //! - `faults.rs`: the simulation's storage faults (power cuts, torn tails, failed fsyncs).
 //!
 //! Its invariants are asserted in release builds (`assert!`): what must hold when a record, an
@@ -51,6 +52,7 @@
 
 pub mod codec;
 mod durable;
+mod error;
 mod faults;
 mod open;
 mod segment;
@@ -66,6 +68,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use openraft::{Entry, Vote};
 use serde::{Deserialize, Serialize};
 
+pub use self::error::LogError;
 pub use self::sync::{ClampedClient, CommitClamp, LogSync, Stopped, SYNC_STALL};
 use super::storage_faults::StorageFaults;
 use super::{LogId, NodeId, TypeConfig};
@@ -207,7 +210,7 @@ impl SegmentLog {
     fn failed(&self, operation: &str, inner: &mut Inner, e: &io::Error) {
         inner.failed = true;
         if let Some(latch) = &self.fail_stop {
-            latch.storage(operation, &self.dir, e);
+            latch.storage(operation, &self.dir, &LogError::of(e));
         }
     }
 
@@ -229,7 +232,7 @@ impl SegmentLog {
         self.io.run(|| {
             let mut inner = self.lock();
             if inner.failed || self.fail_stop.as_ref().is_some_and(|latch| latch.is_failed()) {
-                return Err(io::Error::other("refused after an earlier storage failure"));
+                return Err(LogError::Refused.into());
             }
             let result = f(&mut inner);
             if let Err(e) = &result {

@@ -18,7 +18,7 @@ use openraft::{Entry, LeaderId, Vote};
 
 use super::codec::{decode, parse, peek_index, Parsed, KIND_COMMITTED, KIND_ENTRY};
 use super::segment::{fdatasync, segment_path};
-use super::{Inner, LogSync, Meta, Segment, EARLY};
+use super::{Inner, LogError, LogSync, Meta, Segment, EARLY};
 use crate::raft::{LogId, NodeId, TypeConfig};
 
 impl Inner {
@@ -31,14 +31,13 @@ impl Inner {
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let error = io::Error::last_os_error();
             return Err(if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                io::Error::other("it is locked (is another server using this data dir?)")
+                LogError::Locked { path: dir.join("lock") }.into()
             } else {
                 error
             });
         }
         let meta = match std::fs::read(dir.join("meta")) {
-            Ok(bytes) => decode::<Meta>(&bytes)
-                .map_err(|e| io::Error::other(format!("{}: {e}", dir.join("meta").display())))?,
+            Ok(bytes) => decode::<Meta>(&bytes).map_err(|e| LogError::in_file(dir.join("meta"), &e))?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => Meta::default(),
             Err(e) => return Err(e),
         };
@@ -96,11 +95,15 @@ impl Inner {
                                         || (index > p && purged.is_some_and(|q| p <= q && index <= q + 1))
                                 };
                                 if previous.is_some_and(|p| !follows(p)) {
-                                    return Err(io::Error::other(format!(
-                                        "{}: entry {index} follows entry {} (corrupt log)",
-                                        path.display(),
-                                        previous.unwrap_or_default()
-                                    )));
+                                    return Err(LogError::Corrupt {
+                                        path,
+                                        offset: at as u64,
+                                        why: format!(
+                                            "entry {index} follows entry {} (corrupt log)",
+                                            previous.unwrap_or_default()
+                                        ),
+                                    }
+                                    .into());
                                 }
                                 previous = Some(index);
                                 last_index = Some(index);
@@ -129,10 +132,12 @@ impl Inner {
             };
             if let Some(why) = bad {
                 if !last_segment {
-                    return Err(io::Error::other(format!(
-                        "{}: {why}, and later segments follow (corrupt log, not a torn tail)",
-                        path.display()
-                    )));
+                    return Err(LogError::Corrupt {
+                        path,
+                        offset: at as u64,
+                        why: format!("{why}, and later segments follow (corrupt log, not a torn tail)"),
+                    }
+                    .into());
                 }
                 // A torn tail: zero from the bad record to the last non-zero byte, then sync.
                 let end = data.iter().rposition(|b| *b != 0).map_or(at, |p| p + 1);
@@ -223,8 +228,9 @@ impl Inner {
     /// leader of the same term afterwards, whose committed vote it must keep).
     pub(super) fn step_down_if_it_reported_early(&mut self) -> io::Result<()> {
         let (early, node) = match std::fs::read(self.dir.join(EARLY)) {
-            Ok(bytes) => decode::<(u64, NodeId)>(&bytes)
-                .map_err(|e| io::Error::other(format!("{}: {e}", self.dir.join(EARLY).display())))?,
+            Ok(bytes) => {
+                decode::<(u64, NodeId)>(&bytes).map_err(|e| LogError::in_file(self.dir.join(EARLY), &e))?
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e),
         };
