@@ -325,6 +325,40 @@ async fn a_tls_cluster_grows_with_cluster_add() {
     assert!(replicated, "the added node applies the cluster's log");
 }
 
+/// Every health probe goes through the node's one peer client, over HTTPS on a TLS cluster: the
+/// cluster view reaches every member, and a node removed from a TLS cluster finds out from the
+/// other members' health (its own log usually never drops it: the leader stops replicating to it
+/// first), then says so and stops campaigning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_removed_from_a_tls_cluster_finds_out_from_the_others() {
+    let pki = Pki::new();
+    let args = pki.serve_args(&["--tls-client-ca", &pki.path("ca.pem")]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let cluster = Cluster::start_with(3, &args, pki.http(true)).await;
+    let leader = cluster.leader(PATIENCE).await.expect("a leader");
+    let api = Api { http: pki.http(true), url: cluster.nodes[leader].url.clone() };
+    let view = api.get("/v1/cluster").await;
+    assert_eq!(view.status, 200, "{view:?}");
+    let members = view.body["members"].as_array().expect("members");
+    assert_eq!(members.len(), 3, "{view:?}");
+    assert!(members.iter().all(|m| m["reachable"] == true), "a member's probe failed: {view:?}");
+
+    let removed = (leader + 1) % 3;
+    let id = removed + 1;
+    let answer = api.send("DELETE", &format!("/v1/cluster/members/{id}"), None).await;
+    assert_eq!(answer.status, 204, "{answer:?}");
+    let node = Api { http: pki.http(true), url: cluster.nodes[removed].url.clone() };
+    let mut last = None;
+    let said_removed = eventually(PATIENCE, async || {
+        let health = node.get("/v1/health").await;
+        let removed = health.status == 503 && health.body["reason"] == "removed";
+        last = Some(health);
+        removed
+    })
+    .await;
+    assert!(said_removed, "node {id} never said it was removed: {last:?}");
+}
+
 /// Writes `request` on a new connection to `addr` and returns the connection.
 fn send_raw(addr: &str, request: &[u8]) -> TcpStream {
     let mut stream = TcpStream::connect(addr).unwrap();

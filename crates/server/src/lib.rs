@@ -55,7 +55,7 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'stat
         node_id: config.node_id,
         tls: acceptor.map(tokio_rustls::TlsAcceptor::from),
     };
-    let scheme = tls::peer_scheme(config.tls.as_ref());
+    let scheme = tls::scheme(config.tls.as_ref());
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;

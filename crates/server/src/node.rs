@@ -15,6 +15,7 @@ use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::observe::Observer;
 use crate::peer::{PeerSigner, PeerVerifier};
+use crate::peer_conn::{PeerClient, PeerPool, PoolLimits};
 use crate::raft::consensus::Consensus;
 use crate::raft::network::LocalView;
 use crate::raft::network::Network;
@@ -23,14 +24,16 @@ use crate::raft::replica::{Replica, ReplicaState};
 use crate::raft::status::Status;
 use crate::raft::{NodeId, PeerNetwork};
 
-/// Longest the leader may take to accept a forwarded request's connection (and its TLS
-/// handshake).
-const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// The most idle connections to the leader kept for forwarding (one per forwarded request in
-/// flight, as a follower's clients long-poll through it).
-const FORWARD_IDLE_MAX: usize = 32;
-/// The largest answer relayed from the leader (lists can be large; the pool holds it whole).
-const FORWARD_ANSWER_BYTES_MAX: usize = 256 << 20;
+/// The connections for forwarding to the leader: it must accept one (and finish its TLS
+/// handshake) within 1 s; at most 32 wait idle (one per forwarded request in flight, as a
+/// follower's clients long-poll through it); an answer is at most 256 MiB (lists can be large;
+/// the pool holds it whole).
+const FORWARD_POOL: PoolLimits =
+    PoolLimits { connect_timeout: Duration::from_secs(1), idle_max: 32, answer_max: 256 << 20 };
+/// The connections for health probes: each probe has its own, shorter, timeout; at most 4 wait
+/// idle per peer; a health answer is at most 1 MiB (it lists the members).
+const PROBE_POOL: PoolLimits =
+    PoolLimits { connect_timeout: Duration::from_secs(2), idle_max: 4, answer_max: 1 << 20 };
 
 /// A running node.
 pub struct Node {
@@ -50,10 +53,10 @@ pub struct Node {
     pub(crate) observer: Arc<Observer>,
     /// The configuration it started with.
     pub(crate) config: Config,
-    /// HTTP client for probing members.
-    pub(crate) http: reqwest::Client,
+    /// Connections for probing the members' health (`api/cluster.rs`, `raft/removal.rs`).
+    pub(crate) prober: PeerPool,
     /// Connections for forwarding requests to the leader (`api/forward.rs`).
-    pub(crate) forwarder: crate::peer_conn::PeerPool,
+    pub(crate) forwarder: PeerPool,
     /// Signs this node's peer messages (Raft RPCs and forwarded requests); none without a
     /// cluster secret.
     pub(crate) peer_signer: Option<Arc<PeerSigner>>,
@@ -107,14 +110,9 @@ impl Node {
         let signer =
             config.cluster_secret.clone().map(|secret| Arc::new(PeerSigner::new(secret, config.node_id)));
         let view = Arc::new(LocalView::default());
-        let network = Network::new(
-            Some(addr.ip()),
-            signer.clone(),
-            view.clone(),
-            config.tls.as_ref(),
-            metrics.peer_rpcs_sent.clone(),
-        )?;
-        let node = Node::assemble(config, addr, network, signer, true, metrics).await?;
+        let peers = PeerClient::new(Some(addr.ip()), config.tls.as_ref())?;
+        let network = Network::new(&peers, signer.clone(), view.clone(), metrics.peer_rpcs_sent.clone());
+        let node = Node::assemble(config, addr, network, peers, signer, true, metrics).await?;
         tokio::spawn(crate::raft::network::follow(node.consensus.raft().clone(), view));
         Ok(node)
     }
@@ -132,13 +130,15 @@ impl Node {
     ) -> anyhow::Result<Arc<Node>> {
         let signer =
             config.cluster_secret.clone().map(|secret| Arc::new(PeerSigner::new(secret, config.node_id)));
-        Node::assemble(config, addr, network, signer, false, Arc::new(Metrics::new())).await
+        let peers = PeerClient::new(Some(addr.ip()), config.tls.as_ref())?;
+        Node::assemble(config, addr, network, peers, signer, false, Arc::new(Metrics::new())).await
     }
 
     async fn assemble<N: PeerNetwork>(
         config: Config,
         addr: SocketAddr,
         network: N,
+        peers: PeerClient,
         peer_signer: Option<Arc<PeerSigner>>,
         probe_peers: bool,
         metrics: Arc<Metrics>,
@@ -163,24 +163,13 @@ impl Node {
         tokio::spawn(driver.run());
         let (shutdown_tx, shutdown) = watch::channel(false);
         consensus.watch_core(shutdown.clone(), fail_stop.clone());
-        let http = crate::tls::peer_client(reqwest::Client::builder(), config.tls.as_ref())?
-            .no_proxy()
-            .local_address(Some(addr.ip()).filter(|ip| !ip.is_unspecified()))
-            .pool_max_idle_per_host(4)
-            .build()?;
-        let forwarder = crate::peer_conn::PeerPool::new(crate::peer_conn::PeerPoolConfig {
-            local: Some(addr.ip()),
-            tls: config.tls.as_ref().map(crate::tls::peer_client_config).transpose()?,
-            connect_timeout: FORWARD_CONNECT_TIMEOUT,
-            idle_max: FORWARD_IDLE_MAX,
-            answer_max: FORWARD_ANSWER_BYTES_MAX,
-        });
+        let prober = peers.pool(PROBE_POOL);
+        let forwarder = peers.pool(FORWARD_POOL);
         let (removed_tx, removed) = watch::channel(false);
         let removal = crate::raft::removal::RemovalWatch {
             raft: consensus.raft().clone(),
             id: config.node_id,
-            http: http.clone(),
-            scheme: crate::tls::peer_scheme(config.tls.as_ref()),
+            prober: prober.clone(),
             election_timeout_max: Duration::from_millis(config.election_timeout_ms.1),
             removed: removed_tx,
             probe_peers,
@@ -201,10 +190,7 @@ impl Node {
         let node = Arc::new(Node {
             id: config.node_id,
             ids: IdSource::new(config.id_seed),
-            stamps: crate::api::forward::Stamps::new(
-                config.node_id,
-                crate::tls::peer_scheme(config.tls.as_ref()),
-            ),
+            stamps: crate::api::forward::Stamps::new(config.node_id, peers.scheme()),
             addr,
             consensus,
             clock: parts.clock,
@@ -212,7 +198,7 @@ impl Node {
             metrics,
             observer,
             config,
-            http,
+            prober,
             forwarder,
             peer_signer,
             peer_verifier,
@@ -242,11 +228,6 @@ impl Node {
     /// This node's view of the cluster now.
     pub(crate) fn status(&self) -> Status {
         self.consensus.status()
-    }
-
-    /// The URL scheme peers are reached with (`https` when this node has TLS).
-    pub(crate) fn peer_scheme(&self) -> &'static str {
-        crate::tls::peer_scheme(self.config.tls.as_ref())
     }
 
     /// Proposes a command and waits until it is applied.

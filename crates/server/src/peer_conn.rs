@@ -1,11 +1,17 @@
-//! HTTP/1.1 connections to peers, each driven by the task that sends on it: Raft RPCs
-//! (`raft/network.rs`) and client requests forwarded to the leader (`api/forward.rs`).
+//! The one HTTP client a node calls its peers with: Raft RPCs (`raft/network.rs`), client
+//! requests forwarded to the leader (`api/forward.rs`), and health probes (the removal watcher in
+//! `raft/removal.rs`, the cluster view and `cluster add`'s check in `api/cluster.rs`).
+//! [`PeerClient`] knows how the node reaches its peers: from its own address, and over HTTPS
+//! with the cluster's TLS configuration when it has one (its [`scheme`](PeerClient::scheme) is
+//! the one the peers' URLs have); every [`PeerPool`] is made from it, so no caller picks a scheme
+//! or a TLS setting of its own.
 //!
-//! The task that waits for an answer (openraft's replication stream, an election, a read
-//! barrier's round; the handler of a forwarded request) polls hyper's client connection itself
-//! while its request is in flight (`tokio::select!` over the exchange and the connection),
-//! instead of a connection task of its own as with reqwest: no wake-up to another task and back
-//! for each request and its answer (`docs/performance.md`, *Peer RPCs on the sending task*).
+//! Each connection is HTTP/1.1, driven by the task that sends on it. The task that waits for an
+//! answer (openraft's replication stream, an election, a read barrier's round; the handler of a
+//! forwarded request; a probe) polls hyper's client connection itself while its request is in
+//! flight (`tokio::select!` over the exchange and the connection), instead of a connection task
+//! of its own as with reqwest: no wake-up to another task and back for each request and its
+//! answer (`docs/performance.md`, *Peer RPCs on the sending task*).
 //!
 //! Between requests a connection waits in its peer's idle list ([`PeerPool`]): openraft 0.9
 //! makes a new network client for every read barrier's round (`handle_check_is_leader_request`),
@@ -33,6 +39,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpSocket, TcpStream};
 
+use permit_wire::Health;
+
 use crate::tls::PEER_POOL_IDLE;
 
 /// An error of one exchange with a peer.
@@ -52,7 +60,7 @@ pub(crate) enum PeerError {
 /// Whether a request lost on a reused connection may be sent again on a new one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Resend {
-    /// Yes: the peer copes with it twice (a Raft message).
+    /// Yes: the peer copes with it twice (a Raft message, a health probe).
     Once,
     /// No: it may have been applied (a forwarded client request).
     Never,
@@ -68,14 +76,52 @@ pub(crate) struct PeerRequest<'a> {
     pub(crate) resend: Resend,
 }
 
-/// How a [`PeerPool`] dials its peers and what it keeps.
+/// How a node reaches its peers: the address it dials from and, on a TLS cluster, the TLS it
+/// speaks. Pools made from one client share these (and nothing else).
 #[derive(Clone)]
-pub(crate) struct PeerPoolConfig {
+pub(crate) struct PeerClient {
     /// Dial from this address when it is a specific one (so peers and fault-injecting proxies
     /// see which node connects).
-    pub(crate) local: Option<IpAddr>,
+    local: Option<IpAddr>,
     /// TLS to the peers, when the node has it.
-    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
+    tls: Option<tokio_rustls::TlsConnector>,
+    /// `https` with TLS, else `http`.
+    scheme: &'static str,
+}
+
+impl PeerClient {
+    /// The client of a node that listens on `local` (dialling from it when it is a specific
+    /// address), over HTTPS with the peer side of `tls` when the node has TLS.
+    ///
+    /// # Errors
+    /// When a TLS file cannot be read.
+    pub(crate) fn new(
+        local: Option<IpAddr>,
+        tls: Option<&crate::tls::TlsConfig>,
+    ) -> anyhow::Result<PeerClient> {
+        let scheme = crate::tls::scheme(tls);
+        let tls = tls.map(crate::tls::peer_client_config).transpose()?;
+        Ok(PeerClient {
+            local: local.filter(|ip| !ip.is_unspecified()),
+            tls: tls.map(tokio_rustls::TlsConnector::from),
+            scheme,
+        })
+    }
+
+    /// The URL scheme the peers are reached with: `https` on a TLS cluster.
+    pub(crate) fn scheme(&self) -> &'static str {
+        self.scheme
+    }
+
+    /// A pool of connections to the peers, with no connection yet.
+    pub(crate) fn pool(&self, limits: PoolLimits) -> PeerPool {
+        PeerPool { client: self.clone(), limits, idle: Arc::default() }
+    }
+}
+
+/// What a [`PeerPool`] waits for and keeps.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PoolLimits {
     /// A connection (with its TLS handshake) must be up within this.
     pub(crate) connect_timeout: Duration,
     /// The most idle connections kept per peer.
@@ -84,29 +130,31 @@ pub(crate) struct PeerPoolConfig {
     pub(crate) answer_max: usize,
 }
 
-/// A node's connections to its peers: how it opens them and the idle ones, by peer address.
+/// Connections to the peers, made by a [`PeerClient`], and the idle ones, by peer address.
 /// Clones share the idle lists.
 #[derive(Clone)]
 pub(crate) struct PeerPool {
-    local: Option<IpAddr>,
-    tls: Option<tokio_rustls::TlsConnector>,
-    connect_timeout: Duration,
-    idle_max: usize,
-    answer_max: usize,
+    client: PeerClient,
+    limits: PoolLimits,
     idle: Arc<Mutex<HashMap<String, Vec<PeerConn>>>>,
 }
 
 impl PeerPool {
-    /// A pool with no connection yet.
-    pub(crate) fn new(config: PeerPoolConfig) -> PeerPool {
-        PeerPool {
-            local: config.local.filter(|ip| !ip.is_unspecified()),
-            tls: config.tls.map(tokio_rustls::TlsConnector::from),
-            connect_timeout: config.connect_timeout,
-            idle_max: config.idle_max,
-            answer_max: config.answer_max,
-            idle: Arc::default(),
-        }
+    /// The health of the peer at `addr` (`GET /v1/health`): its status and body, or `None` when
+    /// it gives no such answer within `timeout`.
+    pub(crate) async fn health(&self, addr: &str, timeout: Duration) -> Option<(hyper::StatusCode, Health)> {
+        let headers = hyper::HeaderMap::new();
+        // A health probe changes nothing: sending it twice is harmless.
+        let request = PeerRequest {
+            method: hyper::Method::GET,
+            path: "/v1/health",
+            headers: &headers,
+            body: Bytes::new(),
+            resend: Resend::Once,
+        };
+        let answer = tokio::time::timeout(timeout, self.send(addr, request)).await.ok()?.ok()?;
+        let health = serde_json::from_slice::<Health>(answer.body()).ok()?;
+        Some((answer.status(), health))
     }
 
     /// Sends `request` to the peer at `addr` (`host:port`), on an idle connection to it or a new
@@ -138,7 +186,7 @@ impl PeerPool {
                 Some(peer) => peer,
                 None => self.connect(addr).await.map_err(PeerError::Connect)?,
             };
-            match Self::exchange(&mut peer, build()?, self.answer_max).await {
+            match Self::exchange(&mut peer, build()?, self.limits.answer_max).await {
                 Ok((answer, open)) => {
                     if open {
                         peer.used = Instant::now();
@@ -206,7 +254,7 @@ impl PeerPool {
         let list = idle.entry(addr.to_owned()).or_default();
         // Oldest first: drop the ones too old to be used, then keep at most the limit.
         list.retain(|peer| peer.used.elapsed() < PEER_POOL_IDLE);
-        if list.len() < self.idle_max {
+        if list.len() < self.limits.idle_max {
             list.push(peer);
         }
     }
@@ -218,9 +266,10 @@ impl PeerPool {
     }
 
     async fn connect(&self, addr: &str) -> Result<PeerConn, PeerIoError> {
-        let stream = tokio::time::timeout(self.connect_timeout, self.stream(addr))
+        let connect_timeout = self.limits.connect_timeout;
+        let stream = tokio::time::timeout(connect_timeout, self.stream(addr))
             .await
-            .map_err(|_| format!("no connection to {addr} within {:?}", self.connect_timeout))??;
+            .map_err(|_| format!("no connection to {addr} within {connect_timeout:?}"))??;
         let (sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
         Ok(PeerConn { sender, conn: Some(Box::pin(conn)), used: Instant::now() })
     }
@@ -231,7 +280,7 @@ impl PeerPool {
             match self.tcp(target).await {
                 Ok(tcp) => {
                     tcp.set_nodelay(true)?;
-                    let Some(tls) = &self.tls else { return Ok(Box::new(tcp)) };
+                    let Some(tls) = &self.client.tls else { return Ok(Box::new(tcp)) };
                     let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
                     let host = host.trim_start_matches('[').trim_end_matches(']');
                     let name = rustls::pki_types::ServerName::try_from(host.to_owned())?;
@@ -245,7 +294,7 @@ impl PeerPool {
 
     async fn tcp(&self, target: SocketAddr) -> std::io::Result<TcpStream> {
         let socket = if target.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
-        if let Some(local) = self.local.filter(|ip| ip.is_ipv4() == target.is_ipv4()) {
+        if let Some(local) = self.client.local.filter(|ip| ip.is_ipv4() == target.is_ipv4()) {
             socket.bind(SocketAddr::new(local, 0))?;
         }
         socket.connect(target).await
@@ -333,13 +382,8 @@ mod tests {
 
     /// A pool as the Raft network makes it.
     fn pool(local: Option<IpAddr>) -> PeerPool {
-        PeerPool::new(PeerPoolConfig {
-            local,
-            tls: None,
-            connect_timeout: Duration::from_secs(2),
-            idle_max: 4,
-            answer_max: 1 << 20,
-        })
+        let client = PeerClient::new(local, None).expect("a client without TLS");
+        client.pool(PoolLimits { connect_timeout: Duration::from_secs(2), idle_max: 4, answer_max: 1 << 20 })
     }
 
     /// POSTs `body` as a Raft RPC is sent (`Resend::Once`): the answer's status and body.
@@ -370,6 +414,31 @@ mod tests {
             PeerRequest { method: hyper::Method::POST, path, headers: &map, body: body.into(), resend };
         let answer = pool.send(addr, request).await?;
         Ok((answer.status(), answer.into_body()))
+    }
+
+    /// A health probe GETs `/v1/health` and reads the body whatever the status (a 503 names
+    /// its reason); it gives up within its timeout on a peer that accepts and never answers.
+    #[tokio::test]
+    async fn a_health_probe_reads_the_body_of_any_status_and_gives_up_in_time() {
+        let body = r#"{"status":"degraded","reason":"removed","node_id":3,"raft_leader":null,"raft_role":"learner","raft_term":4,"applied_index":9,"members":[1,2]}"#;
+        let answer =
+            format!("HTTP/1.1 503 Service Unavailable\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+        let (addr, server) = serve(1, 1, Box::leak(answer.into_bytes().into_boxed_slice())).await;
+        let pool = pool(None);
+        let (status, health) = pool.health(&addr, Duration::from_secs(5)).await.expect("an answer");
+        assert_eq!(status, hyper::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!((health.node_id, health.members), (3, vec![1, 2]));
+        assert_eq!(health.reason, Some(permit_wire::NotReady::Removed));
+        let seen = server.await.expect("server");
+        assert!(seen[0].1[0].starts_with("GET /v1/health HTTP/1.1\r\n"), "{:?}", seen[0].1);
+
+        let silent = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = silent.local_addr().expect("addr").to_string();
+        let held = tokio::spawn(async move { silent.accept().await });
+        let started = Instant::now();
+        assert!(pool.health(&addr, Duration::from_millis(200)).await.is_none());
+        assert!(started.elapsed() < Duration::from_secs(2), "the probe waited {:?}", started.elapsed());
+        held.abort();
     }
 
     #[tokio::test]
@@ -410,7 +479,7 @@ mod tests {
         let answers = futures::future::join_all(calls).await;
         assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|(status, _)| status.as_u16() == 200)));
         assert_eq!(server.await.expect("server").len(), 6);
-        assert_eq!(pool.idle_count(&addr), pool.idle_max);
+        assert_eq!(pool.idle_count(&addr), pool.limits.idle_max);
     }
 
     #[tokio::test]

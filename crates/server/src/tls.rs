@@ -1,6 +1,6 @@
-//! TLS settings: the server's rustls configuration (HTTPS, optional client certificates), the
-//! rustls configuration of a node's connections to its peers (Raft RPCs, forwarded requests),
-//! and the HTTP client it probes them with.
+//! TLS settings: the server's rustls configuration (HTTPS, optional client certificates) and the
+//! rustls configuration of a node's connections to its peers (`crate::peer_conn`: Raft RPCs,
+//! forwarded requests, health probes).
 //!
 //! The crypto provider is rustls' `ring` provider, installed as the process default by
 //! `install_crypto_provider`: it builds with `cc` alone (no cmake, no C++), which keeps a clean
@@ -116,40 +116,10 @@ pub(crate) fn server_config(tls: &TlsConfig) -> anyhow::Result<Arc<rustls::Serve
     Ok(Arc::new(config))
 }
 
-/// Adds the peer settings to a client builder: [`PEER_POOL_IDLE`], and with TLS only the peer
-/// CA as roots (when given) and the node's own certificate as its client identity (peers may
-/// require one).
-///
-/// # Errors
-/// A message naming the file that cannot be read.
-pub(crate) fn peer_client(
-    builder: reqwest::ClientBuilder,
-    tls: Option<&TlsConfig>,
-) -> anyhow::Result<reqwest::ClientBuilder> {
-    install_crypto_provider();
-    let builder = builder.pool_idle_timeout(PEER_POOL_IDLE);
-    let Some(tls) = tls else { return Ok(builder) };
-    let mut builder = builder;
-    if let Some(ca) = tls.peer_ca_file() {
-        let pem = read_pem(ca, "peer CA")?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem)
-            .map_err(|e| anyhow::anyhow!("peer CA {}: {e}", ca.display()))?;
-        builder = builder.tls_certs_only(certs);
-    }
-    let mut identity = read_pem(&tls.cert, "TLS certificate")?;
-    identity.push(b'\n');
-    identity.extend(read_pem(&tls.key, "TLS key")?);
-    let identity = reqwest::Identity::from_pem(&identity).map_err(|e| {
-        anyhow::anyhow!("TLS certificate {} and key {}: {e}", tls.cert.display(), tls.key.display())
-    })?;
-    Ok(builder.identity(identity))
-}
-
-/// The rustls configuration a node reaches its peers with (`crate::peer_conn`: Raft RPCs and
-/// forwarded requests):
-/// the peer CA as roots when given, else the system's roots through the platform verifier (as
-/// reqwest does for [`peer_client`]); the node's own certificate as its client identity;
-/// HTTP/1.1 by ALPN.
+/// The rustls configuration a node reaches its peers with (`crate::peer_conn`: Raft RPCs,
+/// forwarded requests, health probes): the peer CA as roots when given, else the system's roots
+/// through the platform verifier; the node's own certificate as its client identity; HTTP/1.1
+/// by ALPN.
 ///
 /// # Errors
 /// A message naming the file that cannot be read or does not match.
@@ -173,8 +143,9 @@ pub(crate) fn peer_client_config(tls: &TlsConfig) -> anyhow::Result<Arc<rustls::
     Ok(Arc::new(config))
 }
 
-/// The URL scheme peers are reached with: `https` when the node has TLS.
-pub(crate) fn peer_scheme(tls: Option<&TlsConfig>) -> &'static str {
+/// The URL scheme of a node with `tls`: `https` when it has TLS. It is the scheme of its peers'
+/// URLs too: a cluster's nodes all serve TLS or none does.
+pub(crate) fn scheme(tls: Option<&TlsConfig>) -> &'static str {
     if tls.is_some() {
         "https"
     } else {

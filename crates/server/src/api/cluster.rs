@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::StatusCode;
 use permit_wire::{
-    AddMemberRequest, ClusterView, ErrorBody, ErrorCode, Health, InitClusterRequest, MemberRole, MemberView,
+    AddMemberRequest, ClusterView, ErrorBody, ErrorCode, InitClusterRequest, MemberRole, MemberView,
 };
 
 use super::error::ApiError;
@@ -44,15 +44,9 @@ pub(crate) async fn status(State(node): State<Arc<Node>>) -> Result<axum::Json<C
 /// Builds the cluster view from this node's Raft metrics, probing each member's health.
 pub(crate) async fn view(node: &Node) -> ClusterView {
     let status = node.status();
-    let probes = status.members.values().map(|member| {
-        let (http, addr, id) = (node.http.clone(), member.addr.clone(), member.id);
-        let scheme = node.peer_scheme();
-        async move {
-            let url = format!("{scheme}://{addr}/v1/health");
-            let health =
-                async { http.get(url).timeout(PROBE_TIMEOUT).send().await.ok()?.json::<Health>().await.ok() };
-            (id, addr, health.await)
-        }
+    let probes = status.members.values().map(|member| async move {
+        let health = node.prober.health(&member.addr, PROBE_TIMEOUT).await.map(|(_, health)| health);
+        (member.id, member.addr.clone(), health)
     });
     let members = futures::future::join_all(probes)
         .await
@@ -129,12 +123,8 @@ async fn check_new_member(node: &Node, request: &AddMemberRequest) -> Result<(),
             return invalid(format!("node {id} is a member at {}; remove it first", member.addr));
         }
     }
-    let url = format!("{}://{}/v1/health", node.peer_scheme(), request.addr);
-    let probe = node.http.get(url).timeout(NEW_MEMBER_PROBE_TIMEOUT).send();
-    let health = match probe.await {
-        Ok(answer) => answer.json::<Health>().await.ok(),
-        Err(_) => None,
-    };
+    let probe = node.prober.health(&request.addr, NEW_MEMBER_PROBE_TIMEOUT);
+    let health = probe.await.map(|(_, health)| health);
     match health {
         Some(health) if health.node_id == request.id => Ok(()),
         Some(health) => {

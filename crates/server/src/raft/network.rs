@@ -1,7 +1,8 @@
 //! Raft RPCs between nodes: HTTP POSTs of postcard bodies to `/raft/{append,vote,snapshot}` on
 //! the peer's address (the same address as its client API), each signed for its receiver with
 //! this node's [`PeerSigner`] (see [`crate::peer`]) and carrying this node's membership claim,
-//! over a connection that the sending task drives itself ([`crate::peer_conn`]).
+//! through the node's peer client ([`crate::peer_conn`]), on a connection that the sending task
+//! drives itself.
 //!
 //! A peer that cannot be reached is reported as `Unreachable`, so that openraft backs off instead
 //! of retrying in a tight loop. Every RPC has openraft's deadline as its HTTP timeout. A message
@@ -26,18 +27,17 @@ use super::bounds::{term_limit, PeerAnswer};
 use super::{NodeId, Raft, TypeConfig};
 use crate::metrics::{PeerRpcCounts, PeerRpcKind};
 use crate::peer::PeerSigner;
-use crate::peer_conn::{PeerPool, PeerPoolConfig, PeerRequest, Resend};
+use crate::peer_conn::{PeerClient, PeerPool, PeerRequest, PoolLimits, Resend};
 
 /// Path prefix of the peer RPC routes.
 const RAFT_PATH_PREFIX: &str = "/raft";
 
-/// Longest a peer may take to accept a TCP connection (and finish the TLS handshake, over HTTPS).
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
-/// The most idle connections kept per peer (RPCs to one peer in flight at once: its replication
-/// stream, a read barrier's round, an election, a snapshot).
-const IDLE_PER_PEER_MAX: usize = 4;
-/// The largest answer a peer may send to an RPC (they are a few dozen bytes).
-const ANSWER_BYTES_MAX: usize = 1 << 20;
+/// The Raft RPCs' connections: a peer must accept one (and finish the TLS handshake, over
+/// HTTPS) within 500 ms; at most 4 wait idle per peer (RPCs to one peer in flight at once: its
+/// replication stream, a read barrier's round, an election, a snapshot); an answer is at most
+/// 1 MiB (they are a few dozen bytes).
+const RAFT_POOL: PoolLimits =
+    PoolLimits { connect_timeout: Duration::from_millis(500), idle_max: 4, answer_max: 1 << 20 };
 /// The `content-type` of every RPC.
 static CONTENT_TYPE: hyper::header::HeaderValue =
     hyper::header::HeaderValue::from_static("application/octet-stream");
@@ -113,29 +113,17 @@ impl PeerReachability {
 }
 
 impl Network {
-    /// A network dialling from `local` when it is a specific address (so peers and
-    /// fault-injecting proxies see which node connects), over HTTPS when `tls` is set. RPCs are
-    /// signed by `signer` with the claim in `view` (kept up to date by [`follow`]). Every RPC
-    /// sent is counted in `sent`.
-    ///
-    /// # Errors
-    /// When a TLS file cannot be read.
+    /// A network that sends through `peers` (the node's peer client). RPCs are signed by
+    /// `signer` with the claim in `view` (kept up to date by [`follow`]). Every RPC sent is
+    /// counted in `sent`.
     pub(crate) fn new(
-        local: Option<std::net::IpAddr>,
+        peers: &PeerClient,
         signer: Option<Arc<PeerSigner>>,
         view: Arc<LocalView>,
-        tls: Option<&crate::tls::TlsConfig>,
         sent: PeerRpcCounts,
-    ) -> anyhow::Result<Network> {
-        let tls = tls.map(crate::tls::peer_client_config).transpose()?;
-        let pool = PeerPool::new(PeerPoolConfig {
-            local,
-            tls,
-            connect_timeout: CONNECT_TIMEOUT,
-            idle_max: IDLE_PER_PEER_MAX,
-            answer_max: ANSWER_BYTES_MAX,
-        });
-        Ok(Network { pool, signer, view, sent, unreachable: PeerReachability::default() })
+    ) -> Network {
+        let pool = peers.pool(RAFT_POOL);
+        Network { pool, signer, view, sent, unreachable: PeerReachability::default() }
     }
 }
 

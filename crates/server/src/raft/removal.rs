@@ -18,6 +18,7 @@ use permit_wire::Health;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::peer_conn::PeerPool;
 use crate::raft::{NodeId, Raft};
 
 /// How often the removal watcher looks at the membership.
@@ -33,10 +34,9 @@ pub(crate) struct RemovalWatch {
     pub(crate) raft: Raft,
     /// This node's id.
     pub(crate) id: NodeId,
-    /// Client for probing the other members.
-    pub(crate) http: reqwest::Client,
-    /// The URL scheme the members are reached with (`https` on a TLS cluster).
-    pub(crate) scheme: &'static str,
+    /// Connections for probing the other members' health, from the node's peer client (so
+    /// over HTTPS on a TLS cluster).
+    pub(crate) prober: PeerPool,
     /// The longest election timeout.
     pub(crate) election_timeout_max: Duration,
     /// Set to true while this node is removed.
@@ -109,15 +109,9 @@ impl RemovalWatch {
     /// Asks the other members: `Some(true)` when a ready one does not list this node,
     /// `Some(false)` when one lists it, `None` when no ready member answered.
     async fn ask(&self, peers: &[String]) -> Option<bool> {
-        let probes = peers.iter().map(|addr| {
-            let request = self.http.get(format!("{}://{addr}/v1/health", self.scheme)).timeout(PROBE_TIMEOUT);
-            async move {
-                let answer = request.send().await.ok()?;
-                if !answer.status().is_success() {
-                    return None;
-                }
-                answer.json::<Health>().await.ok()
-            }
+        let probes = peers.iter().map(|addr| async move {
+            let (status, health) = self.prober.health(addr, PROBE_TIMEOUT).await?;
+            status.is_success().then_some(health)
         });
         let answers = futures::future::join_all(probes).await;
         let ready: Vec<Health> = answers.into_iter().flatten().filter(|h| h.reason.is_none()).collect();
