@@ -27,13 +27,7 @@ pub(crate) enum Bug {
     /// older than the route do, so that a test can show the client falling back to one
     /// keepalive per session.
     NoKeepaliveBatch,
-    /// Not a bug: every fdatasync of a log append (segment log) takes [`SLOW_LOG_SYNC`] longer,
-    /// so that a test can show that a slow disk does not stop the requests that do not write.
-    SlowLogSync,
 }
-
-/// How much longer a log append's fdatasync takes under [`Bug::SlowLogSync`].
-pub(crate) const SLOW_LOG_SYNC: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How much longer a snapshot's encoding takes under [`Bug::SlowSnapshotEncode`].
 pub(crate) const SLOW_SNAPSHOT_ENCODE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -41,7 +35,7 @@ pub(crate) const SLOW_SNAPSHOT_ENCODE: std::time::Duration = std::time::Duration
 impl Bug {
     /// Every bug, with its name in `PERMIT_INJECT_BUG`.
     #[cfg(feature = "bug-injection")]
-    const ALL: [(&'static str, Bug); 8] = [
+    const ALL: [(&'static str, Bug); 7] = [
         ("ack_before_commit", Bug::AckBeforeCommit),
         ("ignore_ttl", Bug::IgnoreTtl),
         ("non_monotonic_token", Bug::NonMonotonicToken),
@@ -49,7 +43,6 @@ impl Bug {
         ("stale_reads", Bug::StaleReads),
         ("slow_snapshot_encode", Bug::SlowSnapshotEncode),
         ("no_keepalive_batch", Bug::NoKeepaliveBatch),
-        ("slow_log_sync", Bug::SlowLogSync),
     ];
 }
 

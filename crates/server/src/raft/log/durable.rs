@@ -228,13 +228,7 @@ impl SegmentLog {
         if synced(&self.lock()) {
             return;
         }
-        let result = self.io.run(|| {
-            fdatasync(file)?;
-            if crate::bugs::is(crate::bugs::Bug::SlowLogSync) {
-                std::thread::sleep(crate::bugs::SLOW_LOG_SYNC);
-            }
-            Ok(())
-        });
+        let result = self.io.run(|| fdatasync(file));
         let mut inner = self.lock();
         if inner.failed {
             return;
@@ -275,13 +269,7 @@ impl SegmentLog {
             })
             .and_then(|(file, upto)| {
                 self.io
-                    .run(|| {
-                        fdatasync(&file)?;
-                        if crate::bugs::is(crate::bugs::Bug::SlowLogSync) {
-                            std::thread::sleep(crate::bugs::SLOW_LOG_SYNC);
-                        }
-                        Ok(())
-                    })
+                    .run(|| fdatasync(&file))
                     .inspect_err(|e| self.failed("log append", &mut self.lock(), e))?;
                 let mut inner = self.lock();
                 if inner.durable.is_none_or(|durable| upto.is_some_and(|upto| durable.index < upto.index)) {
