@@ -73,7 +73,10 @@ pub async fn execute(client: &Client, command: ClusterCommand) -> anyhow::Result
 
 fn print_view(view: &permit_client::wire::ClusterView) {
     let leader = view.leader.map_or_else(|| "none".to_owned(), |id| id.to_string());
-    println!("leader {leader}, term {}", view.term);
+    let version = view
+        .feature_version
+        .map_or_else(|| "1 (a build from before versioning)".to_owned(), |v| v.to_string());
+    println!("leader {leader}, term {}, cluster feature version {version}", view.term);
     let rows: Vec<Vec<String>> = view
         .members
         .iter()
@@ -90,10 +93,18 @@ fn print_view(view: &permit_client::wire::ClusterView) {
                 index(m.matched_index),
                 index(m.applied_index),
                 if m.reachable { "yes".to_owned() } else { "no".to_owned() },
+                m.feature_version.map_or_else(|| "-".to_owned(), |v| v.to_string()),
+                m.build.clone().unwrap_or_else(|| "-".to_owned()),
             ]
         })
         .collect();
-    print!("{}", table::format(&["ID", "ADDRESS", "ROLE", "MATCHED", "APPLIED", "REACHABLE"], &rows));
+    print!(
+        "{}",
+        table::format(
+            &["ID", "ADDRESS", "ROLE", "MATCHED", "APPLIED", "REACHABLE", "VERSION", "BUILD"],
+            &rows
+        )
+    );
 }
 
 /// Backups of the whole state.

@@ -142,6 +142,61 @@ pub enum Command {
         /// and no root. If it cannot be created, nothing changes.
         root: Option<Token>,
     },
+    /// Raises the cluster's feature version (docs/operations.md, *Upgrading*): from this entry
+    /// on, commands that need `version` may be written. A leader proposes it once every member
+    /// (voter and learner) speaks `version` or newer; it never lowers the version. A replica
+    /// whose build speaks less than `version` stops before applying it (the server's
+    /// `raft::version`): every command that needs `version` comes after this entry in the log.
+    SetClusterVersion {
+        /// The new version.
+        version: u32,
+    },
+}
+
+/// The feature version this build's commands speak: the highest [`Command::feature_version`].
+///
+/// - 1: builds from before versioning (they report no version).
+/// - 2: [`Command::Revoke`] (older than versioning, but a member that reports no version may be
+///   older than it too) and [`Command::SetClusterVersion`].
+pub const FEATURE_VERSION: u32 = 2;
+
+impl Command {
+    /// The cluster feature version a command needs: the version in which it appeared. A new
+    /// command needs a new version, so that no member that cannot decode it is ever sent one
+    /// (the state machine refuses it below that version; the server refuses it before that).
+    pub fn feature_version(&self) -> u32 {
+        match self {
+            Command::CreateSession { .. }
+            | Command::CloseSession { .. }
+            | Command::ExpireSessions { .. }
+            | Command::PutSemaphore { .. }
+            | Command::DeleteSemaphore { .. }
+            | Command::Acquire(_)
+            | Command::Release { .. }
+            | Command::ExpireHolds
+            | Command::CreateOwnedSession { .. }
+            | Command::CreateToken { .. }
+            | Command::DeleteToken { .. }
+            | Command::AcquireEphemeral(_)
+            | Command::PutSemaphoreBy { .. }
+            | Command::AcquireBy { .. }
+            | Command::SetTokenSalt { .. } => 1,
+            Command::Revoke { .. } | Command::SetClusterVersion { .. } => 2,
+        }
+    }
+}
+
+impl Batch {
+    /// The highest feature version a command of the batch needs (1 for none).
+    pub fn feature_version(&self) -> u32 {
+        let needs = self.commands.iter().map(Command::feature_version).max().unwrap_or(1);
+        // A raise needs the version it raises to: a replica that speaks less must not apply it.
+        let raises = self.commands.iter().filter_map(|command| match command {
+            Command::SetClusterVersion { version } => Some(*version),
+            _ => None,
+        });
+        raises.fold(needs, u32::max)
+    }
 }
 
 /// The access token on whose behalf a command may create a semaphore or an election, with the

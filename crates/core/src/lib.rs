@@ -26,7 +26,7 @@ mod wait_queue;
 pub use acl::{
     root_rules, validate_token, Access, InvalidTokenId, Resource, Rule, Token, TokenId, ROOT_TOKEN_ID,
 };
-pub use command::{Acquire, Batch, Command, Creator};
+pub use command::{Acquire, Batch, Command, Creator, FEATURE_VERSION};
 pub use name::{InvalidName, Key, Kind, Name};
 pub use outcome::{Effect, Event, EventKind, Field, Limit, Outcome, Refusal, WaitEndReason};
 pub use semaphore::{Hold, Semaphore, Waiter};

@@ -55,6 +55,11 @@ pub enum Outcome {
     },
     /// The cluster's token salt is set.
     TokenSaltSet,
+    /// The cluster's feature version is this now (it was raised, or was this high already).
+    ClusterVersionSet {
+        /// The cluster's feature version.
+        version: u32,
+    },
 }
 
 /// Why a command changed nothing. Every variant is something a client can cause; bugs are
@@ -110,6 +115,15 @@ pub enum Refusal {
     /// before (or, for [`crate::Command::SetTokenSalt`], the salt was set before).
     #[error("access token already exists")]
     TokenExists,
+    /// The command needs a newer cluster feature version than the cluster has agreed on (a
+    /// member runs an older build).
+    #[error("this needs cluster feature version {needs}; the cluster is at version {cluster}")]
+    FeatureUnavailable {
+        /// The version the command needs.
+        needs: u32,
+        /// The cluster's version.
+        cluster: u32,
+    },
 }
 
 /// Request fields that can be out of range.

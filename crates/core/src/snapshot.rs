@@ -15,7 +15,14 @@ use crate::{Key, SessionId, State, Token, TokenId};
 
 /// The first byte of every snapshot. Bump it when the layout changes and keep a decoder for
 /// every older version that may sit on a disk.
-pub const SNAPSHOT_FORMAT_VERSION: u8 = 3;
+///
+/// Version 4 adds the cluster's feature version. A state whose cluster version is 1 is still
+/// written as version 3, which builds from before versioning read: a leader that sends a
+/// snapshot to such a member during a rolling upgrade sends bytes it can decode, and a node
+/// rolled back to such a build reads its own snapshots.
+pub const SNAPSHOT_FORMAT_VERSION: u8 = 4;
+/// The format of a state whose cluster version is 1 (see [`SNAPSHOT_FORMAT_VERSION`]).
+const SNAPSHOT_FORMAT_V3: u8 = 3;
 
 /// Why bytes are not a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +54,7 @@ pub struct SnapshotView {
     ephemeral: OrdSet<Key>,
     creators: OrdMap<Key, TokenId>,
     token_salt: Option<[u8; 32]>,
+    cluster_version: u32,
 }
 
 /// A map serialized as a map in key order, exactly as serde serializes a `BTreeMap`: postcard
@@ -121,7 +129,14 @@ impl SnapshotView {
             creators: InOrder(&self.creators),
             token_salt: self.token_salt,
         };
-        postcard::to_extend(&view, vec![SNAPSHOT_FORMAT_VERSION]).expect("encoding to memory cannot fail")
+        if self.cluster_version <= 1 {
+            return postcard::to_extend(&view, vec![SNAPSHOT_FORMAT_V3])
+                .expect("encoding to memory cannot fail");
+        }
+        // Version 4: version 3's fields, then the cluster version (a tuple is its fields in
+        // order, with nothing between them).
+        postcard::to_extend(&(view, self.cluster_version), vec![SNAPSHOT_FORMAT_VERSION])
+            .expect("encoding to memory cannot fail")
     }
 
     /// Log index of the last batch applied to the state the view was taken from.
@@ -204,6 +219,7 @@ impl State {
             ephemeral: self.ephemeral.clone(),
             creators: self.creators.clone(),
             token_salt: self.token_salt,
+            cluster_version: self.cluster_version,
         }
     }
 
@@ -261,6 +277,7 @@ impl State {
 
     fn decode_unchecked(bytes: &[u8]) -> Result<State, SnapshotError> {
         let (&version, body) = bytes.split_first().ok_or(SnapshotError::UnsupportedVersion(0))?;
+        let mut cluster_version = 0;
         let ((sessions, sessions_per_owner), v3) = match version {
             1 => {
                 let (sessions, rest) = postcard::from_bytes::<SnapshotV1>(body)?.upgrade();
@@ -270,7 +287,19 @@ impl State {
                 let (sessions, rest) = decode_streamed::<SnapshotV2Rest>(body)?;
                 (sessions, rest.upgrade())
             }
-            SNAPSHOT_FORMAT_VERSION => decode_streamed::<SnapshotV3Rest>(body)?,
+            SNAPSHOT_FORMAT_V3 => decode_streamed::<SnapshotV3Rest>(body)?,
+            SNAPSHOT_FORMAT_VERSION => {
+                let (sessions, SnapshotV4Rest(rest, version)) = decode_streamed::<SnapshotV4Rest>(body)?;
+                if version <= 1 {
+                    // Written only for a raised version: a 0 or 1 here is not a snapshot we wrote.
+                    return Err(InvariantViolation(format!(
+                        "cluster version {version} in a version 4 snapshot"
+                    ))
+                    .into());
+                }
+                cluster_version = version;
+                (sessions, rest)
+            }
             other => return Err(SnapshotError::UnsupportedVersion(other)),
         };
         let mut state = State {
@@ -291,6 +320,7 @@ impl State {
             creators: sorted_map(v3.creators, "creator")?,
             created_by: Default::default(),
             token_salt: v3.token_salt,
+            cluster_version,
         };
         if let Some(pair) = v3.ephemeral.windows(2).find(|pair| pair[0] >= pair[1]) {
             return Err(
@@ -376,7 +406,11 @@ fn build_sessions(
     }
 }
 
-/// Decodes version 2 or 3 (whose fields after the sessions are `Rest`) with the sessions
+/// Version 4 after the sessions: version 3's, then the cluster's feature version.
+#[derive(Deserialize)]
+struct SnapshotV4Rest(SnapshotV3Rest, u32);
+
+/// Decodes version 2, 3 or 4 (whose fields after the sessions are `Rest`) with the sessions
 /// streamed to a second thread in chunks, which builds their persistent map while this one goes
 /// on decoding: `imbl` has no bulk build from sorted pairs, so the map costs one insert per
 /// session, and this overlaps those inserts with the decoding of the sessions after them.
@@ -532,7 +566,7 @@ mod tests {
                 token_salt: state.token_salt,
             },
         );
-        postcard::to_extend(&raw, vec![SNAPSHOT_FORMAT_VERSION]).unwrap()
+        postcard::to_extend(&raw, vec![SNAPSHOT_FORMAT_V3]).unwrap()
     }
 
     /// A version 1 session: name, ttl, created index, holds, waits.
@@ -624,11 +658,37 @@ mod tests {
         assert_eq!(decoded.token_salt(), None);
         assert_eq!(decoded.objects_created_by(TokenId::from_bytes([4; 16])), 0);
         assert!(decoded.token_by_secret(&[5; 32]).is_some(), "the old token's plain hash still finds it");
-        // Written again, it is version 3, and reads back the same.
+        // Written again, it is version 3 (its cluster version is 1), and reads back the same.
         let v3 = decoded.encode_snapshot();
-        assert_eq!(v3[0], SNAPSHOT_FORMAT_VERSION);
+        assert_eq!(v3[0], SNAPSHOT_FORMAT_V3);
         assert_ne!(v3, bytes);
         assert_eq!(State::decode_snapshot(&v3).unwrap(), state);
+    }
+
+    /// A state at cluster version 1 is written as version 3, byte for byte what builds from
+    /// before versioning write (so they read it); a raised one as version 4, which keeps it.
+    #[test]
+    fn the_cluster_version_is_kept_and_version_1_states_stay_in_format_3() {
+        let mut state = state_with_a_token();
+        let v3 = state.encode_snapshot();
+        assert_eq!(v3[0], SNAPSHOT_FORMAT_V3);
+        assert_eq!(v3, raw_bytes(&state, |_| {}), "the bytes of format 3, as older builds write them");
+        let raise = |version| Batch { now_ms: 6, commands: vec![Command::SetClusterVersion { version }] };
+        state.apply(2, 1, &raise(2), &mut Vec::new());
+        assert_eq!(state.cluster_version(), 2);
+        let v4 = state.encode_snapshot();
+        assert_eq!(v4[0], SNAPSHOT_FORMAT_VERSION);
+        let decoded = State::decode_snapshot(&v4).unwrap();
+        assert_eq!(decoded, state);
+        assert_eq!(decoded.cluster_version(), 2);
+        // Format 4 with a version that was never raised is not a snapshot this build wrote.
+        let mut lowered = v4.clone();
+        *lowered.last_mut().unwrap() = 1;
+        assert!(matches!(State::decode_snapshot(&lowered), Err(SnapshotError::Inconsistent(_))));
+        // Never lowered; equal versions are equal states.
+        let mut again = state.clone();
+        again.apply(3, 1, &raise(1), &mut Vec::new());
+        assert_eq!(again.cluster_version(), 2);
     }
 
     #[test]

@@ -77,6 +77,9 @@ pub struct State {
     pub(crate) created_by: BTreeMap<TokenId, BTreeSet<Key>>,
     /// The key under which token secrets are stored (HMAC-SHA256), once the cluster has one.
     pub(crate) token_salt: Option<[u8; 32]>,
+    /// The cluster's feature version ([`Command::SetClusterVersion`]); 0 until the first raise,
+    /// which reads as version 1 (see [`State::cluster_version`]).
+    pub(crate) cluster_version: u32,
 }
 
 /// Debug builds check every invariant ([`State::verify`]) after a batch; the check walks the
@@ -142,6 +145,10 @@ impl State {
         command: &Command,
         effects: &mut Vec<Effect>,
     ) -> Outcome {
+        let needs = command.feature_version();
+        if needs > self.cluster_version() && !matches!(command, Command::SetClusterVersion { .. }) {
+            return Outcome::Refused(Refusal::FeatureUnavailable { needs, cluster: self.cluster_version() });
+        }
         let result = match command {
             Command::CreateSession { id, ttl_ms, name } => {
                 self.create_session(index, *id, *ttl_ms, name, None, effects)
@@ -175,6 +182,13 @@ impl State {
                 self.acquire_ephemeral(index, acquire, Some(creator), effects)
             }
             Command::SetTokenSalt { salt, root } => self.set_token_salt(*salt, root.as_ref()),
+            Command::SetClusterVersion { version } => {
+                // Stored only when raised past 1, so that equal versions are equal states.
+                if *version > self.cluster_version() {
+                    self.cluster_version = *version;
+                }
+                Ok(Outcome::ClusterVersionSet { version: self.cluster_version() })
+            }
         };
         result.unwrap_or_else(Outcome::Refused)
     }
@@ -810,6 +824,11 @@ impl State {
         self.creators.get(key).copied()
     }
 
+    /// The cluster's feature version: 1 until a [`Command::SetClusterVersion`] raised it.
+    pub fn cluster_version(&self) -> u32 {
+        self.cluster_version.max(1)
+    }
+
     /// The cluster's token salt, once set.
     pub fn token_salt(&self) -> Option<&[u8; 32]> {
         self.token_salt.as_ref()
@@ -1099,5 +1118,47 @@ mod verify_cost_tests {
         } else {
             assert!(applied.is_ok(), "release builds do not check");
         }
+    }
+}
+
+#[cfg(test)]
+mod feature_version_tests {
+    use super::*;
+
+    /// A command that needs a newer feature version than the cluster's is refused and changes
+    /// nothing; once a `SetClusterVersion` raised it, the same command applies.
+    #[test]
+    fn a_command_above_the_cluster_version_is_refused_until_it_is_raised() {
+        let mut state = State::default();
+        assert_eq!(state.cluster_version(), 1);
+        let session = SessionId::from_bytes([1; 16]);
+        let key = Key::semaphore(Name::new("db").unwrap());
+        let acquire = Acquire {
+            key: key.clone(),
+            session,
+            permits: 1,
+            wait: false,
+            capacity: Some(1),
+            max_hold_ms: None,
+            value: None,
+        };
+        let setup = vec![
+            Command::CreateSession { id: session, ttl_ms: 10_000, name: None },
+            Command::Acquire(acquire),
+        ];
+        state.apply(1, 1, &Batch { now_ms: 0, commands: setup }, &mut Vec::new());
+        let revoke = Command::Revoke { key: key.clone(), session };
+        assert_eq!(revoke.feature_version(), 2);
+        let before = state.clone();
+        let refused =
+            state.apply(2, 1, &Batch { now_ms: 0, commands: vec![revoke.clone()] }, &mut Vec::new());
+        assert_eq!(refused, [Outcome::Refused(Refusal::FeatureUnavailable { needs: 2, cluster: 1 })]);
+        assert_eq!(state.object(&key), before.object(&key), "nothing changed");
+        let raise = Batch { now_ms: 0, commands: vec![Command::SetClusterVersion { version: 2 }, revoke] };
+        assert_eq!(raise.feature_version(), 2);
+        let outcomes = state.apply(3, 1, &raise, &mut Vec::new());
+        assert_eq!(outcomes, [Outcome::ClusterVersionSet { version: 2 }, Outcome::Released { permits: 1 }]);
+        let beyond = Batch { now_ms: 0, commands: vec![Command::SetClusterVersion { version: 7 }] };
+        assert_eq!(beyond.feature_version(), 7, "a raise needs the version it raises to");
     }
 }

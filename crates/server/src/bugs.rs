@@ -27,6 +27,9 @@ pub(crate) enum Bug {
     /// older than the route do, so that a test can show the client falling back to one
     /// keepalive per session.
     NoKeepaliveBatch,
+    /// Not a bug: the node speaks feature version 1, as builds from before versioning do, so
+    /// that tests can run a mixed-version cluster and a downgrade without an older build.
+    SpeaksVersion1,
 }
 
 /// How much longer a snapshot's encoding takes under [`Bug::SlowSnapshotEncode`].
@@ -35,7 +38,7 @@ pub(crate) const SLOW_SNAPSHOT_ENCODE: std::time::Duration = std::time::Duration
 impl Bug {
     /// Every bug, with its name in `PERMIT_INJECT_BUG`.
     #[cfg(feature = "bug-injection")]
-    const ALL: [(&'static str, Bug); 7] = [
+    const ALL: [(&'static str, Bug); 8] = [
         ("ack_before_commit", Bug::AckBeforeCommit),
         ("ignore_ttl", Bug::IgnoreTtl),
         ("non_monotonic_token", Bug::NonMonotonicToken),
@@ -43,6 +46,7 @@ impl Bug {
         ("stale_reads", Bug::StaleReads),
         ("slow_snapshot_encode", Bug::SlowSnapshotEncode),
         ("no_keepalive_batch", Bug::NoKeepaliveBatch),
+        ("speaks_version_1", Bug::SpeaksVersion1),
     ];
 }
 

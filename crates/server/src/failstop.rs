@@ -62,6 +62,11 @@ impl FailStop {
         self.set(Failure { reason: NotReady::StorageError, message });
     }
 
+    /// Records that the cluster's feature version is above this build's (`raft::version`).
+    pub(crate) fn upgrade_needed(&self, message: String) {
+        self.set(Failure { reason: NotReady::UpgradeNeeded, message });
+    }
+
     /// Records that the Raft core stopped although no shutdown was asked for.
     pub(crate) fn stopped(&self, why: &str) {
         self.set(Failure { reason: NotReady::Shutdown, message: format!("raft stopped: {why}") });

@@ -150,8 +150,16 @@ impl Node {
         let fail_stop = FailStop::new();
         let notifier = Notifier::new();
         let (consensus, parts) =
-            Consensus::start(&config, addr, network, &metrics, &observer, notifier.clone(), &fail_stop)
-                .await?;
+            match Consensus::start(&config, addr, network, &metrics, &observer, notifier.clone(), &fail_stop)
+                .await
+            {
+                Ok(started) => started,
+                // A fail-stop while starting (an entry that needs a newer build, a failed
+                // write) says best what went wrong.
+                Err(error) => {
+                    return Err(fail_stop.failure().map_or(error, |failure| anyhow::anyhow!(failure.message)))
+                }
+            };
         let driver = ExpiryDriver {
             replica: consensus.replica().clone(),
             clock: parts.clock.clone(),
@@ -212,6 +220,18 @@ impl Node {
         if node.config.auth {
             tokio::spawn(crate::auth::bootstrap_root(node.clone()));
         }
+        let agreement = crate::raft::version::Agreement {
+            id: node.id,
+            raft: node.consensus.raft().clone(),
+            replica: node.consensus.replica().clone(),
+            proposer: node.consensus.proposer().clone(),
+            leading: node.consensus.leading().clone(),
+            prober: node.prober.clone(),
+            probe_peers,
+            versions: node.consensus.versions().clone(),
+            shutdown: node.shutdown.clone(),
+        };
+        tokio::spawn(agreement.run());
         Ok(node)
     }
 

@@ -24,6 +24,7 @@ fn state_machine(dir: &std::path::Path) -> StateMachine {
         Arc::new(Notify::new()),
         // The suite applies entries that no log store holds.
         permit_server::raft::log::LogSync::all_durable(),
+        Arc::default(),
     )
 }
 

@@ -137,6 +137,10 @@ error_codes! {
     /// The request's body did not arrive whole within the header-read timeout after its head
     /// (a client that trickles or withholds it); nothing was done and the connection is closed.
     BodyTimeout = "body_timeout", 408;
+    /// The request needs a newer cluster feature version than the cluster has agreed on: a
+    /// member still runs an older build (the message names it). Nothing was written; it works
+    /// once every member is upgraded (docs/operations.md, *Upgrading*).
+    FeatureUnavailable = "feature_unavailable", 409;
 }
 
 #[cfg(feature = "openapi")]

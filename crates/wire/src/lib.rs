@@ -546,6 +546,9 @@ pub enum NotReady {
     Shutdown,
     /// A write to the data dir failed (disk full, I/O error); the process exits.
     StorageError,
+    /// The cluster's feature version is above what this node's build speaks (a downgrade, or a
+    /// node left behind in an upgrade); the process exits. Start it with a newer build.
+    UpgradeNeeded,
     /// A reason this version does not know (sent by a newer server).
     #[serde(other)]
     Unknown,
@@ -574,6 +577,7 @@ impl NotReady {
         NotReady::Joining,
         NotReady::Shutdown,
         NotReady::StorageError,
+        NotReady::UpgradeNeeded,
     ];
 
     /// The reason's text.
@@ -584,6 +588,7 @@ impl NotReady {
             NotReady::Joining => "joining",
             NotReady::Shutdown => "shutdown",
             NotReady::StorageError => "storage_error",
+            NotReady::UpgradeNeeded => "upgrade_needed",
             NotReady::Unknown => "unknown",
         }
     }
@@ -636,6 +641,13 @@ pub struct Health {
     /// The node ids of the membership as this node knows it (voters and learners).
     #[serde(default)]
     pub members: Vec<u64>,
+    /// The feature version this node's build speaks (docs/operations.md, *Upgrading*). Absent
+    /// from builds before versioning, which speak version 1.
+    #[serde(default)]
+    pub feature_version: Option<u32>,
+    /// This node's build (`permit --version`). Absent from builds before versioning.
+    #[serde(default)]
+    pub build: Option<String>,
 }
 
 /// `POST /v1/cluster/init`: make a pristine node (started with `--join`) the first member of a
@@ -690,6 +702,11 @@ pub struct MemberView {
     pub applied_index: Option<u64>,
     /// Whether the member answered its health check just now.
     pub reachable: bool,
+    /// The feature version its build speaks, as it answered (1 for a build from before
+    /// versioning; absent if unreachable).
+    pub feature_version: Option<u32>,
+    /// Its build, as it answered (absent if unreachable or from before versioning).
+    pub build: Option<String>,
 }
 
 /// `GET /v1/cluster`.
@@ -702,6 +719,10 @@ pub struct ClusterView {
     pub term: u64,
     /// Last committed log index known to the answering node.
     pub commit_index: Option<u64>,
+    /// The cluster's feature version, as applied on the answering node: the lowest its members
+    /// spoke when the leader last raised it. Absent from builds before versioning.
+    #[serde(default)]
+    pub feature_version: Option<u32>,
     /// Members, voters and learners.
     pub members: Vec<MemberView>,
 }

@@ -14,6 +14,7 @@ mod peer;
 mod restart;
 mod revocation;
 mod ui;
+mod versions;
 
 pub use common::api::{Answer, Api};
 

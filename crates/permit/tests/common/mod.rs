@@ -234,17 +234,25 @@ impl Cluster {
     /// Like [`Cluster::start`], talking to the nodes with `http` (one that trusts their CA, for
     /// nodes serving HTTPS).
     pub async fn start_with(size: u64, extra: &[&str], http: reqwest::Client) -> Cluster {
+        let envs = vec![&[] as &[(&str, &str)]; size as usize];
+        Cluster::start_with_envs(&envs, extra, http).await
+    }
+
+    /// Like [`Cluster::start_with`], one node per entry of `envs`, started with those extra
+    /// environment variables (`PERMIT_INJECT_BUG`, for instance).
+    pub async fn start_with_envs(envs: &[&[(&str, &str)]], extra: &[&str], http: reqwest::Client) -> Cluster {
         let temp = tempfile::tempdir().expect("temp dir");
         let secret_file = write_cluster_secret(temp.path());
         let secret_arg = secret_file.display().to_string();
         let mut args = vec!["--join", "--cluster-secret-file", secret_arg.as_str()];
         args.extend_from_slice(extra);
-        let nodes: Vec<Server> = (1..=size)
-            .map(|id| {
+        let nodes: Vec<Server> = (1..=envs.len() as u64)
+            .zip(envs)
+            .map(|(id, env)| {
                 let id_arg = id.to_string();
                 let mut node_args = vec!["--id", id_arg.as_str()];
                 node_args.extend_from_slice(&args);
-                Server::start_in(&temp.path().join(format!("n{id}")), "127.0.0.1:0", &node_args)
+                Server::start_with_env(&temp.path().join(format!("n{id}")), "127.0.0.1:0", &node_args, env)
             })
             .collect();
         let members: Vec<serde_json::Value> = nodes

@@ -63,9 +63,19 @@ pub(crate) async fn view(node: &Node) -> ClusterView {
             matched_index: status.matched.get(&id).copied().flatten(),
             applied_index: health.as_ref().map(|h| h.applied_index),
             reachable: health.is_some(),
+            // A member from before versioning answers without a version: it speaks 1.
+            feature_version: health.as_ref().map(|h| h.feature_version.unwrap_or(1)),
+            build: health.and_then(|h| h.build),
         })
         .collect();
-    ClusterView { leader: status.leader, term: status.term, commit_index: status.applied_index, members }
+    let feature_version = Some(node.replica().read().state.cluster_version());
+    ClusterView {
+        leader: status.leader,
+        term: status.term,
+        commit_index: status.applied_index,
+        feature_version,
+        members,
+    }
 }
 
 /// Initialise a cluster on a pristine node started with `--join`: it becomes a member with
@@ -104,6 +114,10 @@ pub(crate) async fn add(
             ),
         ));
     }
+    // Rule 2 of `raft::version`: the version check and the change under one lock that raises
+    // take too, on a linearizable read of the cluster's version.
+    let _changes = node.consensus.versions().changes.lock().await;
+    node.ensure_linearizable().await?;
     check_new_member(&node, &request).await?;
     node.consensus.add_member(request.id, &request.addr, request.learner).await.map_err(membership_error)?;
     Ok(axum::Json(view(&node).await))
@@ -125,7 +139,19 @@ async fn check_new_member(node: &Node, request: &AddMemberRequest) -> Result<(),
     }
     let probe = node.prober.health(&request.addr, NEW_MEMBER_PROBE_TIMEOUT);
     let health = probe.await.map(|(_, health)| health);
+    let cluster = node.replica().read().state.cluster_version();
     match health {
+        Some(health) if health.node_id == request.id && health.feature_version.unwrap_or(1) < cluster => {
+            Err(ApiError::new(
+                ErrorCode::FeatureUnavailable,
+                format!(
+                    "node {} speaks feature version {}, and the cluster is at version {cluster}: \
+                     start it with a build that speaks version {cluster} or newer",
+                    request.id,
+                    health.feature_version.unwrap_or(1)
+                ),
+            ))
+        }
         Some(health) if health.node_id == request.id => Ok(()),
         Some(health) => {
             invalid(format!("the node at {} is node {}, not {}", request.addr, health.node_id, request.id))

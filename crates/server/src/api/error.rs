@@ -86,6 +86,7 @@ impl From<Refusal> for ApiError {
             ) => ErrorCode::LimitExceeded,
             Refusal::TokenNotFound => ErrorCode::TokenNotFound,
             Refusal::TokenExists => ErrorCode::Internal,
+            Refusal::FeatureUnavailable { .. } => ErrorCode::FeatureUnavailable,
         };
         ApiError::new(code, message)
     }
@@ -107,6 +108,10 @@ impl From<ProposeError> for ApiError {
             ProposeError::Timeout => ApiError::new(
                 ErrorCode::Timeout,
                 "not committed in time (is a quorum reachable?); the outcome is unknown, retry it",
+            ),
+            ProposeError::FeatureUnavailable { needs, cluster, older } => ApiError::new(
+                ErrorCode::FeatureUnavailable,
+                crate::raft::version::unavailable_message(needs, cluster, &older),
             ),
         }
     }

@@ -52,6 +52,8 @@ fn report(node: &Node) -> Health {
         raft_term: status.term,
         applied_index: status.applied_index.unwrap_or(0),
         snapshot_index: status.snapshot_index.unwrap_or(0),
+        feature_version: Some(crate::raft::version::speaks()),
+        build: Some(crate::raft::version::BUILD.to_owned()),
     }
 }
 

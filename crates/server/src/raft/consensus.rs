@@ -58,6 +58,7 @@ pub struct Consensus {
     read_waits: Counter,
     peer_rpc: PeerRpc,
     sync: Arc<LogSync>,
+    versions: Arc<super::version::Versions>,
 }
 
 impl Consensus {
@@ -121,6 +122,7 @@ impl Consensus {
             snapshots,
             expiry_wake.clone(),
             sync.clone(),
+            fail_stop.clone(),
         );
         let raft_config = Arc::new(raft_config(config)?);
         let network = CommitClamp::new(network, sync.clone());
@@ -169,6 +171,7 @@ impl Consensus {
             read_rounds: metrics.read_rounds.clone(),
             read_waits: metrics.read_barrier_waits.clone(),
             sync,
+            versions: Arc::default(),
         };
         Ok((consensus, Parts { clock, expiry_wake }))
     }
@@ -209,8 +212,24 @@ impl Consensus {
     ///
     /// # Errors
     /// [`ProposeError`] when it cannot be committed by this node.
+    ///
+    /// A command that needs a newer feature version than the cluster's is refused here, before
+    /// anything is written (rule 1 of `raft::version`); a raise is never refused.
     pub(crate) async fn propose(&self, command: Command) -> Result<Outcome, ProposeError> {
+        let needs = command.feature_version();
+        if needs > 1 && !matches!(command, Command::SetClusterVersion { .. }) {
+            let cluster = self.replica.read().state.cluster_version();
+            if needs > cluster {
+                let older = self.versions.older_than(needs);
+                return Err(ProposeError::FeatureUnavailable { needs, cluster, older });
+            }
+        }
         self.proposer.propose(command).await
+    }
+
+    /// What the leader knows of the members' feature versions (`raft::version`).
+    pub(crate) fn versions(&self) -> &Arc<super::version::Versions> {
+        &self.versions
     }
 
     /// This node's view of the cluster now.

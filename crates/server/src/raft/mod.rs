@@ -44,6 +44,7 @@ pub mod snapshot_store;
 pub mod state_machine;
 pub(crate) mod status;
 pub mod storage_faults;
+pub(crate) mod version;
 
 use std::io::Cursor;
 use std::time::{Duration, Instant};

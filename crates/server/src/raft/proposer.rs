@@ -62,6 +62,18 @@ pub enum ProposeError {
     /// Not committed within the commit timeout: the outcome is unknown.
     #[error("not committed in time")]
     Timeout,
+    /// The command needs a newer cluster feature version (`raft::version`); nothing was
+    /// proposed.
+    #[error("needs cluster feature version {needs}; the cluster is at {cluster}")]
+    FeatureUnavailable {
+        /// The version the command needs.
+        needs: u32,
+        /// The cluster's version.
+        cluster: u32,
+        /// The members that do not speak `needs` as the leader last probed them, with their
+        /// versions (`None`: no answer).
+        older: Vec<(NodeId, Option<u32>)>,
+    },
 }
 
 struct Proposal {

@@ -33,6 +33,8 @@ pub struct StateMachine {
     /// What of this node's log is durable: an entry is applied only once it is (gate 1 of
     /// [`super::log::sync`]).
     sync: Arc<LogSync>,
+    /// Set when an entry or a snapshot needs a newer build (`raft::version`).
+    fail_stop: Arc<crate::failstop::FailStop>,
 }
 
 fn snapshot_error(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
@@ -48,8 +50,24 @@ impl StateMachine {
         snapshots: SnapshotStore,
         expiry_wake: Arc<Notify>,
         sync: Arc<LogSync>,
+        fail_stop: Arc<crate::failstop::FailStop>,
     ) -> StateMachine {
-        StateMachine { replica, notifier, observer, snapshots, expiry_wake, sync }
+        StateMachine { replica, notifier, observer, snapshots, expiry_wake, sync, fail_stop }
+    }
+
+    /// Stops the node, before anything of it is applied, if data at log id `at` needs a newer
+    /// feature version than this build speaks (rule 3 of `raft::version`).
+    #[allow(clippy::result_large_err)] // openraft's error, returned as its trait methods return it
+    fn refuse_newer(&self, needs: u32, at: Option<LogId>) -> Result<(), StorageError> {
+        let Some(message) = super::version::refuse_newer(needs) else { return Ok(()) };
+        self.fail_stop.upgrade_needed(message.clone());
+        let subject = match at {
+            Some(log_id) => ErrorSubject::Apply(log_id),
+            None => ErrorSubject::Snapshot(None),
+        };
+        Err(StorageError::IO {
+            source: StorageIOError::new(subject, ErrorVerb::Read, AnyError::error(message)),
+        })
     }
 
     /// Replaces the state with a snapshot's, re-tracking every session from now.
@@ -166,6 +184,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 last.log_id
             );
         }
+        for entry in &entries {
+            if let EntryPayload::Normal(batch) = &entry.payload {
+                self.refuse_newer(batch.feature_version(), Some(entry.log_id))?;
+            }
+        }
         let mut effects = Vec::new();
         let mut replies = Vec::new();
         let mut revoked = Vec::new();
@@ -229,6 +252,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), StorageError> {
         let bytes = snapshot.into_inner();
         let state = State::decode_snapshot(&bytes).map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
+        self.refuse_newer(state.cluster_version(), None)?;
         // `api/raft.rs` refuses a snapshot whose state is not at its metadata's index before
         // openraft gets here; refusing it here stops openraft's core, which is still better
         // than installing a state that disagrees with the log.
@@ -312,6 +336,9 @@ pub(crate) fn restore(
         super::snapshot_store::decode(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let mut state =
         State::decode_snapshot(&state_bytes).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    if let Some(message) = super::version::refuse_newer(state.cluster_version()) {
+        anyhow::bail!("{}: {message}", file.display());
+    }
     let index = meta.last_log_id.map(|log_id| log_id.index);
     anyhow::ensure!(
         index.is_some() && index == Some(state.applied_index()),
@@ -383,6 +410,9 @@ pub(crate) fn load_replica(snapshots: &SnapshotStore) -> anyhow::Result<crate::r
             "snapshot state at {} but meta at {index}",
             state.applied_index()
         );
+        if let Some(message) = super::version::refuse_newer(state.cluster_version()) {
+            anyhow::bail!("{message}");
+        }
         tracing::info!(
             bytes = bytes.len(),
             sessions = state.session_count(),
