@@ -264,7 +264,15 @@ fn config_command(command: ConfigCommand, matches: &clap::ArgMatches, sources: &
         ConfigCommand::Check { file } => {
             let checked = config_file::check(&file, serve)
                 .and_then(|matches| Ok(ServeArgs::from_arg_matches(&matches)?))
-                .and_then(server_config)
+                .and_then(|args| {
+                    // The file on its own: PERMIT_ROOT_TOKEN is the environment's, not the file's.
+                    let root_token_from_file = args.auth.root_token_file.is_some();
+                    let mut config = server_config(args)?;
+                    if !root_token_from_file {
+                        config.root_token = None;
+                    }
+                    Ok(config)
+                })
                 .and_then(|config| {
                     config.validate().map_err(|e| anyhow::anyhow!("{}: {e:#}", file.display()))
                 });

@@ -211,6 +211,16 @@ fn an_unknown_key_or_a_bad_value_names_the_file_line_and_key() {
     assert_eq!(checked.code, Some(2));
     assert!(checked.stderr.contains("without --auth"), "{}", checked.stderr);
 
+    // The secret a file names is checked; the environment's PERMIT_ROOT_TOKEN is not the file's.
+    let weak = write(temp.path(), "weak.secret", "weak\n");
+    let file = write(temp.path(), "weak.toml", &format!("auth = true\nroot-token-file = \"{weak}\"\n"));
+    let checked = permit(&["config", "check", &file], &[]);
+    assert_eq!(checked.code, Some(2));
+    assert!(checked.stderr.contains("too easy to guess"), "{}", checked.stderr);
+    let file = write(temp.path(), "auth.toml", "auth = true\n");
+    let checked = permit(&["config", "check", &file], &[("PERMIT_ROOT_TOKEN", "weak")]);
+    assert_eq!(checked.code, Some(0), "{}", checked.stderr);
+
     let file = write(
         temp.path(),
         "good.toml",
