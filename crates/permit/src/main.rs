@@ -10,6 +10,8 @@ use std::io::IsTerminal;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+mod config_file;
+
 /// mimalloc instead of glibc's malloc: a request allocates and frees a few dozen small blocks
 /// across tokio's worker threads, and glibc's free-list consolidation makes that costly for a
 /// busy leader (docs/performance.md, "Keepalives at 100 k sessions, 3 nodes").
@@ -44,7 +46,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum TopCommand {
     /// Run a server (single node by default; `--peers` for a cluster).
-    Serve(ServeArgs),
+    #[command(after_help = format!("{SERVE_CONFIGURATION}\n\n{SERVE_EXIT_CODES}"))]
+    Serve(Box<ServeArgs>),
+    /// Check a configuration file of `permit serve`, or print its effective configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     #[command(flatten)]
     Client(permit_cli::ClientCommand),
 }
@@ -59,60 +65,101 @@ Exit codes:
   1    could not start, or stopped on an error (the last log line says why)
   134  a bug: an internal check failed (the log shows where); restart it";
 
+/// `permit config ...`
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Check a configuration file on its own (without flags or PERMIT_* variables): its keys,
+    /// values and the relations between them, as `permit serve --config FILE` would. Exit 0 when
+    /// it is valid, 2 with the problem (file, line, key) when not.
+    #[command(after_help = CONFIG_EXIT_CODES)]
+    Check {
+        /// The TOML file.
+        file: PathBuf,
+    },
+    /// Print the configuration `permit serve` would run with, given the same flags, PERMIT_*
+    /// variables and --config file, as TOML, each value with where it came from. Secrets are not
+    /// printed (only the paths of their files, and whether PERMIT_ROOT_TOKEN is set).
+    #[command(after_help = format!("{SERVE_CONFIGURATION}\n\n{CONFIG_EXIT_CODES}"))]
+    Show(Box<ServeArgs>),
+}
+
+/// Exit code of `permit config` for a configuration that is not valid.
+const EXIT_CONFIG_INVALID: i32 = 2;
+
+/// The exit codes of `permit config check` and `show`, printed at the end of their `--help`.
+const CONFIG_EXIT_CODES: &str = "\
+Exit codes:
+  0    the configuration is valid (and, for `show`, printed)
+  2    it is not: the message names the file, and the line and key where it can";
+
+/// How `permit serve` reads its settings, printed at the end of its `--help`.
+const SERVE_CONFIGURATION: &str = "\
+Configuration:
+  Every flag can also be set by its environment variable (shown with each flag: PERMIT_ and
+  the flag in upper snake case) and by a key of the same name in the --config file (TOML:
+  `listen = \"127.0.0.1:7376\"`, `data-dir = \"/var/lib/permit\"`, `auth = true`,
+  `peers = [\"1=10.0.0.1:7376\", \"2=10.0.0.2:7376\"]`). A flag beats its environment variable,
+  which beats the file, which beats the default. An unknown key or a bad value stops the
+  server with the file, line and key. `permit config check FILE` checks a file;
+  `permit config show` prints the effective configuration.";
+
 #[derive(Args)]
-#[command(after_help = SERVE_EXIT_CODES)]
 struct ServeArgs {
+    /// A TOML file of settings, one key per flag (see Configuration below). Flags and PERMIT_*
+    /// variables override its values.
+    #[arg(long, env = "PERMIT_CONFIG")]
+    config: Option<PathBuf>,
     /// Address to listen on for the HTTP API and peer RPC.
-    #[arg(long, default_value = permit_server::config::DEFAULT_LISTEN)]
+    #[arg(long, env = "PERMIT_LISTEN", default_value = permit_server::config::DEFAULT_LISTEN)]
     listen: SocketAddr,
     /// Directory of the Raft log and snapshots.
-    #[arg(long, default_value = "permit-data")]
+    #[arg(long, env = "PERMIT_DATA_DIR", default_value = "permit-data")]
     data_dir: PathBuf,
     /// This node's id in a cluster.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "PERMIT_ID", default_value_t = 1)]
     id: u64,
     /// Every voter of a cluster as ID=HOST:PORT, comma-separated (including this node).
-    #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
+    #[arg(long, env = "PERMIT_PEERS", value_delimiter = ',', value_parser = parse_peer)]
     peers: Vec<(u64, String)>,
     /// Take a snapshot and compact the log every this many entries.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, env = "PERMIT_SNAPSHOT_LOGS", default_value_t = 10_000)]
     snapshot_logs: u64,
     /// Do not form a cluster: wait to be added (`permit cluster add ID ADDR`) or initialised.
-    #[arg(long, conflicts_with = "peers")]
+    #[arg(long, env = "PERMIT_JOIN", conflicts_with = "peers")]
     join: bool,
     /// File holding the secret shared by every node of the cluster (at least 128 bits, see
     /// docs/security.md; make one with `head -c 32 /dev/urandom | base64 > cluster.secret`).
     /// Required with `--peers` and `--join`: peer requests are authenticated with it.
-    #[arg(long)]
+    #[arg(long, env = "PERMIT_CLUSTER_SECRET_FILE")]
     cluster_secret_file: Option<PathBuf>,
     /// Close a connection that has not sent a complete request head (or TLS handshake) within
     /// this time, or that sits idle between requests that long (slowloris); a request's body
     /// must then arrive whole within this time too (else 408 body_timeout).
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "PERMIT_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     header_read_timeout: std::time::Duration,
     /// Most client connections open at once; more are closed as soon as they are accepted. A
     /// node with a cluster secret keeps 64 more slots for its peers.
-    #[arg(long, default_value_t = permit_server::listener::CONNECTIONS_MAX_DEFAULT)]
+    #[arg(long, env = "PERMIT_CONNECTIONS_MAX", default_value_t = permit_server::listener::CONNECTIONS_MAX_DEFAULT)]
     connections_max: usize,
     /// Most client connections open at once from one source address (IP); more are refused.
-    #[arg(long, default_value_t = permit_server::listener::CONNECTIONS_PER_CLIENT_MAX_DEFAULT)]
+    #[arg(long, env = "PERMIT_CONNECTIONS_PER_CLIENT_MAX", default_value_t = permit_server::listener::CONNECTIONS_PER_CLIENT_MAX_DEFAULT)]
     connections_per_client_max: usize,
     /// Serve HTTPS with this PEM certificate chain (also this node's identity towards its peers).
-    #[arg(long, requires = "tls_key")]
+    #[arg(long, env = "PERMIT_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
     /// The PEM private key of `--tls-cert`.
-    #[arg(long, requires = "tls_cert")]
+    #[arg(long, env = "PERMIT_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
     /// Require client certificates signed by a CA in this PEM file.
-    #[arg(long, requires = "tls_cert")]
+    #[arg(long, env = "PERMIT_TLS_CLIENT_CA", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
     /// Verify peers' certificates against the CAs in this PEM file (default: `--tls-client-ca`,
     /// else the system's roots).
-    #[arg(long, requires = "tls_cert")]
+    #[arg(long, env = "PERMIT_PEER_CA", requires = "tls_cert")]
     peer_ca: Option<PathBuf>,
     /// Start a new single-node cluster from a backup (`permit snapshot save`); the data dir must
     /// be empty. Add more nodes with `permit cluster add`.
-    #[arg(long, conflicts_with_all = ["peers", "join"])]
+    #[arg(long, env = "PERMIT_RESTORE", conflicts_with_all = ["peers", "join"])]
     restore: Option<PathBuf>,
     /// Threads that run the server's tasks (HTTP, Raft, the state machine); default: 1. One
     /// thread spares every hand-off between tasks a wake-up of another thread: on a 2-core
@@ -133,33 +180,33 @@ struct AuthArgs {
     /// Require `Authorization: Bearer SECRET` on every client request and enforce the tokens'
     /// rules. On the first start of a cluster the root token is created from PERMIT_ROOT_TOKEN,
     /// --root-token-file, or a new secret written to DATA_DIR/root-token (mode 0600).
-    #[arg(long)]
+    #[arg(long, env = "PERMIT_AUTH")]
     auth: bool,
     /// File holding the root token's secret for the first start with --auth (at least 128
     /// bits: e.g. `openssl rand -hex 32`; a guessable secret is refused).
-    #[arg(long, requires = "auth")]
+    #[arg(long, env = "PERMIT_ROOT_TOKEN_FILE", requires = "auth")]
     root_token_file: Option<PathBuf>,
     /// Most live sessions one token may have.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, env = "PERMIT_SESSIONS_PER_TOKEN_MAX", default_value_t = 10_000)]
     sessions_per_token_max: u64,
     /// Most semaphores and elections one token may have created that still exist (the root
     /// token too); deleting a token deletes those of them nobody uses.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, env = "PERMIT_OBJECTS_PER_TOKEN_MAX", default_value_t = 10_000)]
     objects_per_token_max: u64,
     /// Most long-polls (blocking acquires, campaigns, watches) one token may have open on a node.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, env = "PERMIT_LONG_POLLS_PER_TOKEN_MAX", default_value_t = 1_000)]
     long_polls_per_token_max: u32,
     /// Serve /metrics without a token even with --auth.
-    #[arg(long)]
+    #[arg(long, env = "PERMIT_METRICS_PUBLIC")]
     metrics_public: bool,
     /// Most semaphores and elections with metric series of their own (and, for semaphores, a
     /// 15-minute history); the others are summed under the label value `_other` (and have no
     /// history).
-    #[arg(long, default_value_t = permit_server::metrics::METRICS_NAMES_MAX_DEFAULT)]
+    #[arg(long, env = "PERMIT_METRICS_NAMES_MAX", default_value_t = permit_server::metrics::METRICS_NAMES_MAX_DEFAULT)]
     metrics_names_max: usize,
     /// Listen on a non-loopback address without --auth (anyone who reaches the port can do
     /// anything).
-    #[arg(long)]
+    #[arg(long, env = "PERMIT_ALLOW_UNAUTHENTICATED")]
     allow_unauthenticated: bool,
 }
 
@@ -175,6 +222,81 @@ impl AuthArgs {
     }
 }
 
+/// The server's configuration from `serve`'s arguments (reads the secrets' files).
+fn server_config(args: ServeArgs) -> anyhow::Result<permit_server::Config> {
+    let cluster_secret =
+        args.cluster_secret_file.as_deref().map(permit_server::peer::ClusterSecret::from_file).transpose()?;
+    Ok(permit_server::Config {
+        node_id: args.id,
+        listen: args.listen,
+        data_dir: args.data_dir,
+        peers: args.peers.into_iter().collect::<BTreeMap<_, _>>(),
+        snapshot_logs: args.snapshot_logs,
+        join: args.join,
+        auth: args.auth.auth,
+        root_token: if args.auth.auth { args.auth.root_token()? } else { None },
+        sessions_per_token_max: args.auth.sessions_per_token_max,
+        objects_per_token_max: args.auth.objects_per_token_max,
+        long_polls_per_token_max: args.auth.long_polls_per_token_max,
+        metrics_public: args.auth.metrics_public,
+        metrics_names_max: args.auth.metrics_names_max,
+        allow_unauthenticated: args.auth.allow_unauthenticated,
+        cluster_secret,
+        header_read_timeout: args.header_read_timeout,
+        connections_max: args.connections_max,
+        connections_per_client_max: args.connections_per_client_max,
+        restore: args.restore,
+        tls: args.tls_cert.zip(args.tls_key).map(|(cert, key)| permit_server::tls::TlsConfig {
+            cert,
+            key,
+            client_ca: args.tls_client_ca,
+            peer_ca: args.peer_ca,
+        }),
+        ..permit_server::Config::default()
+    })
+}
+
+/// Runs `permit config check` or `show`; returns the exit code.
+fn config_command(command: ConfigCommand, matches: &clap::ArgMatches, sources: &config_file::Sources) -> i32 {
+    let line = command_line();
+    let serve = line.find_subcommand("serve").expect("serve is a subcommand");
+    match command {
+        ConfigCommand::Check { file } => {
+            let checked = config_file::check(&file, serve)
+                .and_then(|matches| Ok(ServeArgs::from_arg_matches(&matches)?))
+                .and_then(|args| {
+                    // The file on its own: PERMIT_ROOT_TOKEN is the environment's, not the file's.
+                    let root_token_from_file = args.auth.root_token_file.is_some();
+                    let mut config = server_config(args)?;
+                    if !root_token_from_file {
+                        config.root_token = None;
+                    }
+                    Ok(config)
+                })
+                .and_then(|config| {
+                    config.validate().map_err(|e| anyhow::anyhow!("{}: {e:#}", file.display()))
+                });
+            match checked {
+                Ok(()) => {
+                    println!("{}: ok", file.display());
+                    0
+                }
+                Err(error) => {
+                    eprintln!("permit: {error:#}");
+                    EXIT_CONFIG_INVALID
+                }
+            }
+        }
+        ConfigCommand::Show(args) => {
+            let show =
+                matches.subcommand_matches("config").and_then(|config| config.subcommand_matches("show"));
+            let show = show.expect("the matches of `config show`");
+            print!("{}", config_file::show(serve, show, args.config.as_deref(), sources));
+            0
+        }
+    }
+}
+
 fn parse_peer(text: &str) -> Result<(u64, String), String> {
     let (id, addr) = text.split_once('=').ok_or("expected ID=HOST:PORT")?;
     let id = id.parse().map_err(|_| format!("bad node id {id:?}"))?;
@@ -182,15 +304,16 @@ fn parse_peer(text: &str) -> Result<(u64, String), String> {
 }
 
 /// The command line, with the client-only global flags (`--server`, ...) hidden from
-/// `permit serve --help`: a server does not use them.
+/// `permit serve --help` and `permit config`'s: a server does not use them.
 fn command_line() -> clap::Command {
     let command = Cli::command();
     // A subcommand that defines a global flag itself does not get the propagated one.
     let client_flags: Vec<clap::Arg> =
         command.get_arguments().filter(|arg| arg.is_global_set()).cloned().collect();
-    command.mut_subcommand("serve", |serve| {
-        client_flags.into_iter().fold(serve, |serve, flag| serve.arg(flag.hide(true)))
-    })
+    let hide = |command: clap::Command| {
+        client_flags.iter().cloned().fold(command, |command, flag| command.arg(flag.hide(true)))
+    };
+    command.mut_subcommand("serve", hide).mut_subcommand("config", hide)
 }
 
 /// Whether log lines may carry ANSI colours: only to a terminal, and not when `NO_COLOR` is set
@@ -210,7 +333,19 @@ fn main() {
 }
 
 fn run() -> anyhow::Result<()> {
-    let cli = Cli::from_arg_matches(&command_line().get_matches()).unwrap_or_else(|error| error.exit());
+    let command = command_line();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let matches = command.clone().try_get_matches_from(&argv).unwrap_or_else(|error| error.exit());
+    // `serve` could not start (its exit codes); `config show` was given an invalid file.
+    let failed = if matches.subcommand_name() == Some("config") { EXIT_CONFIG_INVALID } else { 1 };
+    let (matches, sources) = match config_file::apply(&command, argv, matches) {
+        Ok(applied) => applied,
+        Err(error) => {
+            eprintln!("permit: {error:#}");
+            std::process::exit(failed);
+        }
+    };
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
     let serving = matches!(cli.command, TopCommand::Serve(_));
     // A panic is a bug (a broken invariant); a half-dead server must not keep answering.
     let default_hook = std::panic::take_hook();
@@ -233,49 +368,21 @@ fn run() -> anyhow::Result<()> {
         .with_ansi(log_colours())
         .init();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let TopCommand::Serve(ServeArgs { worker_threads, .. }) = &cli.command {
-        runtime.worker_threads(usize::from(worker_threads.unwrap_or(SERVE_WORKER_THREADS)));
+    if let TopCommand::Serve(args) = &cli.command {
+        runtime.worker_threads(usize::from(args.worker_threads.unwrap_or(SERVE_WORKER_THREADS)));
     }
     let runtime = runtime.enable_all().build()?;
     match cli.command {
         TopCommand::Serve(args) => {
-            let cluster_secret = args
-                .cluster_secret_file
-                .as_deref()
-                .map(permit_server::peer::ClusterSecret::from_file)
-                .transpose()?;
-            let config = permit_server::Config {
-                node_id: args.id,
-                listen: args.listen,
-                data_dir: args.data_dir,
-                peers: args.peers.into_iter().collect::<BTreeMap<_, _>>(),
-                snapshot_logs: args.snapshot_logs,
-                join: args.join,
-                auth: args.auth.auth,
-                root_token: if args.auth.auth { args.auth.root_token()? } else { None },
-                sessions_per_token_max: args.auth.sessions_per_token_max,
-                objects_per_token_max: args.auth.objects_per_token_max,
-                long_polls_per_token_max: args.auth.long_polls_per_token_max,
-                metrics_public: args.auth.metrics_public,
-                metrics_names_max: args.auth.metrics_names_max,
-                allow_unauthenticated: args.auth.allow_unauthenticated,
-                cluster_secret,
-                header_read_timeout: args.header_read_timeout,
-                connections_max: args.connections_max,
-                connections_per_client_max: args.connections_per_client_max,
-                restore: args.restore,
-                tls: args.tls_cert.zip(args.tls_key).map(|(cert, key)| permit_server::tls::TlsConfig {
-                    cert,
-                    key,
-                    client_ca: args.tls_client_ca,
-                    peer_ca: args.peer_ca,
-                }),
-                ..permit_server::Config::default()
-            };
+            let config = server_config(*args)?;
             let served = runtime.block_on(permit_server::serve(config, permit_server::shutdown_signal()));
             // A failed node must exit promptly even if a disk call still hangs on a worker thread.
             runtime.shutdown_timeout(std::time::Duration::from_secs(1));
             served
+        }
+        TopCommand::Config(command) => {
+            drop(runtime);
+            std::process::exit(config_command(command, &matches, &sources))
         }
         TopCommand::Client(command) => {
             let code = match runtime.block_on(permit_cli::execute(

@@ -591,6 +591,8 @@ fn help_texts_have_one_exit_code_table_each_and_serve_lists_no_client_flags() {
         (&["ls"], "74"),
         (&["cluster", "status"], "74"),
         (&["serve"], "stopped by SIGINT or SIGTERM"),
+        (&["config", "check"], "the configuration is valid"),
+        (&["config", "show"], "the configuration is valid"),
     ] {
         let text = help(command);
         assert_eq!(text.matches("Exit codes:").count(), 1, "{command:?}:\n{text}");
@@ -598,6 +600,11 @@ fn help_texts_have_one_exit_code_table_each_and_serve_lists_no_client_flags() {
     }
     assert!(!help(&["elect"]).contains("max-hold"), "elect lists run's codes");
     assert!(!help(&["serve"]).contains("--server"), "serve lists client flags");
+    assert!(!help(&["config", "show"]).contains("--server"), "config show lists client flags");
+    assert!(
+        help(&["serve"]).contains("A flag beats its environment variable"),
+        "serve states the precedence"
+    );
     assert!(!help(&[]).contains("Glue"), "a developer note in the help");
 }
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use serde_json::Value;
@@ -133,4 +133,134 @@ fn metric_names_skip_label_names_and_values() {
         r#"histogram_quantile(0.99, sum by (le) (rate(permit_x_bucket{job="permit_y",permit_z="a"}[5m])))"#,
     );
     assert_eq!(names, BTreeSet::from(["permit_x_bucket".to_owned()]));
+}
+
+/// `permit config show`'s lines `key = value  # default`, as (key, value).
+fn serve_defaults() -> BTreeMap<String, String> {
+    let output = std::process::Command::new(crate::common::permit_bin())
+        .args(["config", "show"])
+        .env_remove("PERMIT_CONFIG")
+        .output()
+        .expect("run permit config show");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout).unwrap();
+    text.lines()
+        .filter_map(|line| line.strip_suffix("  # default"))
+        .filter_map(|line| line.split_once(" = "))
+        .map(|(key, value)| (key.to_owned(), value.to_owned()))
+        .collect()
+}
+
+/// The unit's `Key=value` lines of its `[Service]` section (a key may repeat).
+fn service_settings(unit: &str) -> Vec<(String, String)> {
+    let service = unit.split("[Service]").nth(1).expect("a [Service] section");
+    let service = service.split("\n[").next().unwrap();
+    service
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split_once('='))
+        .map(|(key, value)| (key.trim().to_owned(), value.trim().to_owned()))
+        .collect()
+}
+
+/// `deploy/systemd/permit.service`: `Type=notify` (the server notifies, see
+/// tests/server/sd_notify.rs), its own user, a read-only system, a file-descriptor limit that
+/// fits `--connections-max`, a watchdog; and `systemd-analyze verify` accepts it where systemd
+/// is installed (with `ExecStart` pointing at the binary under test, which it checks exists).
+#[test]
+fn the_systemd_unit_is_hardened_and_verifies() {
+    let unit = read("systemd/permit.service");
+    let settings = service_settings(&unit);
+    let get = |key: &str| settings.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+    for (key, value) in [
+        ("Type", "notify"),
+        ("ExecStart", "/usr/bin/permit serve --config /etc/permit/permit.toml"),
+        ("User", "permit"),
+        ("ProtectSystem", "strict"),
+        ("StateDirectory", "permit"),
+        ("NoNewPrivileges", "yes"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("CapabilityBoundingSet", ""),
+    ] {
+        assert_eq!(get(key), Some(value), "{key}= in deploy/systemd/permit.service");
+    }
+    assert!(get("WatchdogSec").is_some_and(|value| humantime::parse_duration(value).is_ok()), "WatchdogSec=");
+    // Every client connection, the 64 peer slots, and a few hundred for the log and snapshots.
+    let connections: u64 = serve_defaults()["connections-max"].parse().unwrap();
+    let files: u64 = get("LimitNOFILE").expect("LimitNOFILE=").parse().unwrap();
+    assert!(
+        files >= connections + 64 + 256,
+        "LimitNOFILE={files} does not fit --connections-max {connections}"
+    );
+
+    let Ok(analyze) = which("systemd-analyze") else {
+        eprintln!("SKIPPED: systemd-analyze verify of deploy/systemd/permit.service: systemd-analyze is not installed");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("permit.service");
+    std::fs::write(&copy, unit.replace("/usr/bin/permit", crate::common::permit_bin())).unwrap();
+    let output = std::process::Command::new(analyze).arg("verify").arg(&copy).output().unwrap();
+    let complaints =
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success() && complaints.trim().is_empty(), "systemd-analyze verify: {complaints}");
+}
+
+/// The directory of `program` on `PATH`.
+fn which(program: &str) -> Result<PathBuf, String> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| format!("{program} is not on PATH"))
+}
+
+/// `deploy/systemd/permit.toml` passes `permit config check`, names every key of `permit serve`
+/// (commented where it shows the default), and its commented values are the defaults.
+#[test]
+fn the_example_configuration_is_valid_and_names_every_key() {
+    let example = deploy("systemd/permit.toml");
+    let output = std::process::Command::new(crate::common::permit_bin())
+        .args(["config", "check"])
+        .arg(&example)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let text = read("systemd/permit.toml");
+    let defaults = serve_defaults();
+    let keyed: BTreeMap<&str, &str> = text
+        .lines()
+        .map(|line| line.strip_prefix("# ").unwrap_or(line))
+        .filter_map(|line| line.split_once(" = "))
+        .filter(|(key, _)| key.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+        .map(|(key, value)| (key, value.split("  #").next().unwrap().trim()))
+        .collect();
+    // Every key `config show` prints, set (`key = value  # ...`) or not (`# key is not set`).
+    let shown =
+        std::process::Command::new(crate::common::permit_bin()).args(["config", "show"]).output().unwrap();
+    let shown = String::from_utf8(shown.stdout).unwrap();
+    let keys: Vec<&str> = shown
+        .lines()
+        .filter_map(|line| {
+            line.split_once(" = ")
+                .map(|(key, _)| key)
+                .or_else(|| line.strip_prefix("# ")?.strip_suffix(" is not set"))
+        })
+        .collect();
+    assert!(keys.len() > 20, "{shown}");
+    for key in keys {
+        assert!(keyed.contains_key(key), "deploy/systemd/permit.toml does not name the key {key}");
+    }
+    for line in text.lines().filter_map(|line| line.strip_prefix("# ")) {
+        if let Some((key, value)) = line.split_once(" = ") {
+            if let Some(default) = defaults.get(key) {
+                let value = value.split("  #").next().unwrap().trim();
+                assert_eq!(
+                    value, default,
+                    "the commented {key} of deploy/systemd/permit.toml is not its default"
+                );
+            }
+        }
+    }
 }

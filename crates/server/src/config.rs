@@ -119,7 +119,7 @@ impl Config {
     ///
     /// # Errors
     /// A message naming the setting at fault.
-    pub(crate) fn validate(&self) -> anyhow::Result<()> {
+    pub fn validate(&self) -> anyhow::Result<()> {
         let (min, max) = self.election_timeout_ms;
         anyhow::ensure!(self.heartbeat_ms >= 10, "heartbeat must be at least 10 ms");
         anyhow::ensure!(min > 2 * self.heartbeat_ms, "election timeout must exceed two heartbeats");

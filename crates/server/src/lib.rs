@@ -25,6 +25,7 @@ pub mod observe;
 pub mod peer;
 pub(crate) mod peer_conn;
 pub mod raft;
+pub mod sd_notify;
 pub mod tls;
 
 use std::future::Future;
@@ -73,11 +74,22 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'stat
     } else if !node.config.auth {
         tracing::info!("auth is off (--auth turns it on); only this machine can reach the server");
     }
+    // systemd's notifications (`Type=notify`): readiness, the watchdog, and the stop.
+    let notify = sd_notify::SdNotify::from_env()
+        .map_err(|e| anyhow::anyhow!("NOTIFY_SOCKET: {e}"))?
+        .map(std::sync::Arc::new);
+    if let Some(notify) = &notify {
+        tokio::spawn(notify.clone().run(node.clone()));
+    }
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let stopper = node.clone();
+    let stop_notify = notify.clone();
     tokio::spawn(async move {
         stop.await;
         tracing::info!("shutting down");
+        if let Some(notify) = &stop_notify {
+            notify.stopping();
+        }
         stopper.shutdown().await;
         let _ = stopping_tx.send(());
     });
@@ -90,6 +102,9 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'stat
         () = server => {}
         failure = async {
             let failure = failed.fatal().await;
+            if let Some(notify) = &notify {
+                notify.stopping();
+            }
             // Keep answering 503 for a moment, so that probes and clients see why.
             tokio::time::sleep(failstop::FAILSTOP_LINGER).await;
             failure

@@ -56,22 +56,26 @@ impl Server {
 
     /// Like [`Server::start_in`], with extra environment variables (`LD_PRELOAD`, for instance).
     pub fn start_with_env(data_dir: &Path, listen: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut command = Command::new(permit_bin());
+        command.arg("serve").arg("--listen").arg(listen).arg("--data-dir").arg(data_dir).args(extra);
+        command.envs(env.iter().copied());
+        let mut server = Server::spawn(command);
+        server.data_dir = data_dir.to_owned();
+        server.extra = extra.iter().map(|s| s.to_string()).collect();
+        server
+    }
+
+    /// Starts `command` (a `permit serve` command line of the caller's), waits for its address
+    /// and returns it as a server; `data_dir` is empty, and [`Server::restart`] is not for it.
+    pub fn spawn(mut command: Command) -> Server {
         // Tests build their own reqwest clients for the server; rustls needs a process-wide
         // crypto provider before the first one, whichever test runs first.
         permit_client::install_crypto_provider();
-        let mut child = Command::new(permit_bin())
-            .arg("serve")
-            .arg("--listen")
-            .arg(listen)
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(extra)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,openraft=off".into()))
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn permit serve");
+        if command.get_envs().all(|(key, _)| key != "RUST_LOG") {
+            command.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,openraft=off".into()));
+        }
+        let mut child =
+            command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn permit serve");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -94,15 +98,7 @@ impl Server {
             }
         };
         let addr = url.split_once("://").map_or(url.as_str(), |(_, addr)| addr).to_owned();
-        Server {
-            url,
-            addr,
-            data_dir: data_dir.to_owned(),
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            child,
-            stopped: false,
-            _temp: None,
-        }
+        Server { url, addr, data_dir: PathBuf::new(), extra: Vec::new(), child, stopped: false, _temp: None }
     }
 
     /// The process id.

@@ -19,6 +19,9 @@ pub enum Need {
     Tmpfs,
     /// A C compiler, to build the `LD_PRELOAD` shim that fails or holds fsyncs.
     Cc,
+    /// podman, and root (the container image's test builds it, then runs its filesystem in a
+    /// chroot).
+    Podman,
 }
 
 impl Need {
@@ -30,6 +33,7 @@ impl Need {
             Need::Faketime => "PERMIT_REQUIRE_FAKETIME",
             Need::Tmpfs => "PERMIT_REQUIRE_TMPFS",
             Need::Cc => "PERMIT_REQUIRE_CC",
+            Need::Podman => "PERMIT_REQUIRE_PODMAN",
         }
     }
 
@@ -43,6 +47,7 @@ impl Need {
             }
             Need::Tmpfs => "run the tests as root (the test mounts a small tmpfs)",
             Need::Cc => "install a C compiler as `cc` (Debian: apt-get install gcc)",
+            Need::Podman => "install podman (Debian: apt-get install podman) and run the tests as root",
         }
     }
 

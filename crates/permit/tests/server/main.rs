@@ -13,6 +13,7 @@ mod io_errors;
 mod isolation;
 mod observability;
 mod openapi;
+mod sd_notify;
 mod semaphores;
 mod sessions;
 mod slow_disk;

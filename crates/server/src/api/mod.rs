@@ -12,7 +12,7 @@ pub mod openapi;
 pub(crate) mod raft;
 mod semaphores;
 mod sessions;
-mod system;
+pub(crate) mod system;
 mod ui;
 mod watch;
 

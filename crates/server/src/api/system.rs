@@ -29,9 +29,23 @@ pub(crate) async fn health(State(node): State<Arc<Node>>) -> impl IntoResponse {
     responses((status = 200, body = Health), (status = 503, body = Health)))]
 pub(crate) async fn live(State(node): State<Arc<Node>>) -> impl IntoResponse {
     let health = report(&node);
-    let dead = matches!(health.reason, Some(NotReady::Shutdown | NotReady::StorageError));
-    let status = if dead { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    let status = if alive(&health) { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, axum::Json(health))
+}
+
+/// Whether `/v1/health` would answer 200 (systemd's `READY=1`, `sd_notify`).
+pub(crate) fn is_ready(node: &Node) -> bool {
+    report(node).reason.is_none()
+}
+
+/// Whether `/v1/health/live` would answer 200 (systemd's watchdog, `sd_notify`).
+pub(crate) fn is_live(node: &Node) -> bool {
+    alive(&report(node))
+}
+
+/// Liveness: the node has neither failed nor begun to stop.
+fn alive(health: &Health) -> bool {
+    !matches!(health.reason, Some(NotReady::Shutdown | NotReady::StorageError))
 }
 
 /// This node's health report.
