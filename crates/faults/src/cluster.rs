@@ -62,6 +62,8 @@ pub struct NodeProcess {
     pub log: PathBuf,
     /// Its clock.
     pub clock: Clock,
+    /// The `permit` binary it runs.
+    pub bin: PathBuf,
     child: Option<Child>,
     paused: bool,
 }
@@ -74,7 +76,6 @@ pub struct Cluster {
     pub proxies: Vec<Proxy>,
     /// Where logs and data go.
     pub dir: PathBuf,
-    bin: PathBuf,
     block: u8,
     extra: Vec<String>,
     env: Vec<(String, String)>,
@@ -135,7 +136,6 @@ impl Cluster {
             nodes: Vec::new(),
             proxies: Vec::new(),
             dir: dir.to_owned(),
-            bin: bin.to_owned(),
             block,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             env: env.to_vec(),
@@ -145,8 +145,8 @@ impl Cluster {
             let ip = node_ip(block, id);
             let proxy = Proxy::start(SocketAddr::new(IpAddr::V4(ip), 0)).await?;
             let clock = clocks.iter().find(|(n, _)| *n == id).map_or(Clock::Real, |(_, c)| c.clone());
-            let node =
-                cluster.spawn(id, SocketAddr::new(IpAddr::V4(ip), 0), &dir.join(format!("n{id}")), clock)?;
+            let listen = SocketAddr::new(IpAddr::V4(ip), 0);
+            let node = cluster.spawn(bin, id, listen, &dir.join(format!("n{id}")), clock)?;
             proxy.set_target(node.addr);
             cluster.nodes.push(node);
             cluster.proxies.push(proxy);
@@ -163,13 +163,14 @@ impl Cluster {
 
     fn spawn(
         &self,
+        bin: &Path,
         id: u64,
         listen: SocketAddr,
         data_dir: &Path,
         clock: Clock,
     ) -> anyhow::Result<NodeProcess> {
         let log = self.dir.join(format!("node-{id}.log"));
-        let mut command = Command::new(&self.bin);
+        let mut command = Command::new(bin);
         // libfaketime is preloaded into the node itself, not run through the `faketime` wrapper:
         // the wrapper forks, so the child we would signal (SIGSTOP, kill -9) is the wrapper while
         // the node runs on, and a killed wrapper leaves a named semaphore that makes a later
@@ -211,6 +212,7 @@ impl Cluster {
             data_dir: data_dir.to_owned(),
             log,
             clock,
+            bin: bin.to_owned(),
             child: Some(child),
             paused: false,
         })
@@ -238,13 +240,35 @@ impl Cluster {
         self.kill(i);
         let node = &self.nodes[i];
         let clock = clock.unwrap_or_else(|| node.clock.clone());
-        let (id, addr, dir) = (node.id, node.addr, node.data_dir.clone());
-        let restarted = self.spawn(id, addr, &dir, clock)?;
+        let (id, addr, dir, bin) = (node.id, node.addr, node.data_dir.clone(), node.bin.clone());
+        let restarted = self.spawn(&bin, id, addr, &dir, clock)?;
         if let Some(proxy) = self.proxies.get(i) {
             proxy.set_target(restarted.addr);
         }
         self.nodes[i] = restarted;
         Ok(())
+    }
+
+    /// Stops node `i` as an operator would (SIGTERM, then SIGKILL after `patience`) and starts it
+    /// again on its address and data dir with `bin`: one step of a rolling upgrade.
+    pub async fn upgrade(&mut self, i: usize, bin: &Path, patience: Duration) -> anyhow::Result<()> {
+        self.nodes[i].signal(libc::SIGTERM);
+        let deadline = Instant::now() + patience;
+        while Instant::now() < deadline {
+            let exited =
+                self.nodes[i].child.as_mut().is_none_or(|child| matches!(child.try_wait(), Ok(Some(_))));
+            if exited {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.nodes[i].bin = bin.to_owned();
+        self.restart(i, None)
+    }
+
+    /// Whether node `i`'s process has exited on its own.
+    pub fn has_exited(&mut self, i: usize) -> bool {
+        self.nodes[i].child.as_mut().is_none_or(|child| matches!(child.try_wait(), Ok(Some(_))))
     }
 
     /// SIGSTOP node `i`.

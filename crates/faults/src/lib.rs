@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod proxy;
 pub mod resource;
 pub mod scenario;
+pub mod upgrade;
 pub mod workload;
 
 /// Installs rustls' `ring` crypto provider as the process default unless one is installed:

@@ -48,6 +48,9 @@ pub enum Fault {
     Membership,
     /// Cut a follower off until the leader compacts past it, then heal (F10).
     SnapshotCatchUp,
+    /// Upgrade every node, one at a time, to this build (F11; `upgrade.rs`). The scenario's
+    /// cluster starts with the older build that `run` is given.
+    RollingUpgrade(PathBuf),
 }
 
 /// One scenario.
@@ -352,6 +355,9 @@ async fn inject(
         }
         Fault::Membership => {
             notes.push(membership_change(cluster, leader).await?);
+        }
+        Fault::RollingUpgrade(ref to) => {
+            notes.extend(crate::upgrade::rolling_upgrade(cluster, to).await?);
         }
         Fault::SnapshotCatchUp => {
             cluster.isolate(follower);

@@ -81,6 +81,11 @@ fn fresh_segment_log() -> (tempfile::TempDir, std::path::PathBuf, SegmentLog) {
 /// (`len: u32 LE | crc32(payload): u32 LE | payload`, the payload a kind byte, 1 for an entry,
 /// then the encoded entry).
 fn write_record_after_the_last(file: &std::path::Path, entry: &Entry<TypeConfig>) {
+    write_body_after_the_last(file, &permit_server::raft::log::codec::encode(entry));
+}
+
+/// Writes a record of an encoded entry `body` into segment `file` after its last record.
+fn write_body_after_the_last(file: &std::path::Path, body: &[u8]) {
     use std::os::unix::fs::FileExt;
     let data = std::fs::read(file).expect("read segment");
     let mut at = 0;
@@ -92,7 +97,7 @@ fn write_record_after_the_last(file: &std::path::Path, entry: &Entry<TypeConfig>
         at += 8 + len;
     }
     let mut payload = vec![1];
-    payload.extend(permit_server::raft::log::codec::encode(entry));
+    payload.extend(body);
     let mut record = (payload.len() as u32).to_le_bytes().to_vec();
     record.extend(crc32fast::hash(&payload).to_le_bytes());
     record.extend(payload);
@@ -154,6 +159,29 @@ async fn segment_log_truncates_a_torn_tail_and_refuses_corruption_before_it() {
         matches!(LogError::of(&refused), LogError::Corrupt { path, .. } if path == segment),
         "typed, naming the file: {refused:?}"
     );
+}
+
+/// A record written whole (its checksum matches) that does not decode, as an entry of a newer
+/// build's command reads to an older one, is refused, never dropped as a torn tail: it may be
+/// committed, and so may every entry after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segment_log_refuses_a_whole_entry_it_cannot_decode() {
+    let (_dir, path, mut log) = fresh_segment_log();
+    append(&mut log, (1..=3).map(|i| blank(1, i)).collect()).await;
+    drop(log);
+    let segment = only_segment(&path);
+    let batch = permit_core::Batch { now_ms: 0, commands: vec![permit_core::Command::ExpireHolds] };
+    let entry: Entry<TypeConfig> = Entry { log_id: log_id(1, 1, 4), payload: EntryPayload::Normal(batch) };
+    let mut body = permit_server::raft::log::codec::encode(&entry);
+    // `ExpireHolds` carries nothing: the last byte is its variant, now one no build has yet.
+    *body.last_mut().expect("encoded") = 0x7f;
+    write_body_after_the_last(&segment, &body);
+    let written = written_len(&segment);
+    let refused = SegmentLog::open(&path).err().expect("an entry that does not decode is refused");
+    assert!(matches!(LogError::of(&refused), LogError::Corrupt { .. }), "{refused:?}");
+    let message = refused.to_string();
+    assert!(message.contains("entry 4") && message.contains("a newer build wrote it"), "{message}");
+    assert_eq!(written_len(&segment), written, "nothing was truncated");
 }
 
 /// A second opener of the same log (another server on the data dir) is refused, typed.

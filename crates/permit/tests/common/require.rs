@@ -22,6 +22,9 @@ pub enum Need {
     /// podman, and root (the container image's test builds it, then runs its filesystem in a
     /// chroot).
     Podman,
+    /// The build a rolling upgrade starts from (the fault suite's F11): git history and an
+    /// offline cargo to build it, or `PERMIT_UPGRADE_FROM_BIN`.
+    UpgradeFrom,
 }
 
 impl Need {
@@ -34,6 +37,7 @@ impl Need {
             Need::Tmpfs => "PERMIT_REQUIRE_TMPFS",
             Need::Cc => "PERMIT_REQUIRE_CC",
             Need::Podman => "PERMIT_REQUIRE_PODMAN",
+            Need::UpgradeFrom => "PERMIT_REQUIRE_UPGRADE_FROM",
         }
     }
 
@@ -48,6 +52,9 @@ impl Need {
             Need::Tmpfs => "run the tests as root (the test mounts a small tmpfs)",
             Need::Cc => "install a C compiler as `cc` (Debian: apt-get install gcc)",
             Need::Podman => "install podman (Debian: apt-get install podman) and run the tests as root",
+            Need::UpgradeFrom => {
+                "run from a clone with its git history (crates/permit/tests/faults/upgrade-from.sh builds the older build), or point PERMIT_UPGRADE_FROM_BIN at it"
+            }
         }
     }
 

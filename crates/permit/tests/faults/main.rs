@@ -24,8 +24,13 @@ fn seed() -> u64 {
 
 /// Runs a scenario that must pass every check.
 async fn must_pass(scenario: Scenario) {
+    must_pass_from(scenario, env!("CARGO_BIN_EXE_permit").as_ref()).await;
+}
+
+/// Runs a scenario that must pass every check, on a cluster started with `bin`.
+async fn must_pass_from(scenario: Scenario, bin: &std::path::Path) {
     let seed = seed();
-    let outcome = run(&scenario, env!("CARGO_BIN_EXE_permit").as_ref(), &out_dir(), seed)
+    let outcome = run(&scenario, bin, &out_dir(), seed)
         .await
         .unwrap_or_else(|e| panic!("{} (seed {seed}) could not run: {e:#}", scenario.name));
     println!("{}: {} ops checked; {}", scenario.name, outcome.ops, outcome.notes.join("; "));
@@ -161,6 +166,32 @@ async fn self_test_catches_expiry_at_half_the_ttl() {
 async fn self_test_catches_stale_reads() {
     must_catch(Scenario::new("bug-stale-reads", Fault::IsolateLeader), Some("stale_reads"), &["I4", "I9"])
         .await;
+}
+
+/// The `permit` binary of the commit before versioned clusters: `PERMIT_UPGRADE_FROM_BIN`, or
+/// built from this clone's git history by `upgrade-from.sh` (once; `.ci/run` builds it before
+/// the tests, so that CI's test run does not pay for it).
+fn upgrade_from_bin() -> Result<PathBuf, String> {
+    if let Some(bin) = std::env::var_os("PERMIT_UPGRADE_FROM_BIN") {
+        return Ok(bin.into());
+    }
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/faults/upgrade-from.sh");
+    let built = std::process::Command::new("bash").arg(&script).output().map_err(|e| e.to_string())?;
+    if !built.status.success() {
+        return Err(format!("{} failed: {}", script.display(), String::from_utf8_lossy(&built.stderr)));
+    }
+    Ok(String::from_utf8_lossy(&built.stdout).trim().into())
+}
+
+/// F11: a cluster of the previous build upgraded one node at a time to this one, under the
+/// standard workloads: nothing acknowledged lost, capacity and token order kept, each step at
+/// most one failover of unavailability, revoke refused while an older member remains and
+/// working after the last (`permit_faults::upgrade`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f11_rolling_upgrade_from_the_previous_build() {
+    let Some(from) = or_skip(Need::UpgradeFrom, upgrade_from_bin()) else { return };
+    let to = PathBuf::from(env!("CARGO_BIN_EXE_permit"));
+    must_pass_from(Scenario::new("F11-rolling-upgrade", Fault::RollingUpgrade(to)), &from).await;
 }
 
 /// Documents the clock assumption: a leader whose clock runs 3x fast expires sessions early, and

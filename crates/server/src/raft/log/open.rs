@@ -85,7 +85,7 @@ impl Inner {
                                 // segment that awaits deletion) are not decoded in full.
                                 let index = match peek_index(body) {
                                     Ok(index) => index,
-                                    Err(e) => break Some(format!("undecodable entry at offset {at}: {e}")),
+                                    Err(e) => return Err(undecodable(&path, at, None, &e)),
                                 };
                                 // Each entry follows the previous one, except across a
                                 // purge: a follower that installs a snapshot beyond its log's
@@ -111,9 +111,7 @@ impl Inner {
                                     let entry = match decode::<Entry<TypeConfig>>(body) {
                                         Ok(entry) if entry.log_id.index == index => entry,
                                         Ok(_) => break Some(format!("inconsistent entry at offset {at}")),
-                                        Err(e) => {
-                                            break Some(format!("undecodable entry at offset {at}: {e}"))
-                                        }
+                                        Err(e) => return Err(undecodable(&path, at, Some(index), &e)),
                                     };
                                     inner.entries.insert(index, (entry, seq, at as u64));
                                 }
@@ -248,4 +246,28 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// The error for a record that is whole (its checksum matches) but does not decode: not a torn
+/// write, which the checksum catches, but an entry of a newer build (one whose cluster version
+/// this build does not speak) or corruption. Dropping it as a torn tail would drop an entry
+/// that may be committed, and every one after it.
+fn undecodable(
+    path: &std::path::Path,
+    at: usize,
+    index: Option<u64>,
+    error: &std::io::Error,
+) -> std::io::Error {
+    let entry = index.map_or_else(|| "an entry".to_owned(), |index| format!("entry {index}"));
+    LogError::Corrupt {
+        path: path.to_owned(),
+        offset: at as u64,
+        why: format!(
+            "{entry} was written whole (its checksum matches) but does not decode ({error}): a newer \
+             build wrote it (this one speaks feature version {}), or the disk corrupted it; start \
+             this node with the newest build that ran on it",
+            crate::raft::version::speaks()
+        ),
+    }
+    .into()
 }
