@@ -17,8 +17,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use permit_wire::NotReady;
+use permit_wire::{NotReady, StorageErrorKind};
 use tokio::sync::watch;
+
+use crate::raft::log::LogError;
 
 /// How long a failed node keeps answering 503 (so probes and clients see why) before it exits.
 pub(crate) const FAILSTOP_LINGER: Duration = Duration::from_secs(2);
@@ -30,6 +32,8 @@ pub struct Failure {
     pub reason: NotReady,
     /// One line naming the path and the error.
     pub message: String,
+    /// With [`NotReady::StorageError`], what kind of storage failure (`/v1/health` shows it).
+    pub kind: Option<StorageErrorKind>,
 }
 
 impl fmt::Display for Failure {
@@ -57,14 +61,14 @@ impl FailStop {
     }
 
     /// Records a storage error of `operation` on `path`; the first failure wins and is logged.
-    pub(crate) fn storage(&self, operation: &str, path: &Path, error: &dyn fmt::Display) {
+    pub(crate) fn storage(&self, operation: &str, path: &Path, error: &LogError) {
         let message = format!("{operation} of {} failed: {error}", path.display());
-        self.set(Failure { reason: NotReady::StorageError, message });
+        self.set(Failure { reason: NotReady::StorageError, message, kind: Some(kind_of(error)) });
     }
 
     /// Records that the Raft core stopped although no shutdown was asked for.
     pub(crate) fn stopped(&self, why: &str) {
-        self.set(Failure { reason: NotReady::Shutdown, message: format!("raft stopped: {why}") });
+        self.set(Failure { reason: NotReady::Shutdown, message: format!("raft stopped: {why}"), kind: None });
     }
 
     fn set(&self, failure: Failure) {
@@ -109,6 +113,18 @@ impl FailStop {
     }
 }
 
+/// The kind of a storage error as `/v1/health` names it. A `Refused` write follows an earlier
+/// failure, which the latch has recorded first; it counts as I/O.
+fn kind_of(error: &LogError) -> StorageErrorKind {
+    match error {
+        LogError::Full(_) => StorageErrorKind::DiskFull,
+        LogError::Io { .. } | LogError::Refused => StorageErrorKind::Io,
+        LogError::Corrupt { .. } => StorageErrorKind::Corrupt,
+        LogError::Locked { .. } => StorageErrorKind::Locked,
+        LogError::UnknownFormat { .. } => StorageErrorKind::UnknownFormat,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,11 +137,16 @@ mod tests {
             let latch = latch.clone();
             async move { latch.wait().await }
         });
-        latch.storage("log append", Path::new("/data/raft-log"), &"No space left on device");
+        let full = LogError::of(&std::io::Error::from_raw_os_error(libc::ENOSPC));
+        latch.storage("log append", Path::new("/data/raft-log"), &full);
         latch.stopped("the core stopped after it");
         let failure = waiter.await.unwrap();
         assert_eq!(failure.reason, NotReady::StorageError);
-        assert_eq!(failure.message, "log append of /data/raft-log failed: No space left on device");
+        assert_eq!(failure.kind, Some(StorageErrorKind::DiskFull));
+        assert_eq!(
+            failure.message,
+            "log append of /data/raft-log failed: No space left on device (os error 28)"
+        );
         assert_eq!(latch.failure(), Some(failure));
     }
 }

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use permit_wire::{Health, NotReady, StateDigest};
+use permit_wire::{Health, NotReady, StateDigest, StorageFailure};
 
 use super::error::ApiError;
+use crate::failstop::Failure;
 use crate::node::Node;
 use crate::raft::status::{Role, Status};
 
@@ -37,14 +38,20 @@ pub(crate) async fn live(State(node): State<Arc<Node>>) -> impl IntoResponse {
 /// This node's health report.
 fn report(node: &Node) -> Health {
     let status = node.status();
-    let (reason, detail) = match not_ready(node, &status) {
+    let failure = node.fail_stop.failure();
+    let (reason, detail) = match not_ready(node, failure.as_ref(), &status) {
         Some((reason, detail)) => (Some(reason), detail),
         None => (None, None),
     };
+    let error = failure.and_then(|failure| {
+        let kind = failure.kind?;
+        Some(StorageFailure { kind, message: failure.message })
+    });
     Health {
         status: if reason.is_none() { "ok" } else { "degraded" }.to_owned(),
         reason,
         detail,
+        error,
         members: status.members.keys().copied().collect(),
         node_id: node.id,
         raft_leader: status.leader,
@@ -56,9 +63,9 @@ fn report(node: &Node) -> Health {
 }
 
 /// Why this node cannot serve, with details for humans; `None` when it can.
-fn not_ready(node: &Node, status: &Status) -> Option<(NotReady, Option<String>)> {
-    if let Some(failure) = node.fail_stop.failure() {
-        return Some((failure.reason, Some(failure.message)));
+fn not_ready(node: &Node, failure: Option<&Failure>, status: &Status) -> Option<(NotReady, Option<String>)> {
+    if let Some(failure) = failure {
+        return Some((failure.reason, Some(failure.message.clone())));
     }
     if *node.shutdown.borrow() || status.role == Role::Shutdown {
         return Some((NotReady::Shutdown, None));
