@@ -20,8 +20,6 @@ use std::time::Duration;
 use permit_wire::{NotReady, StorageErrorKind};
 use tokio::sync::watch;
 
-use crate::raft::log::LogError;
-
 /// How long a failed node keeps answering 503 (so probes and clients see why) before it exits.
 pub(crate) const FAILSTOP_LINGER: Duration = Duration::from_secs(2);
 
@@ -40,6 +38,14 @@ impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)
     }
+}
+
+/// A storage error as the latch records it: its message, and its kind for `/v1/health`. The
+/// storage layer's typed error implements it (`raft::log::LogError`), so that this latch stays
+/// below the storage that reports to it.
+pub(crate) trait Cause: fmt::Display {
+    /// What kind of storage failure it is.
+    fn kind(&self) -> StorageErrorKind;
 }
 
 /// The node's fail-stop latch: set once, by the first failure, never cleared.
@@ -61,9 +67,9 @@ impl FailStop {
     }
 
     /// Records a storage error of `operation` on `path`; the first failure wins and is logged.
-    pub(crate) fn storage(&self, operation: &str, path: &Path, error: &LogError) {
+    pub(crate) fn storage(&self, operation: &str, path: &Path, error: &dyn Cause) {
         let message = format!("{operation} of {} failed: {error}", path.display());
-        self.set(Failure { reason: NotReady::StorageError, message, kind: Some(kind_of(error)) });
+        self.set(Failure { reason: NotReady::StorageError, message, kind: Some(error.kind()) });
     }
 
     /// Records that the Raft core stopped although no shutdown was asked for.
@@ -113,21 +119,23 @@ impl FailStop {
     }
 }
 
-/// The kind of a storage error as `/v1/health` names it. A `Refused` write follows an earlier
-/// failure, which the latch has recorded first; it counts as I/O.
-fn kind_of(error: &LogError) -> StorageErrorKind {
-    match error {
-        LogError::Full(_) => StorageErrorKind::DiskFull,
-        LogError::Io { .. } | LogError::Refused => StorageErrorKind::Io,
-        LogError::Corrupt { .. } => StorageErrorKind::Corrupt,
-        LogError::Locked { .. } => StorageErrorKind::Locked,
-        LogError::UnknownFormat { .. } => StorageErrorKind::UnknownFormat,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Full;
+
+    impl fmt::Display for Full {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("No space left on device (os error 28)")
+        }
+    }
+
+    impl Cause for Full {
+        fn kind(&self) -> StorageErrorKind {
+            StorageErrorKind::DiskFull
+        }
+    }
 
     #[tokio::test]
     async fn the_first_failure_wins_and_wakes_the_waiters() {
@@ -137,8 +145,7 @@ mod tests {
             let latch = latch.clone();
             async move { latch.wait().await }
         });
-        let full = LogError::of(&std::io::Error::from_raw_os_error(libc::ENOSPC));
-        latch.storage("log append", Path::new("/data/raft-log"), &full);
+        latch.storage("log append", Path::new("/data/raft-log"), &Full);
         latch.stopped("the core stopped after it");
         let failure = waiter.await.unwrap();
         assert_eq!(failure.reason, NotReady::StorageError);
