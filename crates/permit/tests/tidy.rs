@@ -120,7 +120,7 @@ const REPLICA_WRITERS_OUTSIDE_RAFT: &[&str] = &["expiry.rs"];
 
 /// Where the server may name a library, by path prefix under `crates/server/src`.
 const SERVER_LIBRARIES: &[(&str, &[&str])] = &[
-    ("axum", &["api/", "auth.rs", "listener.rs", "peer.rs"]),
+    ("axum", &["api/", "auth.rs", "error.rs", "listener.rs", "peer.rs"]),
     ("hyper", &["listener.rs", "peer_conn.rs", "raft/network.rs"]),
 ];
 
