@@ -120,7 +120,7 @@ const REPLICA_WRITERS_OUTSIDE_RAFT: &[&str] = &["expiry.rs"];
 
 /// Where the server may name a library, by path prefix under `crates/server/src`.
 const SERVER_LIBRARIES: &[(&str, &[&str])] = &[
-    ("axum", &["api/", "auth.rs", "listener.rs", "peer.rs"]),
+    ("axum", &["api/", "auth.rs", "error.rs", "listener.rs", "peer.rs"]),
     ("hyper", &["listener.rs", "peer_conn.rs", "raft/network.rs"]),
 ];
 
@@ -165,6 +165,55 @@ fn the_server_names_openraft_axum_and_hyper_and_writes_the_replica_only_where_th
         }
     }
     assert!(broken.is_empty(), "outside the codemap:\n{}", broken.join("\n"));
+}
+
+/// The layers of `crates/server/src`, by path prefix: what a file there must not name. The HTTP
+/// layer (`api/`) reaches the consensus layer only through its one state, `api/app.rs`, and never
+/// the node that builds that state; the authorisation rules, the error answer and the fail-stop
+/// latch sit below both; nothing but the node wiring (and `lib.rs` above it) names the node.
+/// Together they keep the import circle that once tied `api/`, `auth.rs` and `node.rs` from
+/// coming back.
+const SERVER_LAYERS: &[(&str, &[&str])] = &[
+    ("api/app.rs", &["crate::node", "crate::Node"]),
+    ("api/", &["crate::raft", "crate::node", "crate::Node"]),
+    ("auth.rs", &["crate::api", "crate::node", "crate::Node", "crate::raft"]),
+    ("error.rs", &["crate::api", "crate::node", "crate::Node", "crate::raft", "crate::auth"]),
+    ("failstop.rs", &["crate::api", "crate::node", "crate::Node", "crate::raft"]),
+    ("raft/", &["crate::api", "crate::node", "crate::Node"]),
+    ("", &["crate::node", "crate::Node"]),
+];
+
+/// Files that may name what [`SERVER_LAYERS`] forbids everywhere else: the node wiring and the
+/// crate root above it.
+const SERVER_TOP: &[&str] = &["node.rs", "lib.rs"];
+
+/// `source` without its comment lines (doc comments name modules in links).
+fn code_lines(source: &str) -> impl Iterator<Item = &str> {
+    source.lines().filter(|line| !line.trim_start().starts_with("//"))
+}
+
+#[test]
+fn the_server_is_layered_with_the_http_layer_on_its_app() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/src");
+    let mut files = Vec::new();
+    rust_files(&root, &root, &mut files);
+    files.sort();
+    assert!(files.iter().any(|file| file == "api/app.rs"), "the scan found the server's sources: {files:?}");
+    let mut broken = Vec::new();
+    for file in files.iter().filter(|file| !SERVER_TOP.contains(&file.as_str())) {
+        let source = std::fs::read_to_string(root.join(file)).unwrap();
+        // The first (most specific) layer whose prefix the file has.
+        let (layer, forbidden) = SERVER_LAYERS.iter().find(|(prefix, _)| file.starts_with(prefix)).unwrap();
+        for line in code_lines(&source) {
+            for name in forbidden
+                .iter()
+                .filter(|name| line.contains(&format!("{name}::")) || line.contains(&format!("{name};")))
+            {
+                broken.push(format!("{file} (layer `{layer}`) names {name}: {}", line.trim()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "across the server's layers:\n{}", broken.join("\n"));
 }
 
 /// The names a Cargo.toml declares in its dependency sections (normal, dev and build).

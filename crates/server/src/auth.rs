@@ -1,30 +1,30 @@
 //! Who is asking, and may they: authentication and authorisation of client requests.
 //!
 //! With `--auth`, every client request carries `Authorization: Bearer SECRET`. The middleware
-//! `authenticate` hashes the secret ([`secret_hash`]), finds the token in the replicated state, checks
-//! the route's [`Need`] (from [`need`], the one table of every route's permission) and hands the
-//! handler a `Caller`. Handlers then check what only they can see: that a session named in the
-//! request belongs to the caller's token. Without `--auth` every request is `Caller::Anyone`.
+//! (`api/caller.rs`) hashes the secret ([`secret_hash`]), finds the token in the replicated state
+//! ([`token_of_secret`]), checks the route's [`Need`] (from [`need`], the one table of every
+//! route's permission) and hands the handler a `Caller`. Handlers then check what only they can
+//! see: that a session named in the request belongs to the caller's token. Without `--auth` every
+//! request is `Caller::Anyone`.
 //!
 //! Authorisation runs on the node that executes the request: a follower forwards writes to the
 //! leader with the `Authorization` header, and the leader decides on its own state.
+//!
+//! This file holds the rules alone, over `permit-core`'s state: it uses neither the HTTP layer
+//! nor the node, so that both the handlers and the state machine (which hashes secrets) can use it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
+use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{header, Method};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::Method;
 pub(crate) use permit_core::{Access, Resource};
-use permit_core::{Creator, Key, Kind, SessionId, State as CoreState, Token, TokenId};
-use permit_wire::{ErrorCode, AUTHORIZATION_SCHEME};
+use permit_core::{Key, Kind, SessionId, State as CoreState, Token, TokenId};
+use permit_wire::ErrorCode;
 use sha2::{Digest, Sha256};
 
-use crate::api::ApiError;
-use crate::node::Node;
-use crate::raft::contact::Standing;
+use crate::error::ApiError;
 
 /// The identity a request was made with.
 #[derive(Clone, Debug)]
@@ -211,52 +211,14 @@ impl Caller {
 }
 
 impl Caller {
-    /// The token an object this caller creates is recorded under, with its cap
-    /// (`--objects-per-token-max`); `None` with auth off.
-    pub(crate) fn creator(&self, node: &Node) -> Option<Creator> {
-        self.token_id().map(|token| Creator { token, objects_max: node.config.objects_per_token_max })
-    }
-
-    /// Refuses, after [`PER_TOKEN_REFUSAL_DELAY`], a request that would create `key` when the
-    /// caller's token has created its cap of objects already: a flood at the cap costs no log
-    /// write. `apply` decides the close cases (concurrent creations) alike on every replica.
-    ///
-    /// # Errors
-    /// `limit_exceeded`.
-    pub(crate) async fn check_objects_cap(&self, node: &Node, key: &Key) -> Result<(), ApiError> {
-        let Some(creator) = self.creator(node) else { return Ok(()) };
-        let capped = {
-            let replica = node.replica().read();
-            replica.state.object(key).is_none()
-                && replica.state.objects_created_by(creator.token) >= creator.objects_max
-        };
-        if capped {
-            return Err(slowly(objects_cap_refusal()).await);
-        }
-        Ok(())
-    }
-
-    /// [`Caller::owns`] on the node's applied state.
-    ///
-    /// # Errors
-    /// `permission_denied`.
-    pub(crate) fn check_owns(&self, node: &Node, session: SessionId) -> Result<(), ApiError> {
+    /// Whether the caller's token still exists in `state` (always, without auth). The root
+    /// secret a node was configured with counts until the bootstrap has created the root token.
+    pub(crate) fn valid_in(&self, state: &CoreState) -> bool {
         match self {
-            Caller::Anyone => Ok(()),
-            Caller::Token { .. } => self.owns(&node.replica().read().state, session),
-        }
-    }
-
-    /// A place for one long-poll of this caller on `node` (see [`LongPolls`]); a refusal is
-    /// answered after [`PER_TOKEN_REFUSAL_DELAY`].
-    ///
-    /// # Errors
-    /// `limit_exceeded`.
-    pub(crate) async fn long_poll(&self, node: &Node) -> Result<LongPoll, ApiError> {
-        crate::api::mark_long_poll();
-        match node.long_polls.enter(self, node.config.long_polls_per_token_max) {
-            Ok(poll) => Ok(poll),
-            Err(refusal) => Err(slowly(refusal).await),
+            Caller::Anyone => true,
+            Caller::Token { id, .. } => {
+                state.token(*id).is_some() || (*id == permit_core::ROOT_TOKEN_ID && !state.root_created())
+            }
         }
     }
 }
@@ -273,7 +235,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 /// (retrying at once in a loop) then makes at most a few requests per second per connection, so
 /// the CPU it costs stays small and other tokens keep their latency; a well-behaved client waits
 /// for `Retry-After` anyway.
-const PER_TOKEN_REFUSAL_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
+pub(crate) const PER_TOKEN_REFUSAL_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The answer to a creation over the caller's cap of objects (429 `limit_exceeded`).
 pub(crate) fn objects_cap_refusal() -> ApiError {
@@ -312,7 +274,7 @@ pub fn secret_hash(salt: Option<&[u8; 32]>, secret: &str) -> [u8; 32] {
 /// The token whose secret is `secret` in `state`: looked up under the cluster's salt, then (for
 /// a token stored before the cluster had a salt) under the plain SHA-256. Two O(log n) lookups
 /// at most.
-fn token_of_secret<'a>(state: &'a CoreState, secret: &str) -> Option<(TokenId, &'a Token)> {
+pub(crate) fn token_of_secret<'a>(state: &'a CoreState, secret: &str) -> Option<(TokenId, &'a Token)> {
     let salted = state.token_salt().and_then(|salt| state.token_by_secret(&secret_hash(Some(salt), secret)));
     salted.or_else(|| state.token_by_secret(&secret_hash(None, secret)))
 }
@@ -321,172 +283,6 @@ fn token_of_secret<'a>(state: &'a CoreState, secret: &str) -> Option<(TokenId, &
 pub(crate) fn new_secret() -> String {
     let bytes: [u8; 32] = rand::random();
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-/// Shortest secret the server accepts for the root token, in bytes.
-const ROOT_SECRET_BYTES_MIN: usize = 16;
-
-/// Middleware: finds the caller and checks the route's [`Need`].
-pub(crate) async fn authenticate(
-    State(node): State<Arc<Node>>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    let Some(route) = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()) else {
-        return next.run(request).await; // unmatched: the fallback answers 404 / 405
-    };
-    let caller = match check(&node, &mut request, &route).await {
-        Ok(caller) => caller,
-        Err(error) => return error.into_response(),
-    };
-    request.extensions_mut().insert(caller);
-    next.run(request).await
-}
-
-async fn check(node: &Node, request: &mut Request, route: &str) -> Result<Caller, ApiError> {
-    let config = &node.config;
-    let Some(need) = need(request.method(), route, config.metrics_public) else {
-        return Err(ApiError::new(ErrorCode::PermissionDenied, "this route has no access rule"));
-    };
-    if !config.auth || need == Need::Open {
-        return Ok(Caller::Anyone);
-    }
-    if let Some(refusal) = out_of_contact(node) {
-        return Err(refusal);
-    }
-    let caller = identify(node, request.headers())?;
-    match need {
-        Need::Open | Need::Authenticated | Need::InBody(..) => {}
-        Need::Global(resource, access) => caller.require(resource, "", access)?,
-        Need::Named(resource, access) => {
-            let (mut parts, body) = std::mem::take(request).into_parts();
-            let params = RawPathParams::from_request_parts(&mut parts, &()).await;
-            *request = Request::from_parts(parts, body);
-            let params = params.map_err(|_| ApiError::internal("no path parameters"))?;
-            let name = params.iter().find(|(key, _)| *key == "name").map_or("", |(_, value)| value);
-            caller.require(resource, name, access)?;
-        }
-    }
-    Ok(caller)
-}
-
-/// The refusal of every token-checked route on a node that does not apply the cluster's log
-/// now (`raft::contact`): removed and left running, or cut off from its leader (or quorum) for
-/// longer than the election bound. Its state no longer learns of deleted tokens, so it would
-/// serve them, even to `?stale=true` reads; the client goes to another node instead. `None`
-/// while the node is in contact.
-fn out_of_contact(node: &Node) -> Option<ApiError> {
-    let why = match node.contact.standing() {
-        Standing::InContact => return None,
-        Standing::Removed => "this node was removed from the cluster",
-        Standing::OutOfContact => "this node has not heard from a leader (or, leading, from a quorum) lately",
-    };
-    let message =
-        format!("{why}: it serves no authenticated request; nothing was done, retry on another node");
-    Some(ApiError::new(ErrorCode::LeaderUnreachable, message))
-}
-
-impl Caller {
-    /// Whether the caller's token still exists in `state` (always, without auth). The root
-    /// secret a node was configured with counts until the bootstrap has created the root token.
-    fn valid_in(&self, state: &CoreState) -> bool {
-        match self {
-            Caller::Anyone => true,
-            Caller::Token { id, .. } => {
-                state.token(*id).is_some() || (*id == permit_core::ROOT_TOKEN_ID && !state.root_created())
-            }
-        }
-    }
-
-    /// Runs `poll`, a long-poll or stream held open for this caller, unless it is cut off
-    /// first: its token is deleted (`401 unauthenticated`, as soon as this node applies the
-    /// deletion) or, for a `read` served from this node's state (a blocking read, the event
-    /// stream), this node stops applying the log (`503 leader_unreachable`, see
-    /// `out_of_contact`). A waiting acquire or campaign is not cut off by the latter: its
-    /// wait is in the log already, and `leader_unreachable` promises that nothing was done.
-    ///
-    /// # Errors
-    /// `poll`'s, `unauthenticated` or `leader_unreachable`.
-    pub(crate) async fn unless_cut_off<T>(
-        &self,
-        node: &Node,
-        read: bool,
-        poll: impl std::future::Future<Output = Result<T, ApiError>>,
-    ) -> Result<T, ApiError> {
-        if matches!(self, Caller::Anyone) {
-            return poll.await;
-        }
-        tokio::select! {
-            biased;
-            cut = self.cut_off(node, read) => Err(cut),
-            answer = poll => answer,
-        }
-    }
-
-    /// Resolves when this caller's long-polls must end (see [`Caller::unless_cut_off`]), with
-    /// the error that ends them; never without auth.
-    pub(crate) async fn cut_off(&self, node: &Node, read: bool) -> ApiError {
-        let Caller::Token { id, .. } = self else { return std::future::pending().await };
-        let revocation = node.notifier.on_revocation(*id);
-        let mut standing = node.contact.changes();
-        loop {
-            // Enabled before the check, so that a deletion applied in between is not missed.
-            let revoked = revocation.notify().notified();
-            tokio::pin!(revoked);
-            revoked.as_mut().enable();
-            if !self.valid_in(&node.replica().read().state) {
-                return ApiError::new(ErrorCode::Unauthenticated, "the token was deleted");
-            }
-            if read {
-                if let Some(refusal) = out_of_contact(node) {
-                    return refusal;
-                }
-            }
-            tokio::select! {
-                () = &mut revoked => {}
-                changed = standing.changed(), if read => {
-                    if changed.is_err() {
-                        // The watcher stopped with the Raft core; fail-stop ends the node.
-                        return std::future::pending().await;
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The caller whose token `headers` carry, on this node's applied state (authentication
-/// only: what the route needs is checked by [`check`]).
-///
-/// # Errors
-/// `unauthenticated`.
-pub(crate) fn identify(node: &Node, headers: &axum::http::HeaderMap) -> Result<Caller, ApiError> {
-    let unauthenticated = |why: &str| ApiError::new(ErrorCode::Unauthenticated, why.to_owned());
-    let header = headers
-        .get(header::AUTHORIZATION)
-        .ok_or_else(|| unauthenticated("auth is on: send `Authorization: Bearer SECRET`"))?;
-    let secret = header
-        .to_str()
-        .ok()
-        .and_then(|value| value.strip_prefix(AUTHORIZATION_SCHEME))
-        .and_then(|rest| rest.strip_prefix(' '))
-        .map(str::trim)
-        .filter(|secret| !secret.is_empty())
-        .ok_or_else(|| unauthenticated("malformed Authorization header: expected `Bearer SECRET`"))?;
-    let replica = node.replica().read();
-    if let Some((id, token)) = token_of_secret(&replica.state, secret) {
-        return Ok(Caller::Token { id, token: token.clone() });
-    }
-    // Before the bootstrap has committed the root token (a `--join` node waiting for
-    // `POST /v1/cluster/init`, or the first moments of a new cluster), the root secret this node
-    // was given already acts as root: it is the secret the bootstrap will install.
-    let hash = secret_hash(None, secret);
-    let configured = node.config.root_token.as_deref().map(|secret| secret_hash(None, secret));
-    if !replica.state.root_created() && configured == Some(hash) {
-        let token = Token { name: "root".to_owned(), secret_hash: hash, rules: permit_core::root_rules() };
-        return Ok(Caller::Token { id: permit_core::ROOT_TOKEN_ID, token });
-    }
-    Err(unauthenticated("unknown or deleted token"))
 }
 
 /// Counts each token's open long-polls, to cap them (`--long-polls-per-token-max`).
@@ -533,117 +329,6 @@ impl Drop for LongPoll {
             }
         }
     }
-}
-
-/// Name of the file in the data dir that holds a generated root secret.
-const ROOT_TOKEN_FILE: &str = "root-token";
-
-/// Creates the cluster's token salt and, with it, the root token, once per cluster: when this node
-/// leads and the replicated state has never had them. The secret is the configured one
-/// (`PERMIT_ROOT_TOKEN`, `--root-token-file`) or one generated into `DATA_DIR/root-token`
-/// (mode 0600). A cluster made before salts gets its salt from its first leader that has this
-/// code; its tokens made before keep their plain SHA-256. Ends when both exist.
-pub(crate) async fn bootstrap_root(node: Arc<Node>) {
-    let mut leading = node.consensus.leading().clone();
-    let mut shutdown = node.shutdown.clone();
-    loop {
-        let done = {
-            let state = &node.replica().read().state;
-            state.root_created() && state.token_salt().is_some()
-        };
-        if done || *shutdown.borrow() {
-            return;
-        }
-        if leading.borrow_and_update().is_some() {
-            // Done once applied (the loop's check); a command another leader's beat changed
-            // nothing, and the next look decides what is still missing.
-            if let Err(error) = propose_root(&node).await {
-                tracing::warn!(%error, "root token not created yet; will retry");
-            }
-        }
-        tokio::select! {
-            changed = leading.changed() => if changed.is_err() { return },
-            _ = shutdown.changed() => {}
-            () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
-        }
-    }
-}
-
-async fn propose_root(node: &Node) -> anyhow::Result<()> {
-    let (salt, root_created) = {
-        let state = &node.replica().read().state;
-        (state.token_salt().copied(), state.root_created())
-    };
-    // A new cluster draws its salt (256 bits from the OS's CSPRNG) and creates the root token
-    // under it in one command; one made before salts gets a salt alone. A concurrent leader's
-    // command may win: then this one changes nothing and the caller's loop looks again.
-    let (salt, new_salt) = match salt {
-        Some(salt) => (salt, false),
-        None => (rand::random(), true),
-    };
-    let (root, file) = if root_created {
-        (None, None)
-    } else {
-        let (secret, file) = match &node.config.root_token {
-            Some(secret) => (secret.clone(), None),
-            None => {
-                let path = node.config.data_dir.join(ROOT_TOKEN_FILE);
-                (read_or_create_secret(&path)?, Some(path))
-            }
-        };
-        let token = Token {
-            name: "root".to_owned(),
-            secret_hash: secret_hash(Some(&salt), &secret),
-            rules: permit_core::root_rules(),
-        };
-        (Some(token), file)
-    };
-    let command = match (new_salt, root) {
-        (true, root) => permit_core::Command::SetTokenSalt { salt, root },
-        (false, Some(token)) => permit_core::Command::CreateToken { id: permit_core::ROOT_TOKEN_ID, token },
-        (false, None) => return Ok(()),
-    };
-    match node.propose(command).await.map_err(|e| anyhow::anyhow!("{e:?}"))? {
-        permit_core::Outcome::TokenSaltSet | permit_core::Outcome::TokenCreated => {
-            if new_salt {
-                tracing::info!("token salt created");
-            }
-            match (root_created, file) {
-                (true, _) => {}
-                (false, Some(path)) => {
-                    tracing::info!(path = %path.display(), "root token created; its secret is in this file")
-                }
-                (false, None) => tracing::info!("root token created from the configured secret"),
-            }
-        }
-        permit_core::Outcome::Refused(permit_core::Refusal::TokenExists) => {}
-        other => anyhow::bail!("unexpected outcome {other:?}"),
-    }
-    Ok(())
-}
-
-/// The secret in `path`, or a new one written there (mode 0600, fsynced) if it does not exist.
-fn read_or_create_secret(path: &std::path::Path) -> anyhow::Result<String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::read_to_string(path) {
-        Ok(secret) if secret.trim().len() >= ROOT_SECRET_BYTES_MIN => return Ok(secret.trim().to_owned()),
-        Ok(_) => {
-            anyhow::bail!("{} holds no secret of at least {ROOT_SECRET_BYTES_MIN} bytes", path.display())
-        }
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => anyhow::bail!("cannot read {}: {error}", path.display()),
-    }
-    let secret = new_secret();
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", path.display()))?;
-    file.write_all(format!("{secret}\n").as_bytes())?;
-    file.sync_all()?;
-    Ok(secret)
 }
 
 #[cfg(test)]

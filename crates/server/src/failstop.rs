@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use permit_wire::NotReady;
+use permit_wire::{NotReady, StorageErrorKind};
 use tokio::sync::watch;
 
 /// How long a failed node keeps answering 503 (so probes and clients see why) before it exits.
@@ -30,12 +30,22 @@ pub struct Failure {
     pub reason: NotReady,
     /// One line naming the path and the error.
     pub message: String,
+    /// With [`NotReady::StorageError`], what kind of storage failure (`/v1/health` shows it).
+    pub kind: Option<StorageErrorKind>,
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)
     }
+}
+
+/// A storage error as the latch records it: its message, and its kind for `/v1/health`. The
+/// storage layer's typed error implements it (`raft::log::LogError`), so that this latch stays
+/// below the storage that reports to it.
+pub(crate) trait Cause: fmt::Display {
+    /// What kind of storage failure it is.
+    fn kind(&self) -> StorageErrorKind;
 }
 
 /// The node's fail-stop latch: set once, by the first failure, never cleared.
@@ -57,19 +67,19 @@ impl FailStop {
     }
 
     /// Records a storage error of `operation` on `path`; the first failure wins and is logged.
-    pub(crate) fn storage(&self, operation: &str, path: &Path, error: &dyn fmt::Display) {
+    pub(crate) fn storage(&self, operation: &str, path: &Path, error: &dyn Cause) {
         let message = format!("{operation} of {} failed: {error}", path.display());
-        self.set(Failure { reason: NotReady::StorageError, message });
+        self.set(Failure { reason: NotReady::StorageError, message, kind: Some(error.kind()) });
     }
 
     /// Records that the cluster's feature version is above this build's (`raft::version`).
     pub(crate) fn upgrade_needed(&self, message: String) {
-        self.set(Failure { reason: NotReady::UpgradeNeeded, message });
+        self.set(Failure { reason: NotReady::UpgradeNeeded, message, kind: None });
     }
 
     /// Records that the Raft core stopped although no shutdown was asked for.
     pub(crate) fn stopped(&self, why: &str) {
-        self.set(Failure { reason: NotReady::Shutdown, message: format!("raft stopped: {why}") });
+        self.set(Failure { reason: NotReady::Shutdown, message: format!("raft stopped: {why}"), kind: None });
     }
 
     fn set(&self, failure: Failure) {
@@ -118,6 +128,20 @@ impl FailStop {
 mod tests {
     use super::*;
 
+    struct Full;
+
+    impl fmt::Display for Full {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("No space left on device (os error 28)")
+        }
+    }
+
+    impl Cause for Full {
+        fn kind(&self) -> StorageErrorKind {
+            StorageErrorKind::DiskFull
+        }
+    }
+
     #[tokio::test]
     async fn the_first_failure_wins_and_wakes_the_waiters() {
         let latch = FailStop::new();
@@ -126,11 +150,15 @@ mod tests {
             let latch = latch.clone();
             async move { latch.wait().await }
         });
-        latch.storage("log append", Path::new("/data/raft-log"), &"No space left on device");
+        latch.storage("log append", Path::new("/data/raft-log"), &Full);
         latch.stopped("the core stopped after it");
         let failure = waiter.await.unwrap();
         assert_eq!(failure.reason, NotReady::StorageError);
-        assert_eq!(failure.message, "log append of /data/raft-log failed: No space left on device");
+        assert_eq!(failure.kind, Some(StorageErrorKind::DiskFull));
+        assert_eq!(
+            failure.message,
+            "log append of /data/raft-log failed: No space left on device (os error 28)"
+        );
         assert_eq!(latch.failure(), Some(failure));
     }
 }

@@ -9,9 +9,11 @@
 
 pub mod api;
 pub mod auth;
+pub(crate) mod bootstrap;
 pub(crate) mod bugs;
 pub mod config;
 pub(crate) mod entropy;
+pub(crate) mod error;
 pub(crate) mod expiry;
 pub mod failstop;
 pub(crate) mod fanout;
@@ -62,16 +64,16 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'stat
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr()?;
     let node = Node::start(config, addr).await?;
-    let router = api::router(node.clone());
+    let router = api::router(node.app().clone());
     {
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "permit listening on {scheme}://{addr} (node {})", node.id)?;
         stdout.flush()?;
     }
-    tracing::info!(%addr, data_dir = %node.config.data_dir.display(), "serving");
-    if !node.config.auth && !addr.ip().is_loopback() {
+    tracing::info!(%addr, data_dir = %node.config().data_dir.display(), "serving");
+    if !node.config().auth && !addr.ip().is_loopback() {
         tracing::warn!(%addr, "auth is off: anyone who reaches this address can use and reconfigure everything");
-    } else if !node.config.auth {
+    } else if !node.config().auth {
         tracing::info!("auth is off (--auth turns it on); only this machine can reach the server");
     }
     // systemd's notifications (`Type=notify`): readiness, the watchdog, and the stop.
@@ -93,10 +95,9 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'stat
         stopper.shutdown().await;
         let _ = stopping_tx.send(());
     });
-    let server = crate::listener::serve(listener, router, settings, node.metrics.clone(), async {
+    let server = crate::listener::serve(listener, router, settings, node.app().metrics.clone(), async {
         let _ = stopping_rx.await;
     });
-    let mut shutdown = node.shutdown.clone();
     let failed = node.clone();
     tokio::select! {
         () = server => {}
@@ -110,7 +111,7 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'stat
             failure
         } => anyhow::bail!("fail-stop: {failure}"),
         () = async {
-            let _ = shutdown.wait_for(|stopping| *stopping).await;
+            node.stopping().await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         } => tracing::warn!("requests still open after the grace period; exiting anyway"),
     }

@@ -602,7 +602,7 @@ impl Service {
                     }
                 };
                 let mut response =
-                    crate::api::ApiError::new(ErrorCode::LimitExceeded, message).into_response();
+                    crate::error::ApiError::new(ErrorCode::LimitExceeded, message).into_response();
                 let headers = response.headers_mut();
                 headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

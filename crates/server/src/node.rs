@@ -1,5 +1,6 @@
 //! One Permit node: assembles the consensus layer (`raft`), the long-poll notifier, the expiry
-//! driver, the removal watcher and the fail-stop watcher, and holds what the HTTP handlers need.
+//! driver, the removal watcher, the fail-stop watcher and the root-token bootstrap, and builds the
+//! [`App`] that the HTTP layer serves from.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use permit_core::{Command, Outcome};
 use tokio::sync::watch;
 
+use crate::api::app::{App, IdSource, Replication, Stamps};
 use crate::config::Config;
 use crate::expiry::ExpiryDriver;
 use crate::failstop::FailStop;
@@ -15,13 +17,12 @@ use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::observe::Observer;
 use crate::peer::{PeerSigner, PeerVerifier};
-use crate::peer_conn::{PeerClient, PeerPool, PoolLimits};
+use crate::peer_conn::{PeerClient, PoolLimits};
 use crate::raft::consensus::Consensus;
 use crate::raft::network::LocalView;
 use crate::raft::network::Network;
 use crate::raft::proposer::ProposeError;
 use crate::raft::replica::{Replica, ReplicaState};
-use crate::raft::status::Status;
 use crate::raft::{NodeId, PeerNetwork};
 
 /// The connections for forwarding to the leader: it must accept one (and finish its TLS
@@ -35,68 +36,18 @@ const FORWARD_POOL: PoolLimits =
 const PROBE_POOL: PoolLimits =
     PoolLimits { connect_timeout: Duration::from_secs(2), idle_max: 4, answer_max: 1 << 20 };
 
-/// A running node.
+/// A running node: its HTTP layer's [`App`], and what starts and stops it.
 pub struct Node {
     /// This node's id.
     pub id: NodeId,
     /// The address its HTTP API listens on.
     pub addr: SocketAddr,
+    /// What the HTTP layer serves from (`api::App`).
+    app: Arc<App>,
     /// The replicated log and state.
-    pub(crate) consensus: Consensus,
-    /// Leader time as this node reads it (ages of holds in the API's views).
-    pub(crate) clock: Arc<crate::raft::clock::LeaderClock>,
-    /// Long-poll wake-ups.
-    pub(crate) notifier: Arc<Notifier>,
-    /// Metrics.
-    pub(crate) metrics: Arc<Metrics>,
-    /// The event ring and the per-object metrics, fed as entries apply.
-    pub(crate) observer: Arc<Observer>,
-    /// The configuration it started with.
-    pub(crate) config: Config,
-    /// Connections for probing the members' health (`api/cluster.rs`, `raft/removal.rs`).
-    pub(crate) prober: PeerPool,
-    /// Connections for forwarding requests to the leader (`api/forward.rs`).
-    pub(crate) forwarder: PeerPool,
-    /// Signs this node's peer messages (Raft RPCs and forwarded requests); none without a
-    /// cluster secret.
-    pub(crate) peer_signer: Option<Arc<PeerSigner>>,
-    /// Checks the peer messages this node receives; none without a cluster secret.
-    pub(crate) peer_verifier: Option<PeerVerifier>,
-    /// Open long-polls per token, for `--long-polls-per-token-max`.
-    pub(crate) long_polls: Arc<crate::auth::LongPolls>,
-    /// Becomes true when the node starts shutting down; long-polls return early.
-    pub(crate) shutdown: watch::Receiver<bool>,
+    consensus: Arc<Consensus>,
+    /// Starts the shutdown that the `App`'s receiver (and every long-poll) sees.
     shutdown_tx: watch::Sender<bool>,
-    /// Set by the first storage failure or unexpected Raft stop; the node then refuses all work
-    /// and `serve` exits (see `failstop`).
-    pub(crate) fail_stop: Arc<FailStop>,
-    /// True while this node is removed from the membership (see `raft::removal`).
-    pub(crate) removed: watch::Receiver<bool>,
-    /// Whether this node applies the cluster's log now; with `--auth`, token-checked routes
-    /// are refused while it does not (see `raft::contact`).
-    pub(crate) contact: Arc<crate::raft::contact::Contact>,
-    /// Where new session and token ids come from.
-    ids: IdSource,
-    /// The values of the headers every answer carries (`permit-node`, `permit-term`,
-    /// `permit-leader`), built once per term and leader.
-    pub(crate) stamps: crate::api::forward::Stamps,
-}
-
-/// Where a node draws new session and token ids: the OS-seeded generator, or, in a simulation
-/// (`Config::id_seed`), a generator seeded so that a seed replays the same ids.
-struct IdSource(Option<std::sync::Mutex<rand::rngs::StdRng>>);
-
-impl IdSource {
-    fn new(seed: Option<u64>) -> IdSource {
-        IdSource(seed.map(|seed| std::sync::Mutex::new(rand::SeedableRng::seed_from_u64(seed))))
-    }
-
-    fn draw(&self) -> [u8; 16] {
-        match &self.0 {
-            Some(seeded) => rand::Rng::random(&mut *seeded.lock().expect("id source lock")),
-            None => rand::random(),
-        }
-    }
 }
 
 impl Node {
@@ -195,13 +146,20 @@ impl Node {
             // Only auth consults it: without tokens, a stale read is every client's own choice.
             tokio::spawn(contact.clone().run());
         }
-        let node = Arc::new(Node {
+        let consensus = Arc::new(consensus);
+        if config.auth {
+            tokio::spawn(crate::bootstrap::bootstrap_root(
+                consensus.clone(),
+                config.clone(),
+                shutdown.clone(),
+            ));
+        }
+        let app = Arc::new(App {
             id: config.node_id,
-            ids: IdSource::new(config.id_seed),
-            stamps: crate::api::forward::Stamps::new(config.node_id, peers.scheme()),
             addr,
-            consensus,
-            clock: parts.clock,
+            ids: IdSource::new(config.id_seed),
+            stamps: Stamps::new(config.node_id, peers.scheme()),
+            replication: Replication::new(consensus.clone(), parts.clock, contact, removed),
             notifier,
             metrics,
             observer,
@@ -212,27 +170,32 @@ impl Node {
             peer_verifier,
             long_polls: Arc::default(),
             shutdown,
-            shutdown_tx,
             fail_stop,
-            removed,
-            contact,
         });
-        if node.config.auth {
-            tokio::spawn(crate::auth::bootstrap_root(node.clone()));
-        }
         let agreement = crate::raft::version::Agreement {
-            id: node.id,
-            raft: node.consensus.raft().clone(),
-            replica: node.consensus.replica().clone(),
-            proposer: node.consensus.proposer().clone(),
-            leading: node.consensus.leading().clone(),
-            prober: node.prober.clone(),
+            id: app.id,
+            raft: consensus.raft().clone(),
+            replica: consensus.replica().clone(),
+            proposer: consensus.proposer().clone(),
+            leading: consensus.leading().clone(),
+            prober: app.prober.clone(),
             probe_peers,
-            versions: node.consensus.versions().clone(),
-            shutdown: node.shutdown.clone(),
+            versions: consensus.versions().clone(),
+            shutdown: app.shutdown.clone(),
         };
         tokio::spawn(agreement.run());
+        let node = Arc::new(Node { id: app.id, addr, app, consensus, shutdown_tx });
         Ok(node)
+    }
+
+    /// The state the HTTP layer serves from (`api::router`).
+    pub(crate) fn app(&self) -> &Arc<App> {
+        &self.app
+    }
+
+    /// The configuration it started with.
+    pub(crate) fn config(&self) -> &Config {
+        &self.app.config
     }
 
     /// The replicated log and state.
@@ -243,11 +206,6 @@ impl Node {
     /// The applied state (read-only: only the consensus layer writes it).
     pub fn replica(&self) -> &Arc<Replica> {
         self.consensus.replica()
-    }
-
-    /// This node's view of the cluster now.
-    pub(crate) fn status(&self) -> Status {
-        self.consensus.status()
     }
 
     /// Proposes a command and waits until it is applied.
@@ -279,30 +237,26 @@ impl Node {
         self.consensus.with_lease_authority(refresh).await
     }
 
-    /// The leader's id and address, waiting up to `patience` for one to be known.
-    pub(crate) async fn leader(&self, patience: Duration) -> Option<(NodeId, String)> {
-        self.consensus.leader(patience).await
-    }
-
     /// A new session id, from this node's id source (random, or seeded in a simulation).
     pub fn new_session_id(&self) -> permit_core::SessionId {
-        permit_core::SessionId::from_bytes(self.ids.draw())
-    }
-
-    /// A new token id, from this node's id source.
-    pub(crate) fn new_token_id(&self) -> permit_core::TokenId {
-        permit_core::TokenId::from_bytes(self.ids.draw())
+        self.app.new_session_id()
     }
 
     /// This node's failure, once it failed (it then refuses all work, as the HTTP layer does).
     pub fn failure(&self) -> Option<crate::failstop::Failure> {
-        self.fail_stop.failure()
+        self.app.fail_stop.failure()
     }
 
     /// Resolves with the failure once this node fails (a storage error, or Raft stopped without
     /// a shutdown); `serve` selects on it to exit non-zero.
     pub async fn fatal(&self) -> crate::failstop::Failure {
-        self.fail_stop.wait().await
+        self.app.fail_stop.wait().await
+    }
+
+    /// Resolves once the node starts shutting down.
+    pub(crate) async fn stopping(&self) {
+        let mut shutdown = self.app.shutdown.clone();
+        let _ = shutdown.wait_for(|stopping| *stopping).await;
     }
 
     /// Starts shutting down: long-polls return, then Raft stops.

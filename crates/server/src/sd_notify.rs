@@ -75,9 +75,9 @@ impl SdNotify {
     /// Sends `READY=1` once `node` is ready, then pets the watchdog while it is live; runs
     /// until the node stops (spawn it).
     pub(crate) async fn run(self: Arc<Self>, node: Arc<Node>) {
-        let mut shutdown = node.shutdown.clone();
+        let mut shutdown = node.app().shutdown.clone();
         let ready = async {
-            while !crate::api::system::is_ready(&node) {
+            while !crate::api::system::is_ready(node.app()) {
                 tokio::time::sleep(READY_POLL).await;
             }
             self.notify("READY=1");
@@ -89,7 +89,7 @@ impl SdNotify {
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await;
-                if crate::api::system::is_live(&node) {
+                if crate::api::system::is_live(node.app()) {
                     self.notify("WATCHDOG=1");
                 }
             }

@@ -567,6 +567,18 @@ mod not_ready_tests {
         }
         assert_eq!(serde_json::from_str::<NotReady>("\"from_the_future\"").unwrap(), NotReady::Unknown);
     }
+
+    #[test]
+    fn storage_error_kinds_round_trip_and_unknown_ones_parse() {
+        use super::StorageErrorKind;
+        for kind in StorageErrorKind::ALL {
+            let text = serde_json::to_string(kind).unwrap();
+            assert_eq!(text, format!("\"{}\"", kind.as_str()));
+            assert_eq!(&serde_json::from_str::<StorageErrorKind>(&text).unwrap(), kind);
+        }
+        let future = serde_json::from_str::<StorageErrorKind>("\"from_the_future\"").unwrap();
+        assert_eq!(future, StorageErrorKind::Unknown);
+    }
 }
 
 impl NotReady {
@@ -611,6 +623,75 @@ impl utoipa::PartialSchema for NotReady {
 #[cfg(feature = "openapi")]
 impl ToSchema for NotReady {}
 
+/// What kind of storage failure stopped a node (see [`StorageFailure`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StorageErrorKind {
+    /// The disk is full (`ENOSPC`), or the data dir is over its quota (`EDQUOT`).
+    DiskFull,
+    /// Another failure of the disk or file system (an `EIO` from `fsync`, for instance).
+    Io,
+    /// A file holds records that are not what the server wrote.
+    Corrupt,
+    /// Another process holds the data dir's lock.
+    Locked,
+    /// A file is of a format version this build does not read.
+    UnknownFormat,
+    /// A kind this version does not know (sent by a newer server).
+    #[serde(other)]
+    Unknown,
+}
+
+impl StorageErrorKind {
+    /// Every known kind.
+    pub const ALL: &'static [StorageErrorKind] = &[
+        StorageErrorKind::DiskFull,
+        StorageErrorKind::Io,
+        StorageErrorKind::Corrupt,
+        StorageErrorKind::Locked,
+        StorageErrorKind::UnknownFormat,
+    ];
+
+    /// The kind's text.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            StorageErrorKind::DiskFull => "disk_full",
+            StorageErrorKind::Io => "io",
+            StorageErrorKind::Corrupt => "corrupt",
+            StorageErrorKind::Locked => "locked",
+            StorageErrorKind::UnknownFormat => "unknown_format",
+            StorageErrorKind::Unknown => "unknown",
+        }
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for StorageErrorKind {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .enum_values(Some(StorageErrorKind::ALL.iter().map(StorageErrorKind::as_str)))
+            .description(Some(
+                "What kind of storage failure stopped a node (`GET /v1/health` after `storage_error`); \
+                 kinds may be added.",
+            ))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl ToSchema for StorageErrorKind {}
+
+/// The storage failure that stopped a node: in `GET /v1/health` with `reason: storage_error`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct StorageFailure {
+    /// What kind of failure.
+    pub kind: StorageErrorKind,
+    /// The operation, the file and the error, for humans; may change between versions.
+    pub message: String,
+}
+
 /// `GET /v1/health` and `GET /v1/health/live`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
@@ -624,6 +705,9 @@ pub struct Health {
     /// Details for humans (the failed path and OS error, for instance); may change between versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// With `reason: storage_error`, the failure, typed; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<StorageFailure>,
     /// This node's id.
     pub node_id: u64,
     /// The Raft leader's node id, if known.

@@ -1,5 +1,6 @@
-//! A full disk: the node refuses work (health 503 `storage_error`, with `Retry-After`), exits
-//! non-zero, and a restart on a roomy copy of its data dir recovers every acknowledged write.
+//! A full disk: the node refuses work (health 503 `storage_error` of kind `disk_full`, with
+//! `Retry-After`), exits non-zero, and a restart on a roomy copy of its data dir recovers every
+//! acknowledged write.
 //!
 //! The data dir is on a small tmpfs that the test mounts (it needs root); where `mount` fails
 //! the test prints why and passes without running, unless `PERMIT_REQUIRE_TMPFS=1` (CI).
@@ -165,6 +166,8 @@ async fn a_full_disk_stops_the_node_and_a_restart_recovers_every_acknowledged_wr
     let names_the_file = detail.contains(data_dir.to_str().unwrap());
     assert!(names_the_file && detail.contains("os error 28"), "the detail names the file and ENOSPC: {body}");
     assert_eq!(body["status"], "degraded");
+    assert_eq!(body["error"]["kind"], "disk_full", "health names the failure's kind: {body}");
+    assert_eq!(body["error"]["message"], body["detail"], "{body}");
     assert!(retry_after.is_some_and(|s| s.parse::<u64>().is_ok()), "503 carries Retry-After");
     assert!(seen.live_503, "liveness fails too once storage failed");
 

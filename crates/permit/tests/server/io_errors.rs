@@ -1,6 +1,6 @@
 //! Injected I/O errors: the sync shim (`PERMIT_FAIL_SYNC_AFTER`) makes every `fdatasync` and
-//! `fsync` fail with `EIO` after the first N. The node answers 503 `storage_error`, exits
-//! non-zero without retrying the fsync, and a restart without the shim recovers every
+//! `fsync` fail with `EIO` after the first N. The node answers 503 `storage_error` of kind `io`,
+//! exits non-zero without retrying the fsync, and a restart without the shim recovers every
 //! acknowledged write. Skipped with a message where `cc` is missing, unless
 //! `PERMIT_REQUIRE_CC=1` (CI).
 
@@ -38,6 +38,7 @@ async fn a_failed_fsync_stops_the_node_without_a_retry_and_a_restart_recovers_ev
     let detail = body["detail"].as_str().unwrap();
     // `raft-log`: the segment log's directory.
     assert!(detail.contains("raft-log") && detail.contains("os error 5"), "{detail}");
+    assert_eq!(body["error"]["kind"], "io", "health names the failure's kind: {body}");
     assert!(retry_after.is_some(), "503 carries Retry-After");
     // Never retried: exactly one sync failed (the node wrote nothing after it).
     let failed = std::fs::read_to_string(&log).unwrap_or_default();

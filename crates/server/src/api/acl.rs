@@ -11,10 +11,10 @@ use permit_wire::{
     TokenView,
 };
 
-use super::error::ApiError;
+use super::app::App;
 use super::extract::Json;
 use crate::auth::{new_secret, secret_hash, Caller};
-use crate::node::Node;
+use crate::error::ApiError;
 
 /// Attempts to draw an unused token id; a collision of 128 random bits is a broken RNG.
 const TOKEN_ID_ATTEMPTS: usize = 3;
@@ -24,13 +24,13 @@ const TOKEN_ID_ATTEMPTS: usize = 3;
 #[utoipa::path(post, path = "/v1/acl/tokens", tag = "acl", request_body = CreateTokenRequest,
     responses((status = 201, body = TokenCreated)))]
 pub(crate) async fn create(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     Json(request): Json<CreateTokenRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let rules: Vec<Rule> = request.rules.iter().map(rule_from_wire).collect();
     validate_token(&request.name, &rules)?;
     for _ in 0..TOKEN_ID_ATTEMPTS {
-        let id = node.new_token_id();
+        let id = app.new_token_id();
         if id == ROOT_TOKEN_ID {
             continue;
         }
@@ -38,10 +38,10 @@ pub(crate) async fn create(
         // The salt never changes once set; a cluster without one yet (made before salts, its
         // first leader with this code not yet applied) stores the plain SHA-256, which the
         // lookup still finds.
-        let salt = node.replica().read().state.token_salt().copied();
+        let salt = app.replica().read().state.token_salt().copied();
         let secret_hash = secret_hash(salt.as_ref(), &secret);
         let token = Token { name: request.name.clone(), secret_hash, rules: rules.clone() };
-        match node.propose(Command::CreateToken { id, token }).await? {
+        match app.propose(Command::CreateToken { id, token }).await? {
             Outcome::TokenCreated => {
                 let created =
                     TokenCreated { id: id.to_string(), name: request.name, secret, rules: request.rules };
@@ -58,9 +58,9 @@ pub(crate) async fn create(
 /// Every token, without secrets. Needs `acl` read.
 #[utoipa::path(get, path = "/v1/acl/tokens", tag = "acl",
     responses((status = 200, body = TokenList)))]
-pub(crate) async fn list(State(node): State<Arc<Node>>) -> Result<axum::Json<TokenList>, ApiError> {
-    node.ensure_linearizable().await?;
-    let replica = node.replica().read();
+pub(crate) async fn list(State(app): State<Arc<App>>) -> Result<axum::Json<TokenList>, ApiError> {
+    app.ensure_linearizable().await?;
+    let replica = app.replica().read();
     let state = &replica.state;
     let tokens = state.tokens().map(|(id, token)| view(*id, token, state.sessions_of(*id))).collect();
     Ok(axum::Json(TokenList { tokens }))
@@ -71,7 +71,7 @@ pub(crate) async fn list(State(node): State<Arc<Node>>) -> Result<axum::Json<Tok
     responses((status = 200, body = TokenView),
               (status = 400, body = ErrorBody, description = "`invalid_argument`: auth is off, requests carry no token")))]
 pub(crate) async fn current(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
 ) -> Result<axum::Json<TokenView>, ApiError> {
     match caller {
@@ -79,7 +79,7 @@ pub(crate) async fn current(
             Err(ApiError::new(ErrorCode::InvalidArgument, "auth is off: requests carry no token"))
         }
         Caller::Token { id, token } => {
-            let sessions = node.replica().read().state.sessions_of(id);
+            let sessions = app.replica().read().state.sessions_of(id);
             Ok(axum::Json(view(id, &token, sessions)))
         }
     }
@@ -91,11 +91,11 @@ pub(crate) async fn current(
     params(("id" = String, Path, description = "Token id (32 hex digits)")),
     responses((status = 204)))]
 pub(crate) async fn delete(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let id: TokenId = id.parse().map_err(|_| token_not_found())?;
-    match node.propose(Command::DeleteToken { id }).await? {
+    match app.propose(Command::DeleteToken { id }).await? {
         Outcome::TokenDeleted { sessions_closed } => {
             tracing::info!(token = %id, sessions_closed, "token deleted");
             Ok(StatusCode::NO_CONTENT)

@@ -11,11 +11,10 @@ use permit_wire::{
     AddMemberRequest, ClusterView, ErrorBody, ErrorCode, InitClusterRequest, MemberRole, MemberView,
 };
 
-use super::error::ApiError;
+use super::app::App;
+use super::app::{MembershipError, NodeId};
 use super::extract::{Json, Path};
-use crate::node::Node;
-use crate::raft::membership::MembershipError;
-use crate::raft::NodeId;
+use crate::error::ApiError;
 
 /// Longest wait for a member's health answer in a status.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
@@ -37,15 +36,15 @@ fn membership_error(error: MembershipError) -> ApiError {
 /// The members, their roles and how far each has got.
 #[utoipa::path(get, path = "/v1/cluster", tag = "cluster",
     responses((status = 200, body = ClusterView)))]
-pub(crate) async fn status(State(node): State<Arc<Node>>) -> Result<axum::Json<ClusterView>, ApiError> {
-    Ok(axum::Json(view(&node).await))
+pub(crate) async fn status(State(app): State<Arc<App>>) -> Result<axum::Json<ClusterView>, ApiError> {
+    Ok(axum::Json(view(&app).await))
 }
 
 /// Builds the cluster view from this node's Raft metrics, probing each member's health.
-pub(crate) async fn view(node: &Node) -> ClusterView {
-    let status = node.status();
+pub(crate) async fn view(app: &App) -> ClusterView {
+    let status = app.status();
     let probes = status.members.values().map(|member| async move {
-        let health = node.prober.health(&member.addr, PROBE_TIMEOUT).await.map(|(_, health)| health);
+        let health = app.prober.health(&member.addr, PROBE_TIMEOUT).await.map(|(_, health)| health);
         (member.id, member.addr.clone(), health)
     });
     let members = futures::future::join_all(probes)
@@ -68,7 +67,7 @@ pub(crate) async fn view(node: &Node) -> ClusterView {
             build: health.and_then(|h| h.build),
         })
         .collect();
-    let feature_version = Some(node.replica().read().state.cluster_version());
+    let feature_version = Some(app.replica().read().state.cluster_version());
     ClusterView {
         leader: status.leader,
         term: status.term,
@@ -83,15 +82,15 @@ pub(crate) async fn view(node: &Node) -> ClusterView {
 #[utoipa::path(post, path = "/v1/cluster/init", tag = "cluster", request_body = InitClusterRequest,
     responses((status = 200, body = ClusterView), (status = 409, body = ErrorBody)))]
 pub(crate) async fn init(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     Json(request): Json<InitClusterRequest>,
 ) -> Result<axum::Json<ClusterView>, ApiError> {
     if request.members.is_empty() || request.members.iter().any(|m| m.id == 0 || m.addr.is_empty()) {
         return Err(ApiError::new(ErrorCode::InvalidArgument, "members need ids > 0 and addresses"));
     }
     let members: BTreeMap<NodeId, String> = request.members.iter().map(|m| (m.id, m.addr.clone())).collect();
-    node.consensus.init_cluster(&members).await.map_err(membership_error)?;
-    Ok(axum::Json(view(&node).await))
+    app.init_cluster(&members).await.map_err(membership_error)?;
+    Ok(axum::Json(view(&app).await))
 }
 
 /// Add a node started with `--join`: it joins as a learner, catches up (by snapshot if it is far
@@ -99,13 +98,13 @@ pub(crate) async fn init(
 #[utoipa::path(post, path = "/v1/cluster/members", tag = "cluster", request_body = AddMemberRequest,
     responses((status = 200, body = ClusterView), (status = 409, body = ErrorBody)))]
 pub(crate) async fn add(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     Json(request): Json<AddMemberRequest>,
 ) -> Result<axum::Json<ClusterView>, ApiError> {
     if request.id == 0 || request.addr.is_empty() {
         return Err(ApiError::new(ErrorCode::InvalidArgument, "a member needs an id > 0 and an address"));
     }
-    if node.config.cluster_secret.is_none() {
+    if app.config.cluster_secret.is_none() {
         return Err(ApiError::new(
             ErrorCode::InvalidArgument,
             format!(
@@ -116,19 +115,19 @@ pub(crate) async fn add(
     }
     // Rule 2 of `raft::version`: the version check and the change under one lock that raises
     // take too, on a linearizable read of the cluster's version.
-    let _changes = node.consensus.versions().changes.lock().await;
-    node.ensure_linearizable().await?;
-    check_new_member(&node, &request).await?;
-    node.consensus.add_member(request.id, &request.addr, request.learner).await.map_err(membership_error)?;
-    Ok(axum::Json(view(&node).await))
+    let _changes = app.versions().changes.lock().await;
+    app.ensure_linearizable().await?;
+    check_new_member(&app, &request).await?;
+    app.add_member(request.id, &request.addr, request.learner).await.map_err(membership_error)?;
+    Ok(axum::Json(view(&app).await))
 }
 
 /// Refuses a member whose address is another member's (this node's included) or whose node
 /// answers with another id. Replicating to a node's own address as to a learner makes openraft
 /// panic on an assertion (the API fuzzer found it), and a wrong address would only time out.
-async fn check_new_member(node: &Node, request: &AddMemberRequest) -> Result<(), ApiError> {
+async fn check_new_member(app: &App, request: &AddMemberRequest) -> Result<(), ApiError> {
     let invalid = |message: String| Err(ApiError::new(ErrorCode::InvalidArgument, message));
-    for member in node.status().members.values() {
+    for member in app.status().members.values() {
         let id = member.id;
         if member.addr == request.addr && id != request.id {
             return invalid(format!("{} is the address of node {id}", request.addr));
@@ -137,9 +136,9 @@ async fn check_new_member(node: &Node, request: &AddMemberRequest) -> Result<(),
             return invalid(format!("node {id} is a member at {}; remove it first", member.addr));
         }
     }
-    let probe = node.prober.health(&request.addr, NEW_MEMBER_PROBE_TIMEOUT);
+    let probe = app.prober.health(&request.addr, NEW_MEMBER_PROBE_TIMEOUT);
     let health = probe.await.map(|(_, health)| health);
-    let cluster = node.replica().read().state.cluster_version();
+    let cluster = app.replica().read().state.cluster_version();
     match health {
         Some(health) if health.node_id == request.id && health.feature_version.unwrap_or(1) < cluster => {
             Err(ApiError::new(
@@ -165,12 +164,12 @@ async fn check_new_member(node: &Node, request: &AddMemberRequest) -> Result<(),
     params(("id" = u64, Path, description = "Node id")),
     responses((status = 204), (status = 409, body = ErrorBody)))]
 pub(crate) async fn remove(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let id: NodeId =
         id.parse().map_err(|_| ApiError::new(ErrorCode::InvalidArgument, "node ids are integers"))?;
-    node.consensus.remove_member(id).await.map_err(membership_error)?;
+    app.remove_member(id).await.map_err(membership_error)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -180,10 +179,10 @@ pub(crate) async fn remove(
 /// holds session ids and token hashes).
 #[utoipa::path(get, path = "/v1/snapshot", tag = "cluster",
     responses((status = 200, description = "The backup", content_type = "application/octet-stream", body = Vec<u8>)))]
-pub(crate) async fn snapshot(State(node): State<Arc<Node>>) -> Result<axum::response::Response, ApiError> {
+pub(crate) async fn snapshot(State(app): State<Arc<App>>) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    node.ensure_linearizable().await?;
-    let backup = crate::raft::state_machine::backup(&node.replica().read());
+    app.ensure_linearizable().await?;
+    let backup = app.backup();
     let bytes = tokio::task::spawn_blocking(move || backup.encode())
         .await
         .map_err(ApiError::internal)?

@@ -13,13 +13,13 @@ use permit_wire::{
     ReleaseResponse, RevokeRequest, INDEX_HEADER,
 };
 
-use super::error::ApiError;
+use super::app::App;
 use super::extract::{parse_name, parse_session, Json, Path, Query};
 use super::grant::{self, capped_wait, Grant};
 use super::semaphores::{list_limit, release_key, ListParams};
 use super::watch::{blocking_read, ReadParams};
 use crate::auth::Caller;
-use crate::node::Node;
+use crate::error::ApiError;
 
 /// Campaign to lead: the session becomes leader when nobody leads and no earlier candidate waits.
 /// Repeating the call is idempotent.
@@ -32,16 +32,16 @@ use crate::node::Node;
               (status = 429, body = ErrorBody, description = "`limit_exceeded`: a per-token cap (long-polls, \
 or objects created: `--objects-per-token-max`); retry after `Retry-After` seconds")))]
 pub(crate) async fn campaign(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Path(name): Path<String>,
     Json(request): Json<CampaignRequest>,
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
     let session = parse_session(&request.session)?;
-    caller.check_owns(&node, session)?;
+    caller.check_owns(&app, session)?;
     let wait_ms = capped_wait(request.wait_ms);
-    let _poll = if wait_ms > 0 { Some(caller.long_poll(&node).await?) } else { None };
+    let _poll = if wait_ms > 0 { Some(caller.long_poll(&app).await?) } else { None };
     let acquire = Acquire {
         key: Key::election(name),
         session,
@@ -52,10 +52,10 @@ pub(crate) async fn campaign(
         value: Some(request.value),
     };
     validate_acquire(&acquire)?;
-    caller.check_objects_cap(&node, &acquire.key).await?;
+    caller.check_objects_cap(&app, &acquire.key).await?;
     // A waiting campaign ends (401) when its token is deleted.
-    let grant = grant::acquire(&node, acquire, wait_ms, false, caller.creator(&node));
-    let grant = if wait_ms > 0 { caller.unless_cut_off(&node, false, grant).await? } else { grant.await? };
+    let grant = grant::acquire(&app, acquire, wait_ms, false, caller.creator(&app));
+    let grant = if wait_ms > 0 { caller.unless_cut_off(&app, false, grant).await? } else { grant.await? };
     Ok(match grant {
         Grant::Acquired { token, .. } => {
             (StatusCode::OK, axum::Json(CampaignResponse::Leader { token })).into_response()
@@ -85,9 +85,9 @@ fn view(state: &CoreState, name: &Name, object: Option<&Semaphore>, now_ms: u64)
     }
 }
 
-fn read_view(node: &Node, name: &Name) -> (ElectionView, u64) {
-    let replica = node.replica().read();
-    let now_ms = node.clock.now_ms(replica.state.now_ms());
+fn read_view(app: &App, name: &Name) -> (ElectionView, u64) {
+    let replica = app.replica().read();
+    let now_ms = app.now_ms(replica.state.now_ms());
     let view = view(&replica.state, name, replica.state.object(&Key::election(name.clone())), now_ms);
     let index = view.index;
     (view, index)
@@ -98,18 +98,18 @@ fn read_view(node: &Node, name: &Name) -> (ElectionView, u64) {
 #[utoipa::path(get, path = "/v1/elections", tag = "elections", params(ListParams),
     responses((status = 200, body = ElectionList)))]
 pub(crate) async fn list(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Query(params): Query<ListParams>,
 ) -> Result<axum::Json<ElectionList>, ApiError> {
     let after = params.after.as_deref().map(parse_name).transpose()?;
     let limit = list_limit(params.limit)?;
     if !params.stale {
-        node.ensure_linearizable().await?;
+        app.ensure_linearizable().await?;
     }
     let prefixes = caller.prefixes(Resource::Election, Access::Read);
-    let replica = node.replica().read();
-    let now_ms = node.clock.now_ms(replica.state.now_ms());
+    let replica = app.replica().read();
+    let now_ms = app.now_ms(replica.state.now_ms());
     let mut page = replica.state.objects_in_prefixes(Kind::Election, &prefixes, after.as_ref());
     let elections: Vec<ElectionView> = page
         .by_ref()
@@ -129,20 +129,20 @@ pub(crate) async fn list(
     params(("name" = String, Path, description = "Election name"), ReadParams),
     responses((status = 200, body = ElectionView, headers(("permit-index" = u64)))))]
 pub(crate) async fn get(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Path(name): Path<String>,
     Query(params): Query<ReadParams>,
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
     let poll = match params.index {
-        Some(_) => Some(caller.long_poll(&node).await?),
+        Some(_) => Some(caller.long_poll(&app).await?),
         None => None,
     };
-    let read = blocking_read(&node, Key::election(name.clone()), &params, |node| Ok(read_view(node, &name)));
+    let read = blocking_read(&app, Key::election(name.clone()), &params, |app| Ok(read_view(app, &name)));
     // A blocking read ends when its token is deleted or this node falls out of contact.
     let (view, index) = match poll {
-        Some(_) => caller.unless_cut_off(&node, true, read).await?,
+        Some(_) => caller.unless_cut_off(&app, true, read).await?,
         None => read.await?,
     };
     Ok(([(HeaderName::from_static(INDEX_HEADER), index.to_string())], axum::Json(view)).into_response())
@@ -153,13 +153,13 @@ pub(crate) async fn get(
     params(("name" = String, Path, description = "Election name")),
     responses((status = 200, body = ReleaseResponse), (status = 404, body = ErrorBody)))]
 pub(crate) async fn resign(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Path(name): Path<String>,
     Json(request): Json<ReleaseRequest>,
 ) -> Result<axum::Json<ReleaseResponse>, ApiError> {
     let key = Key::election(parse_name(&name)?);
-    release_key(&node, key, &request.session, Some(&caller)).await
+    release_key(&app, key, &request.session, Some(&caller)).await
 }
 
 /// End another session's leadership or candidacy: an admin's answer to a stuck leader.
@@ -167,10 +167,10 @@ pub(crate) async fn resign(
     params(("name" = String, Path, description = "Election name")),
     responses((status = 200, body = ReleaseResponse)))]
 pub(crate) async fn revoke(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     Path(name): Path<String>,
     Json(request): Json<RevokeRequest>,
 ) -> Result<axum::Json<ReleaseResponse>, ApiError> {
     let key = Key::election(parse_name(&name)?);
-    release_key(&node, key, &request.session, None).await
+    release_key(&app, key, &request.session, None).await
 }

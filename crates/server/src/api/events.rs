@@ -14,11 +14,11 @@ use permit_core::EventKind;
 use permit_wire::ErrorCode;
 use serde::Deserialize;
 
+use super::app::App;
 use super::extract::Query;
-use super::ApiError;
 use crate::auth::{Access, Caller, LongPoll, Resource};
+use crate::error::ApiError;
 use crate::fanout::{Sight, Subscription};
-use crate::node::Node;
 use crate::observe::Recorded;
 
 /// How often an idle stream sends `: keepalive`.
@@ -136,7 +136,7 @@ fn kind_names() -> String {
 
 /// The state of one stream between frames.
 struct Stream {
-    node: Arc<Node>,
+    app: Arc<App>,
     filter: Filter,
     /// Seq of the last event taken from the ring.
     last: u64,
@@ -165,7 +165,7 @@ impl Stream {
             let data = serde_json::json!({ "requested": requested, "first_available": first });
             return Some(Bytes::from(format!("event: missed\ndata: {data}\n\n")));
         }
-        let mut shutdown = self.node.shutdown.clone();
+        let mut shutdown = self.app.shutdown.clone();
         loop {
             while let Some(event) = self.pending.pop_front() {
                 if self.filter.passes(&event) {
@@ -188,7 +188,7 @@ impl Stream {
                 (first_unread > 0).then(|| self.last.max(first_unread - 1))
             };
             if let Some(start) = start {
-                let since = self.node.observer.ring.since(start, true);
+                let since = self.app.observer.ring.since(start, true);
                 if let Some(last) = since.events.last() {
                     self.last = last.seq;
                 }
@@ -249,7 +249,7 @@ pub(crate) struct EventFrame {
             description = "An endless stream of `id:`/`event:`/`data:` frames; the schema is one frame's"),
         (status = 400, body = permit_wire::ErrorBody, description = "`invalid_argument`: an unknown kind")))]
 pub(crate) async fn events(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     headers: HeaderMap,
     Query(params): Query<EventsParams>,
@@ -266,8 +266,8 @@ pub(crate) async fn events(
             })?)
         }
     };
-    let poll = caller.long_poll(&node).await?;
-    let ring = &node.observer.ring;
+    let poll = caller.long_poll(&app).await?;
+    let ring = &app.observer.ring;
     // Registered before `last` is read: every event after it wakes the stream if it may see it.
     let subscription = ring.fanout.subscribe(filter.sight());
     let (last, missed) = match resume {
@@ -279,11 +279,11 @@ pub(crate) async fn events(
         },
     };
     let cut_off = {
-        let node = node.clone();
-        async move { caller.cut_off(&node, true).await }
+        let app = app.clone();
+        async move { caller.cut_off(&app, true).await }
     };
     let stream = Stream {
-        node,
+        app,
         filter,
         last,
         catch_up: true,

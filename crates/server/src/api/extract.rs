@@ -3,14 +3,16 @@
 use std::fmt;
 use std::marker::PhantomData;
 
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
+use axum::http::StatusCode;
 use permit_core::{Name, SessionId};
 use permit_wire::ErrorCode;
 use serde::de::{DeserializeOwned, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use super::error::ApiError;
+use crate::error::ApiError;
 
 /// A JSON object body; rejections become `malformed_json`, `invalid_body`,
 /// `unsupported_media_type` or `body_too_large`. Any other JSON value (an array, which serde
@@ -84,4 +86,23 @@ pub(crate) fn parse_name(text: &str) -> Result<Name, ApiError> {
 /// Parses a session id. A malformed id cannot name a session, so it is `session_not_found`.
 pub(crate) fn parse_session(text: &str) -> Result<SessionId, ApiError> {
     text.parse().map_err(|_| ApiError::session_not_found())
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> ApiError {
+        if crate::listener::is_body_timeout(&rejection) {
+            return ApiError::body_timeout();
+        }
+        let message = rejection.body_text();
+        let code = match rejection {
+            JsonRejection::JsonSyntaxError(_) => ErrorCode::MalformedJson,
+            JsonRejection::JsonDataError(_) => ErrorCode::InvalidBody,
+            JsonRejection::MissingJsonContentType(_) => ErrorCode::UnsupportedMediaType,
+            JsonRejection::BytesRejection(ref bytes) if bytes.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                ErrorCode::BodyTooLarge
+            }
+            _ => ErrorCode::InvalidBody,
+        };
+        ApiError::new(code, message)
+    }
 }

@@ -25,7 +25,6 @@
 //! *Forwarding and the leader hint*).
 
 use std::future::Future;
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -37,10 +36,10 @@ use permit_wire::{
     ErrorCode, BODY_BYTES_MAX, FORWARDED_HEADER, LEADER_HEADER, NODE_HEADER, TERM_HEADER, WAIT_MS_MAX,
 };
 
-use super::error::ApiError;
-use crate::node::Node;
+use super::app::App;
+use super::app::NodeId;
+use crate::error::ApiError;
 use crate::peer_conn::{PeerError, PeerRequest, Resend};
-use crate::raft::NodeId;
 
 /// How long a request waits for a leader to be elected before it is answered `no_leader`.
 const LEADER_PATIENCE: Duration = Duration::from_secs(3);
@@ -76,26 +75,26 @@ fn served_locally(request: &Request) -> bool {
 
 /// Runs the request here if this node leads (or the route is local), else forwards it; either
 /// way the answer is stamped.
-pub(super) async fn forward(node: &Node, mut request: Request, next: Next) -> Response {
+pub(super) async fn forward(app: &App, mut request: Request, next: Next) -> Response {
     if request.headers().contains_key(FORWARDED_HEADER) {
-        request = match forwarded_by_peer(node, request).await {
+        request = match forwarded_by_peer(app, request).await {
             Ok(request) => request,
             Err(refusal) => return refusal,
         };
     }
-    let mut response = if served_locally(&request) || node.consensus.leads() {
+    let mut response = if served_locally(&request) || app.leads() {
         next.run(request).await
-    } else if let Some(refusal) = unknown_caller(node, &request).await {
+    } else if let Some(refusal) = unknown_caller(app, &request).await {
         refusal
     } else {
-        match node.leader(LEADER_PATIENCE).await {
-            Some((leader, _)) if leader == node.id => next.run(request).await,
+        match app.leader(LEADER_PATIENCE).await {
+            Some((leader, _)) if leader == app.id => next.run(request).await,
             Some(_) if request.headers().contains_key(FORWARDED_HEADER) => ApiError::new(
                 ErrorCode::LeaderUnreachable,
                 "forwarded to a node that is not the leader; nothing was done, retry",
             )
             .into_response(),
-            Some((leader, addr)) => proxy(node, leader, &addr, request).await,
+            Some((leader, addr)) => proxy(app, leader, &addr, request).await,
             None => ApiError::new(
                 ErrorCode::LeaderUnreachable,
                 "no leader elected (the cluster may lack a quorum); nothing was done, retry",
@@ -103,7 +102,7 @@ pub(super) async fn forward(node: &Node, mut request: Request, next: Next) -> Re
             .into_response(),
         }
     };
-    stamp(node, response.headers_mut());
+    stamp(app, response.headers_mut());
     response
 }
 
@@ -113,14 +112,14 @@ pub(super) async fn forward(node: &Node, mut request: Request, next: Next) -> Re
 /// here may have been created a moment ago on the leader: the node waits up to
 /// [`catch_up`] for its applied state to move on before it refuses.
 fn unknown_caller<'a>(
-    node: &'a Node,
+    app: &'a App,
     request: &'a Request,
 ) -> impl Future<Output = Option<Response>> + Send + 'a {
-    let needs_token = node.config.auth
+    let needs_token = app.config.auth
         && request.extensions().get::<MatchedPath>().is_some_and(|route| {
             // No rule: a method the route does not take, answered here; open: no token needed.
             !matches!(
-                crate::auth::need(request.method(), route.as_str(), node.config.metrics_public),
+                crate::auth::need(request.method(), route.as_str(), app.config.metrics_public),
                 None | Some(crate::auth::Need::Open)
             )
         });
@@ -128,7 +127,7 @@ fn unknown_caller<'a>(
     let headers = request.headers();
     async move {
         if needs_token {
-            identified_in_time(node, headers).await
+            identified_in_time(app, headers).await
         } else {
             None
         }
@@ -136,17 +135,17 @@ fn unknown_caller<'a>(
 }
 
 /// `None` once the token in `headers` is known here, or the `401` after [`catch_up`].
-async fn identified_in_time(node: &Node, headers: &HeaderMap) -> Option<Response> {
-    let refusal = match crate::auth::identify(node, headers) {
+async fn identified_in_time(app: &App, headers: &HeaderMap) -> Option<Response> {
+    let refusal = match super::caller::identify(app, headers) {
         Ok(_) => return None,
         Err(refusal) => refusal,
     };
     // Only a token that may yet be applied here is waited for: not a missing header.
     if headers.contains_key(axum::http::header::AUTHORIZATION) {
-        let mut metrics = node.consensus.raft().metrics();
-        let deadline = tokio::time::Instant::now() + catch_up(node);
+        let mut metrics = app.raft_metrics();
+        let deadline = tokio::time::Instant::now() + catch_up(app);
         while let Ok(Ok(())) = tokio::time::timeout_at(deadline, metrics.changed()).await {
-            if crate::auth::identify(node, headers).is_ok() {
+            if super::caller::identify(app, headers).is_ok() {
                 return None;
             }
         }
@@ -158,8 +157,8 @@ async fn identified_in_time(node: &Node, headers: &HeaderMap) -> Option<Response
 
 /// How long a follower waits for a token it does not know yet to be applied: the shortest
 /// election timeout (a follower that hears nothing from the leader that long starts an election).
-fn catch_up(node: &Node) -> Duration {
-    Duration::from_millis(node.config.election_timeout_ms.0)
+fn catch_up(app: &App) -> Duration {
+    Duration::from_millis(app.config.election_timeout_ms.0)
 }
 
 /// Whether a forwarded request is a long-poll: a waiting acquire or campaign, or a blocking read.
@@ -182,18 +181,18 @@ fn forwards_long_poll(path: &str, body: &[u8]) -> bool {
 /// # Errors
 /// The `401` answer when the signature is valid but not the body, or was made for another start
 /// of this node.
-async fn forwarded_by_peer(node: &Node, mut request: Request) -> Result<Request, Response> {
+async fn forwarded_by_peer(app: &App, mut request: Request) -> Result<Request, Response> {
     let claimed: Option<NodeId> =
         request.headers().get(FORWARDED_HEADER).and_then(|v| v.to_str().ok()?.parse().ok());
     let path = request.uri().path_and_query().map_or("", |p| p.as_str());
-    let verified = match node.peer_verifier.as_ref() {
+    let verified = match app.peer_verifier.as_ref() {
         Some(verifier) => verifier.verify_head(request.method().as_str(), path, request.headers()),
         None => Err(crate::peer::PeerAuthError::NoSecret),
     };
     let head = match verified {
         Ok(head) if claimed == Some(head.sender) => head,
         Err(error @ crate::peer::PeerAuthError::StaleNonce) => {
-            return Err(super::raft::refuse_peer(node, &error))
+            return Err(super::raft::refuse_peer(app, &error))
         }
         _ => {
             request.headers_mut().remove(FORWARDED_HEADER);
@@ -211,81 +210,28 @@ async fn forwarded_by_peer(node: &Node, mut request: Request) -> Result<Request,
             return Err(ApiError::new(ErrorCode::BodyTooLarge, message).into_response());
         }
     };
-    head.check_body(&body).map_err(|error| super::raft::refuse_peer(node, &error))?;
+    head.check_body(&body).map_err(|error| super::raft::refuse_peer(app, &error))?;
     Ok(Request::from_parts(parts, Body::from(body)))
 }
 
 /// Adds which node answered, its term and the leader it knows, unless a forwarded answer
 /// carries the leader's.
-fn stamp(node: &Node, headers: &mut HeaderMap) {
+fn stamp(app: &App, headers: &mut HeaderMap) {
     static NODE: HeaderName = HeaderName::from_static(NODE_HEADER);
     static TERM: HeaderName = HeaderName::from_static(TERM_HEADER);
     static LEADER: HeaderName = HeaderName::from_static(LEADER_HEADER);
     if headers.contains_key(&NODE) {
         return;
     }
-    let (term, leader) = node.consensus.term_and_leader(|term, leader| node.stamps.values(term, leader));
-    headers.insert(NODE.clone(), node.stamps.node.clone());
+    let (term, leader) = app.term_and_leader(|term, leader| app.stamps.values(term, leader));
+    headers.insert(NODE.clone(), app.stamps.node().clone());
     headers.insert(TERM.clone(), term);
     if let Some(url) = leader {
         headers.insert(LEADER.clone(), url);
     }
 }
 
-/// The values of the headers every answer carries, built once and reused while the term and
-/// the leader stay the same: formatting them for each answer cost more than the rest of it.
-pub(crate) struct Stamps {
-    /// `permit-node`: this node's id.
-    node: HeaderValue,
-    /// The scheme of the peers' URLs (`https` when they serve TLS).
-    scheme: &'static str,
-    /// The term, the leader and its address they were built for, with the `permit-term` and
-    /// `permit-leader` values.
-    built: Mutex<Option<Built>>,
-}
-
-struct Built {
-    term: u64,
-    leader: Option<(NodeId, String)>,
-    term_value: HeaderValue,
-    leader_value: Option<HeaderValue>,
-}
-
-impl Stamps {
-    /// The stamps of node `id`, whose peers' URLs have `scheme`.
-    pub(crate) fn new(id: NodeId, scheme: &'static str) -> Stamps {
-        Stamps { node: HeaderValue::from(id), scheme, built: Mutex::new(None) }
-    }
-
-    /// The `permit-term` value, and the `permit-leader` one (`scheme://addr`) when a leader is
-    /// known and its URL is a valid header value.
-    fn values(&self, term: u64, leader: Option<(NodeId, &str)>) -> (HeaderValue, Option<HeaderValue>) {
-        let mut built = self.built.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(b) = &*built {
-            let same_leader = match (&b.leader, leader) {
-                (Some((id, addr)), Some((leader, leader_addr))) => *id == leader && addr == leader_addr,
-                (None, None) => true,
-                _ => false,
-            };
-            if b.term == term && same_leader {
-                return (b.term_value.clone(), b.leader_value.clone());
-            }
-        }
-        let leader_value =
-            leader.and_then(|(_, addr)| HeaderValue::try_from(format!("{}://{addr}", self.scheme)).ok());
-        let fresh = Built {
-            term,
-            leader: leader.map(|(id, addr)| (id, addr.to_owned())),
-            term_value: HeaderValue::from(term),
-            leader_value,
-        };
-        let values = (fresh.term_value.clone(), fresh.leader_value.clone());
-        *built = Some(fresh);
-        values
-    }
-}
-
-async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Response {
+async fn proxy(app: &App, leader: u64, addr: &str, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let body = match axum::body::to_bytes(body, BODY_BYTES_MAX).await {
         Ok(body) => body,
@@ -303,10 +249,10 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let long_poll = forwards_long_poll(path, &body);
     if long_poll {
-        super::mark_long_poll();
+        super::long_poll::mark_long_poll();
     }
     let mut headers = HeaderMap::new();
-    headers.insert(FORWARDED_HEADER, HeaderValue::from(node.id));
+    headers.insert(FORWARDED_HEADER, HeaderValue::from(app.id));
     // The client's credential travels with its request: the leader authorises it (`auth.rs`).
     for name in [axum::http::header::CONTENT_TYPE, axum::http::header::AUTHORIZATION] {
         if let Some(value) = parts.headers.get(&name) {
@@ -316,7 +262,7 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
     let started = std::time::Instant::now();
     let mut resent = false;
     let sent = loop {
-        let signed_for = node
+        let signed_for = app
             .peer_signer
             .as_ref()
             .map(|signer| signer.sign(leader, parts.method.as_str(), path, &body, "", &mut headers));
@@ -329,8 +275,8 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
             body: body.clone(),
             resend: Resend::Never,
         };
-        let sent = tokio::time::timeout(FORWARD_TIMEOUT, node.forwarder.send(addr, request)).await;
-        if let (Ok(Ok(answer)), Some(signer), Some(used)) = (&sent, &node.peer_signer, signed_for) {
+        let sent = tokio::time::timeout(FORWARD_TIMEOUT, app.forwarder.send(addr, request)).await;
+        if let (Ok(Ok(answer)), Some(signer), Some(used)) = (&sent, &app.peer_signer, signed_for) {
             if answer.status() == axum::http::StatusCode::UNAUTHORIZED
                 && !resent
                 && signer.learn(leader, answer.headers(), used)
@@ -368,7 +314,7 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
             .into_response();
         }
     };
-    node.metrics.observe_forward(long_poll, started.elapsed().as_secs_f64());
+    app.metrics.observe_forward(long_poll, started.elapsed().as_secs_f64());
     let (parts, bytes) = answer.into_parts();
     let mut response = Response::new(Body::from(bytes));
     *response.status_mut() = parts.status;
@@ -378,30 +324,4 @@ async fn proxy(node: &Node, leader: u64, addr: &str, request: Request) -> Respon
         }
     }
     response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Stamps;
-
-    /// The cached values follow the term and the leader: a change of either rebuilds them.
-    #[test]
-    fn stamps_follow_the_term_and_the_leader() {
-        let stamps = Stamps::new(7, "https");
-        assert_eq!(stamps.node, "7");
-        let (term, leader) = stamps.values(3, None);
-        assert_eq!((term, leader), ("3".parse().unwrap(), None));
-        let (term, leader) = stamps.values(3, Some((1, "127.0.0.1:9000")));
-        assert_eq!(term, "3");
-        assert_eq!(leader.unwrap(), "https://127.0.0.1:9000");
-        let (term, leader) = stamps.values(4, Some((1, "127.0.0.1:9000")));
-        assert_eq!(term, "4");
-        assert_eq!(leader.unwrap(), "https://127.0.0.1:9000");
-        let (_, leader) = stamps.values(4, Some((2, "127.0.0.1:9001")));
-        assert_eq!(leader.unwrap(), "https://127.0.0.1:9001");
-        let (_, leader) = stamps.values(4, Some((2, "127.0.0.1:9002")));
-        assert_eq!(leader.unwrap(), "https://127.0.0.1:9002", "a leader's new address");
-        let (term, leader) = stamps.values(5, None);
-        assert_eq!((term, leader), ("5".parse().unwrap(), None));
-    }
 }

@@ -9,8 +9,8 @@ use permit_core::{Acquire, Command, Creator, Key, Limit, Outcome, Refusal, Sessi
 use permit_wire::{ErrorCode, WAIT_MS_MAX};
 use tokio::time::Instant;
 
-use super::error::ApiError;
-use crate::node::Node;
+use super::app::App;
+use crate::error::ApiError;
 
 /// The result of an acquire or campaign as the client sees it.
 pub(crate) enum Grant {
@@ -37,13 +37,13 @@ pub(crate) fn capped_wait(wait_ms: Option<u64>) -> u64 {
 /// An `ephemeral` acquire that creates its semaphore makes it one that is deleted when idle. An
 /// object it creates counts against the `creator` token's cap.
 pub(crate) async fn acquire(
-    node: &Node,
+    app: &App,
     acquire: Acquire,
     wait_ms: u64,
     ephemeral: bool,
     creator: Option<Creator>,
 ) -> Result<Grant, ApiError> {
-    let grant = acquire_correctly(node, acquire, wait_ms, ephemeral, creator).await;
+    let grant = acquire_correctly(app, acquire, wait_ms, ephemeral, creator).await;
     match (grant, crate::bugs::active()) {
         (Ok(Grant::Acquired { permits, token }), Some(crate::bugs::Bug::NonMonotonicToken)) => {
             Ok(Grant::Acquired { permits, token: token % 5 + 1 })
@@ -53,26 +53,26 @@ pub(crate) async fn acquire(
 }
 
 async fn acquire_correctly(
-    node: &Node,
+    app: &App,
     acquire: Acquire,
     wait_ms: u64,
     ephemeral: bool,
     creator: Option<Creator>,
 ) -> Result<Grant, ApiError> {
     if crate::bugs::is(crate::bugs::Bug::AckBeforeCommit) {
-        if let Some(grant) = predict(node, &acquire) {
+        if let Some(grant) = predict(app, &acquire) {
             return Ok(grant);
         }
     }
     let (key, session) = (acquire.key.clone(), acquire.session);
     // Subscribe before proposing, so that a grant applied right after the proposal is not missed.
-    let subscription = (wait_ms > 0).then(|| node.notifier.subscribe(key.clone(), session));
+    let subscription = (wait_ms > 0).then(|| app.notifier.subscribe(key.clone(), session));
     let command = match creator {
         Some(creator) => Command::AcquireBy { acquire, ephemeral, creator },
         None if ephemeral => Command::AcquireEphemeral(acquire),
         None => Command::Acquire(acquire),
     };
-    let position = match node.propose(command).await? {
+    let position = match app.propose(command).await? {
         Outcome::Acquired { permits, token } => return Ok(Grant::Acquired { permits, token }),
         Outcome::Waiting { position } => position,
         Outcome::Refused(Refusal::LimitExceeded(Limit::ObjectsPerToken)) => {
@@ -83,12 +83,12 @@ async fn acquire_correctly(
     };
     let Some(subscription) = subscription else { return Ok(Grant::Waiting { position }) };
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
-    let mut shutdown = node.shutdown.clone();
+    let mut shutdown = app.shutdown.clone();
     loop {
         let notified = subscription.notify().notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let position = match status(node, &key, session) {
+        let position = match status(app, &key, session) {
             Status::Held { permits, token } => return Ok(Grant::Acquired { permits, token }),
             Status::Waiting { position } => position,
             Status::Ended(error) => return Err(error),
@@ -97,7 +97,7 @@ async fn acquire_correctly(
             biased;
             () = &mut notified => {}
             () = tokio::time::sleep_until(deadline) => {
-                node.observer.acquire_timed_out(&key);
+                app.observer.acquire_timed_out(&key);
                 return Ok(Grant::Waiting { position });
             }
             _ = shutdown.wait_for(|stopping| *stopping) => return Ok(Grant::Waiting { position }),
@@ -112,8 +112,8 @@ enum Status {
 }
 
 /// Where `session` stands on `key` in the applied state.
-fn status(node: &Node, key: &Key, session: SessionId) -> Status {
-    let replica = node.replica().read();
+fn status(app: &App, key: &Key, session: SessionId) -> Status {
+    let replica = app.replica().read();
     if replica.state.session(session).is_none() {
         return Status::Ended(ApiError::session_not_found());
     }
@@ -134,15 +134,13 @@ fn status(node: &Node, key: &Key, session: SessionId) -> Status {
 
 /// `ack_before_commit`: answers what applying the acquire to the current state would give, and
 /// proposes it without waiting for the commit.
-fn predict(node: &Node, acquire: &Acquire) -> Option<Grant> {
-    let mut state = node.replica().read().state.clone();
+fn predict(app: &App, acquire: &Acquire) -> Option<Grant> {
+    let mut state = app.replica().read().state.clone();
     let next_index = state.applied_index() + 1;
     let batch =
         permit_core::Batch { now_ms: state.now_ms(), commands: vec![Command::Acquire(acquire.clone())] };
     let outcome = state.apply(next_index, 0, &batch, &mut Vec::new()).pop()?;
     let Outcome::Acquired { permits, token } = outcome else { return None };
-    let proposer = node.consensus.proposer().clone();
-    let command = Command::Acquire(acquire.clone());
-    tokio::spawn(async move { proposer.propose(command).await });
+    app.propose_detached(Command::Acquire(acquire.clone()));
     Some(Grant::Acquired { permits, token })
 }

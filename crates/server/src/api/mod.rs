@@ -1,15 +1,18 @@
-//! The HTTP API: routes, error mapping, limits and request metrics. One file per resource.
+//! The HTTP API: routes, the edge every request passes, and one file per resource. Everything
+//! here serves from one [`App`] (`app.rs`), the layer's only door to the consensus layer.
 
 mod acl;
+pub(crate) mod app;
+mod caller;
 mod cluster;
 mod elections;
-mod error;
 mod events;
 mod extract;
-pub(crate) mod forward;
+mod forward;
 mod grant;
+mod long_poll;
 pub mod openapi;
-pub(crate) mod raft;
+mod raft;
 mod semaphores;
 mod sessions;
 pub(crate) mod system;
@@ -27,16 +30,15 @@ use axum::routing::{get, post};
 use axum::Router;
 use permit_wire::{ErrorCode, BODY_BYTES_MAX};
 
-pub(crate) use error::ApiError;
-
-use crate::node::Node;
+use self::app::App;
+use crate::error::ApiError;
 
 /// The `Retry-After` of every 503 and 429 answer, in seconds: a retry (here or on another node)
 /// soon after is the right move for every such answer.
 const RETRY_AFTER_SECONDS: &str = "1";
 
-/// The client API and, on a node with a cluster secret, the peer RPC routes of `node`.
-pub(crate) fn router(node: Arc<Node>) -> Router {
+/// The client API and, on a node with a cluster secret, the peer RPC routes, served from `app`.
+pub(crate) fn router(app: Arc<App>) -> Router {
     let client = Router::new()
         .route("/v1/sessions", post(sessions::create).get(sessions::list))
         .route("/v1/sessions/keepalive", post(sessions::keepalive_batch))
@@ -65,18 +67,18 @@ pub(crate) fn router(node: Arc<Node>) -> Router {
         .route("/v1/health", get(system::health))
         .route("/v1/health/live", get(system::live))
         .route("/v1/debug/digest", get(system::digest))
-        .route("/v1/openapi.json", get(system::openapi))
+        .route("/v1/openapi.json", get(openapi::spec))
         .route("/metrics", get(system::metrics))
         .route("/ui", get(ui::page))
         .route("/ui/", get(ui::page))
         .route("/ui/{file}", get(ui::asset))
         .route("/v1/events", get(events::events))
         // Only on matched routes and methods: 404 and 405 answers need no token.
-        .route_layer(middleware::from_fn_with_state(node.clone(), crate::auth::authenticate))
+        .route_layer(middleware::from_fn_with_state(app.clone(), caller::authenticate))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX));
     // Peer routes exist only on a node with a cluster secret (a single node without one serves
     // none); each handler reads its body itself, with its own limit, after the credential check.
-    let client = if node.config.cluster_secret.is_some() {
+    let client = if app.config.cluster_secret.is_some() {
         client.merge(
             Router::new()
                 .route("/raft/append", post(raft::append))
@@ -89,8 +91,8 @@ pub(crate) fn router(node: Arc<Node>) -> Router {
     client
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(node.clone(), edge))
-        .with_state(node)
+        .layer(middleware::from_fn_with_state(app.clone(), edge))
+        .with_state(app)
 }
 
 async fn not_found() -> ApiError {
@@ -109,42 +111,31 @@ async fn method_not_allowed() -> ApiError {
 /// 3. Refused once the node failed ([`fail_stopped`]), or, without `--auth`, when its `Host`
 ///    may be a DNS rebinding ([`misdirected`]).
 /// 4. Run here or forwarded to the leader, and stamped ([`forward::forward`]).
-async fn edge(State(node): State<Arc<Node>>, request: Request, next: Next) -> Response {
+async fn edge(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let route = request.extensions().get::<MatchedPath>().cloned();
     let method = request.method().clone();
     let long_poll = std::cell::Cell::new(false);
     let served = async {
-        let response = match fail_stopped(&node, &request).or_else(|| misdirected(&node, &request)) {
+        let response = match fail_stopped(&app, &request).or_else(|| misdirected(&app, &request)) {
             Some(refusal) => refusal,
-            None => forward::forward(&node, request, next).await,
+            None => forward::forward(&app, request, next).await,
         };
-        (LONG_POLL.with(std::cell::Cell::get), retry_after(response))
+        (long_poll::LONG_POLL.with(std::cell::Cell::get), retry_after(response))
     };
-    let (long_poll, response) = LONG_POLL.scope(long_poll, served).await;
+    let (long_poll, response) = long_poll::LONG_POLL.scope(long_poll, served).await;
     let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
     if !route.starts_with("/raft/") {
         let seconds = started.elapsed().as_secs_f64();
-        node.metrics.observe_request(route, method.as_str(), response.status().as_u16(), seconds, long_poll);
+        app.metrics.observe_request(route, method.as_str(), response.status().as_u16(), seconds, long_poll);
     }
     response
 }
 
-tokio::task_local! {
-    /// Set while serving a request that long-polls (it took a long-poll place, or was forwarded
-    /// as one): its duration goes to the long-poll histogram, not the request latency one.
-    static LONG_POLL: std::cell::Cell<bool>;
-}
-
-/// Marks the request being served as a long-poll (see [`LONG_POLL`]).
-pub(crate) fn mark_long_poll() {
-    let _ = LONG_POLL.try_with(|flag| flag.set(true));
-}
-
 /// The refusal of every request but the health probes and metrics once the node failed (see
 /// `failstop`): `storage_error` after a storage failure, `shutting_down` after Raft stopped.
-fn fail_stopped(node: &Node, request: &Request) -> Option<Response> {
-    let failure = node.fail_stop.failure()?;
+fn fail_stopped(app: &App, request: &Request) -> Option<Response> {
+    let failure = app.fail_stop.failure()?;
     let path = request.uri().path();
     if path.starts_with("/v1/health") || path == "/metrics" {
         return None;
@@ -171,8 +162,8 @@ fn fail_stopped(node: &Node, request: &Request) -> Option<Response> {
 /// nothing a page could abuse); and peer requests, which peers address by the names in the
 /// membership and authenticate with the cluster secret (`/raft/*`, whose handlers check the
 /// credential, and requests that carry a valid peer credential, such as forwarded ones).
-fn misdirected(node: &Node, request: &Request) -> Option<Response> {
-    if node.config.auth {
+fn misdirected(app: &App, request: &Request) -> Option<Response> {
+    if app.config.auth {
         return None;
     }
     let host = request.headers().get(header::HOST)?;
@@ -182,9 +173,9 @@ fn misdirected(node: &Node, request: &Request) -> Option<Response> {
     let path = request.uri().path();
     if matches!(path, "/v1/health" | "/v1/health/live")
         || path.starts_with("/raft/")
-        || node.config.cluster_secret.as_ref().is_some_and(|secret| {
+        || app.config.cluster_secret.as_ref().is_some_and(|secret| {
             let path = request.uri().path_and_query().map_or("", |p| p.as_str());
-            crate::peer::signed_for(secret, node.id, request.method().as_str(), path, request.headers())
+            crate::peer::signed_for(secret, app.id, request.method().as_str(), path, request.headers())
         })
     {
         return None;

@@ -297,3 +297,8 @@ pub fn spec_json() -> String {
     spec.push('\n');
     spec
 }
+
+/// `GET /v1/openapi.json`: the OpenAPI 3 spec of this API.
+pub(crate) async fn spec() -> impl axum::response::IntoResponse {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], spec_json())
+}

@@ -20,21 +20,21 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use permit_wire::ErrorCode;
 
-use super::error::ApiError;
-use crate::node::Node;
+use super::app::App;
+use super::app::{PeerRoute, PeerRpc, Refusal};
+use crate::error::ApiError;
 use crate::peer::PeerAuthError;
-use crate::raft::peer_rpc::{PeerRoute, PeerRpc, Refusal};
 
 /// Checks a peer request (steps 1-3 of the module docs), then hands its body to the peer channel.
-async fn serve(node: &Node, route: PeerRoute, request: Request) -> Result<Vec<u8>, Response> {
-    let Some(verifier) = node.peer_verifier.as_ref() else {
+async fn serve(app: &App, route: PeerRoute, request: Request) -> Result<Vec<u8>, Response> {
+    let Some(verifier) = app.peer_verifier.as_ref() else {
         return Err(ApiError::new(ErrorCode::NotFound, "no such route").into_response());
     };
     let path = request.uri().path_and_query().map_or("", |p| p.as_str());
     let head = verifier
         .verify_head(request.method().as_str(), path, request.headers())
-        .map_err(|e| refuse_peer(node, &e))?;
-    let rpc: &PeerRpc = node.consensus.peer_rpc();
+        .map_err(|e| refuse_peer(app, &e))?;
+    let rpc: &PeerRpc = app.peer_rpc();
     rpc.accepts(route, head.sender, &head.members)
         .map_err(|message| ApiError::new(ErrorCode::PermissionDenied, message).into_response())?;
     let limit = route.body_limit();
@@ -48,7 +48,7 @@ async fn serve(node: &Node, route: PeerRoute, request: Request) -> Result<Vec<u8
         )
         .into_response()
     })?;
-    head.check_body(&body).map_err(|e| refuse_peer(node, &e))?;
+    head.check_body(&body).map_err(|e| refuse_peer(app, &e))?;
     rpc.handle(route, head.sender, &body).await.map_err(|refusal| {
         match refusal {
             Refusal::Forbidden(message) => ApiError::new(ErrorCode::PermissionDenied, message),
@@ -61,9 +61,9 @@ async fn serve(node: &Node, route: PeerRoute, request: Request) -> Result<Vec<u8
 
 /// The `401 unauthenticated` answer to a peer message that failed `error`; a message made for
 /// another start of this node gets the nonce of this one, to sign it again with.
-pub(crate) fn refuse_peer(node: &Node, error: &PeerAuthError) -> Response {
+pub(crate) fn refuse_peer(app: &App, error: &PeerAuthError) -> Response {
     let mut response = ApiError::new(ErrorCode::Unauthenticated, error.to_string()).into_response();
-    if let (PeerAuthError::StaleNonce, Some(verifier)) = (error, node.peer_verifier.as_ref()) {
+    if let (PeerAuthError::StaleNonce, Some(verifier)) = (error, app.peer_verifier.as_ref()) {
         let (name, value) = verifier.nonce_header();
         response.headers_mut().insert(name, value);
     }
@@ -78,16 +78,16 @@ fn answer(result: Result<Vec<u8>, Response>) -> Response {
 }
 
 /// AppendEntries (also the leader's heartbeat).
-pub(crate) async fn append(State(node): State<Arc<Node>>, request: Request) -> Response {
-    answer(serve(&node, PeerRoute::Append, request).await)
+pub(crate) async fn append(State(app): State<Arc<App>>, request: Request) -> Response {
+    answer(serve(&app, PeerRoute::Append, request).await)
 }
 
 /// RequestVote.
-pub(crate) async fn vote(State(node): State<Arc<Node>>, request: Request) -> Response {
-    answer(serve(&node, PeerRoute::Vote, request).await)
+pub(crate) async fn vote(State(app): State<Arc<App>>, request: Request) -> Response {
+    answer(serve(&app, PeerRoute::Vote, request).await)
 }
 
 /// InstallSnapshot (one chunk).
-pub(crate) async fn snapshot(State(node): State<Arc<Node>>, request: Request) -> Response {
-    answer(serve(&node, PeerRoute::Snapshot, request).await)
+pub(crate) async fn snapshot(State(app): State<Arc<App>>, request: Request) -> Response {
+    answer(serve(&app, PeerRoute::Snapshot, request).await)
 }

@@ -17,13 +17,13 @@ use permit_wire::{
 };
 use serde::Deserialize;
 
-use super::error::ApiError;
+use super::app::App;
 use super::extract::{parse_name, parse_session, Json, Path, Query};
 use super::grant::{self, capped_wait, Grant};
 use super::watch::{blocking_read, ReadParams};
 use crate::auth::Caller;
+use crate::error::ApiError;
 use crate::history::HISTORY_SECONDS;
-use crate::node::Node;
 
 /// Default and largest page of `GET /v1/semaphores`.
 const LIST_LIMIT_DEFAULT: usize = 100;
@@ -83,17 +83,17 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn read_view(node: &Node, name: &Name) -> Result<(SemaphoreView, u64), ApiError> {
-    let replica = node.replica().read();
+fn read_view(app: &App, name: &Name) -> Result<(SemaphoreView, u64), ApiError> {
+    let replica = app.replica().read();
     let object = replica.state.object(&Key::semaphore(name.clone())).ok_or_else(|| {
         ApiError::new(
             ErrorCode::SemaphoreNotFound,
-            format!("semaphore {name} not found: {}", super::error::SEMAPHORE_NOT_FOUND_HINT),
+            format!("semaphore {name} not found: {}", crate::error::SEMAPHORE_NOT_FOUND_HINT),
         )
     })?;
-    let now_ms = node.clock.now_ms(replica.state.now_ms());
+    let now_ms = app.now_ms(replica.state.now_ms());
     let key = Key::semaphore(name.clone());
-    let view = view(&replica.state, name, object, now_ms, |session| node.observer.waited(&key, session));
+    let view = view(&replica.state, name, object, now_ms, |session| app.observer.waited(&key, session));
     let index = view.index;
     Ok((view, index))
 }
@@ -108,20 +108,20 @@ fn read_view(node: &Node, name: &Name) -> Result<(SemaphoreView, u64), ApiError>
               (status = 429, body = ErrorBody, description = "`limit_exceeded`: the token has created \
 as many semaphores and elections as `--objects-per-token-max` allows; retry after `Retry-After` seconds")))]
 pub(crate) async fn put(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Path(name): Path<String>,
     Json(request): Json<PutSemaphoreRequest>,
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
     validate_capacity(request.capacity)?;
-    caller.check_objects_cap(&node, &Key::semaphore(name.clone())).await?;
-    let (capacity, creator) = (request.capacity, caller.creator(&node));
+    caller.check_objects_cap(&app, &Key::semaphore(name.clone())).await?;
+    let (capacity, creator) = (request.capacity, caller.creator(&app));
     let command = match creator {
         Some(creator) => Command::PutSemaphoreBy { name: name.clone(), capacity, creator },
         None => Command::PutSemaphore { name: name.clone(), capacity },
     };
-    let status = match node.propose(command).await? {
+    let status = match app.propose(command).await? {
         Outcome::SemaphoreCreated => StatusCode::CREATED,
         Outcome::SemaphoreUpdated => StatusCode::OK,
         Outcome::Refused(Refusal::LimitExceeded(Limit::ObjectsPerToken)) => {
@@ -130,7 +130,7 @@ pub(crate) async fn put(
         Outcome::Refused(refusal) => return Err(refusal.into()),
         other => return Err(ApiError::internal(other)),
     };
-    let (view, index) = read_view(&node, &name)?;
+    let (view, index) = read_view(&app, &name)?;
     Ok((status, index_header(index), axum::Json(view)).into_response())
 }
 
@@ -139,20 +139,20 @@ pub(crate) async fn put(
     params(("name" = String, Path, description = "Semaphore name"), ReadParams),
     responses((status = 200, body = SemaphoreView, headers(("permit-index" = u64))), (status = 404, body = ErrorBody)))]
 pub(crate) async fn get(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Path(name): Path<String>,
     Query(params): Query<ReadParams>,
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
     let poll = match params.index {
-        Some(_) => Some(caller.long_poll(&node).await?),
+        Some(_) => Some(caller.long_poll(&app).await?),
         None => None,
     };
-    let read = blocking_read(&node, Key::semaphore(name.clone()), &params, |node| read_view(node, &name));
+    let read = blocking_read(&app, Key::semaphore(name.clone()), &params, |app| read_view(app, &name));
     // A blocking read ends when its token is deleted or this node falls out of contact.
     let (view, index) = match poll {
-        Some(_) => caller.unless_cut_off(&node, true, read).await?,
+        Some(_) => caller.unless_cut_off(&app, true, read).await?,
         None => read.await?,
     };
     Ok((index_header(index), axum::Json(view)).into_response())
@@ -168,7 +168,7 @@ pub(crate) async fn get(
               (status = 404, body = ErrorBody, description = "`semaphore_not_found`: this node has no such semaphore \
 (`not_found`: no route matches, e.g. an empty path segment)")))]
 pub(crate) async fn history(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     Path(name): Path<String>,
     Query(params): Query<HistoryParams>,
 ) -> Result<axum::Json<SemaphoreHistory>, ApiError> {
@@ -181,13 +181,13 @@ pub(crate) async fn history(
         ));
     }
     let key = Key::semaphore(name.clone());
-    if node.replica().read().state.object(&key).is_none() {
+    if app.replica().read().state.object(&key).is_none() {
         return Err(ApiError::new(
             ErrorCode::SemaphoreNotFound,
-            format!("semaphore {name} not found: {}", super::error::SEMAPHORE_NOT_FOUND_HINT),
+            format!("semaphore {name} not found: {}", crate::error::SEMAPHORE_NOT_FOUND_HINT),
         ));
     }
-    let (kept, now_ms) = node.observer.history(&key);
+    let (kept, now_ms) = app.observer.history(&key);
     let samples = kept
         .as_ref()
         .map(|samples| {
@@ -256,17 +256,17 @@ pub(crate) fn list_limit(limit: Option<usize>) -> Result<usize, ApiError> {
 #[utoipa::path(get, path = "/v1/semaphores", tag = "semaphores", params(ListParams),
     responses((status = 200, body = SemaphoreList)))]
 pub(crate) async fn list(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Query(params): Query<ListParams>,
 ) -> Result<axum::Json<SemaphoreList>, ApiError> {
     let after = params.after.as_deref().map(parse_name).transpose()?;
     let limit = list_limit(params.limit)?;
     if !params.stale {
-        node.ensure_linearizable().await?;
+        app.ensure_linearizable().await?;
     }
     let prefixes = caller.prefixes(Resource::Semaphore, Access::Read);
-    let replica = node.replica().read();
+    let replica = app.replica().read();
     let mut page = replica.state.objects_in_prefixes(Kind::Semaphore, &prefixes, after.as_ref());
     let semaphores: Vec<SemaphoreSummary> = page
         .by_ref()
@@ -279,7 +279,7 @@ pub(crate) async fn list(
             available: object.available(),
             holders: object.holders.len() as u64,
             waiters: object.queue.len() as u64,
-            oldest_wait_ms: node.observer.oldest_wait(key).map(millis),
+            oldest_wait_ms: app.observer.oldest_wait(key).map(millis),
             ephemeral: replica.state.is_ephemeral(key),
         })
         .collect();
@@ -295,11 +295,11 @@ pub(crate) async fn list(
     params(("name" = String, Path, description = "Semaphore name")),
     responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub(crate) async fn delete(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let name = parse_name(&name)?;
-    match node.propose(Command::DeleteSemaphore { name }).await? {
+    match app.propose(Command::DeleteSemaphore { name }).await? {
         Outcome::SemaphoreDeleted => Ok(StatusCode::NO_CONTENT),
         Outcome::Refused(refusal) => Err(refusal.into()),
         other => Err(ApiError::internal(other)),
@@ -319,16 +319,16 @@ pub(crate) async fn delete(
               (status = 429, body = ErrorBody, description = "`limit_exceeded`: a per-token cap (long-polls, \
 or objects created: `--objects-per-token-max`); retry after `Retry-After` seconds")))]
 pub(crate) async fn acquire(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Path(name): Path<String>,
     Json(request): Json<AcquireRequest>,
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
     let session = parse_session(&request.session)?;
-    caller.check_owns(&node, session)?;
+    caller.check_owns(&app, session)?;
     let wait_ms = capped_wait(request.wait_ms);
-    let _poll = if wait_ms > 0 { Some(caller.long_poll(&node).await?) } else { None };
+    let _poll = if wait_ms > 0 { Some(caller.long_poll(&app).await?) } else { None };
     let acquire = Acquire {
         key: Key::semaphore(name),
         session,
@@ -339,10 +339,10 @@ pub(crate) async fn acquire(
         value: None,
     };
     validate_acquire(&acquire)?;
-    caller.check_objects_cap(&node, &acquire.key).await?;
+    caller.check_objects_cap(&app, &acquire.key).await?;
     // A waiting acquire ends (401) when its token is deleted.
-    let grant = grant::acquire(&node, acquire, wait_ms, request.ephemeral, caller.creator(&node));
-    let grant = if wait_ms > 0 { caller.unless_cut_off(&node, false, grant).await? } else { grant.await? };
+    let grant = grant::acquire(&app, acquire, wait_ms, request.ephemeral, caller.creator(&app));
+    let grant = if wait_ms > 0 { caller.unless_cut_off(&app, false, grant).await? } else { grant.await? };
     Ok(match grant {
         Grant::Acquired { permits, token } => {
             (StatusCode::OK, axum::Json(AcquireResponse::Acquired { permits, token })).into_response()
@@ -358,13 +358,13 @@ pub(crate) async fn acquire(
     params(("name" = String, Path, description = "Semaphore name")),
     responses((status = 200, body = ReleaseResponse), (status = 404, body = ErrorBody)))]
 pub(crate) async fn release(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Path(name): Path<String>,
     Json(request): Json<ReleaseRequest>,
 ) -> Result<axum::Json<ReleaseResponse>, ApiError> {
     let key = Key::semaphore(parse_name(&name)?);
-    release_key(&node, key, &request.session, Some(&caller)).await
+    release_key(&app, key, &request.session, Some(&caller)).await
 }
 
 /// End another session's hold (or wait) on the semaphore: an admin's answer to a stuck holder.
@@ -373,31 +373,31 @@ pub(crate) async fn release(
     params(("name" = String, Path, description = "Semaphore name")),
     responses((status = 200, body = ReleaseResponse)))]
 pub(crate) async fn revoke(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     Path(name): Path<String>,
     Json(request): Json<RevokeRequest>,
 ) -> Result<axum::Json<ReleaseResponse>, ApiError> {
     let key = Key::semaphore(parse_name(&name)?);
-    release_key(&node, key, &request.session, None).await
+    release_key(&app, key, &request.session, None).await
 }
 
 /// Releases `session`'s hold or wait on `key` (shared with elections' resign and the revokes).
 /// With a `caller`, the session must be the caller's; `None` is an admin's revoke.
 pub(crate) async fn release_key(
-    node: &Node,
+    app: &App,
     key: Key,
     session: &str,
     caller: Option<&Caller>,
 ) -> Result<axum::Json<ReleaseResponse>, ApiError> {
     let session = parse_session(session)?;
     if let Some(caller) = caller {
-        caller.check_owns(node, session)?;
+        caller.check_owns(app, session)?;
     }
     let command = match caller {
         Some(_) => Command::Release { key, session },
         None => Command::Revoke { key, session },
     };
-    match node.propose(command).await? {
+    match app.propose(command).await? {
         Outcome::Released { permits } => Ok(axum::Json(ReleaseResponse { released: permits })),
         Outcome::Refused(refusal) => Err(refusal.into()),
         other => Err(ApiError::internal(other)),
@@ -410,13 +410,13 @@ pub(crate) async fn release_key(
     params(("name" = String, Path, description = "Semaphore name")),
     responses((status = 200, body = ValidateResponse)))]
 pub(crate) async fn validate(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     Path(name): Path<String>,
     Json(request): Json<ValidateRequest>,
 ) -> Result<axum::Json<ValidateResponse>, ApiError> {
     let key = Key::semaphore(parse_name(&name)?);
-    node.ensure_linearizable().await?;
-    let replica = node.replica().read();
+    app.ensure_linearizable().await?;
+    let replica = app.replica().read();
     let holder = replica.state.object(&key).and_then(|object| object.holder_of_token(request.token));
     Ok(axum::Json(ValidateResponse { valid: holder.is_some(), session: holder.map(|s| s.to_string()) }))
 }

@@ -14,13 +14,13 @@ use permit_wire::{
 };
 use tokio::time::Instant;
 
-use super::error::ApiError;
+use super::app::App;
+use super::app::ReplicaState;
 use super::extract::{parse_session, Json, Path, Query};
 use super::semaphores::{list_limit, ListParams};
 use super::watch::StaleParams;
 use crate::auth::Caller;
-use crate::node::Node;
-use crate::raft::replica::ReplicaState;
+use crate::error::ApiError;
 use permit_core::{Access, Resource};
 
 /// Attempts to draw an unused session id; a collision of 128 random bits is a broken RNG.
@@ -31,7 +31,7 @@ const SESSION_ID_ATTEMPTS: usize = 3;
     responses((status = 201, body = SessionCreated),
               (status = 409, body = ErrorBody, description = "`limit_exceeded`: too many sessions")))]
 pub(crate) async fn create(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Json(request): Json<CreateSessionRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -42,14 +42,14 @@ pub(crate) async fn create(
     if let Some(owner) = caller.token_id() {
         // Refused here without a log write when the cap is clearly reached; `apply` decides
         // the close cases (concurrent creations) the same way on every replica.
-        let max = node.config.sessions_per_token_max;
-        if node.replica().read().state.sessions_of(owner) >= max {
+        let max = app.config.sessions_per_token_max;
+        if app.replica().read().state.sessions_of(owner) >= max {
             let refusal = permit_core::Refusal::LimitExceeded(permit_core::Limit::SessionsPerToken);
             return Err(crate::auth::slowly(refusal.into()).await);
         }
     }
     for _ in 0..SESSION_ID_ATTEMPTS {
-        let id = node.new_session_id();
+        let id = app.new_session_id();
         let name = request.name.clone();
         let command = match caller.token_id() {
             None => Command::CreateSession { id, ttl_ms, name },
@@ -58,10 +58,10 @@ pub(crate) async fn create(
                 ttl_ms,
                 name,
                 owner,
-                owner_sessions_max: node.config.sessions_per_token_max,
+                owner_sessions_max: app.config.sessions_per_token_max,
             },
         };
-        match node.propose(command).await? {
+        match app.propose(command).await? {
             Outcome::SessionCreated => {
                 return Ok((StatusCode::CREATED, axum::Json(SessionCreated { id: id.to_string(), ttl_ms })));
             }
@@ -81,15 +81,15 @@ pub(crate) async fn create(
     params(("id" = String, Path, description = "Session id")),
     responses((status = 200, body = KeepaliveResponse), (status = 404, body = ErrorBody)))]
 pub(crate) async fn keepalive(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<axum::Json<KeepaliveResponse>, ApiError> {
     let id = parse_session(&id)?;
     // Confirm leadership first: a deposed leader must not promise a deadline its successor will
     // not honour. The successor extended every deadline when it took over, before this point.
-    let ttl_ms = node.with_lease_authority(|replica| renew(replica, &caller, id, Instant::now())).await??;
-    node.metrics.keepalive();
+    let ttl_ms = app.with_lease_authority(|replica| renew(replica, &caller, id, Instant::now())).await??;
+    app.metrics.keepalive();
     Ok(axum::Json(KeepaliveResponse { ttl_ms }))
 }
 
@@ -114,7 +114,7 @@ fn renew(replica: &mut ReplicaState, caller: &Caller, id: SessionId, now: Instan
               (status = 400, body = ErrorBody,
                description = "`invalid_argument`: no ids, more than 1024, a malformed or a repeated id; nothing renewed")))]
 pub(crate) async fn keepalive_batch(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Json(request): Json<KeepaliveBatchRequest>,
 ) -> Result<axum::Json<KeepaliveBatchResponse>, ApiError> {
@@ -127,7 +127,7 @@ pub(crate) async fn keepalive_batch(
     // deposed leader must not promise a deadline its successor will not honour, and the
     // successor extended every deadline when it took over, before this point. Every deadline
     // is set from a clock read after the request arrived, so after it was sent.
-    let (results, renewed) = node
+    let (results, renewed) = app
         .with_lease_authority(|replica| {
             let now = Instant::now();
             let mut renewed = 0u64;
@@ -148,7 +148,7 @@ pub(crate) async fn keepalive_batch(
             (results, renewed)
         })
         .await?;
-    node.metrics.keepalive_batch(ids.len() as u64, renewed);
+    app.metrics.keepalive_batch(ids.len() as u64, renewed);
     Ok(axum::Json(KeepaliveBatchResponse { sessions: results }))
 }
 
@@ -183,16 +183,16 @@ fn parse_batch(texts: &[String]) -> Result<Vec<SessionId>, ApiError> {
     params(("id" = String, Path, description = "Session id"), StaleParams),
     responses((status = 200, body = SessionView), (status = 404, body = ErrorBody)))]
 pub(crate) async fn get(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
     Query(params): Query<StaleParams>,
 ) -> Result<axum::Json<SessionView>, ApiError> {
     let id = parse_session(&id)?;
     if !params.stale {
-        node.ensure_linearizable().await?;
+        app.ensure_linearizable().await?;
     }
-    let replica = node.replica().read();
+    let replica = app.replica().read();
     // Another token's session only with `session` admin on its name; holds and waits only on
     // objects the caller may read (their names and fencing tokens are the object's data).
     caller.owns_or(&replica.state, id, Access::Admin)?;
@@ -244,7 +244,7 @@ pub(crate) async fn get(
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", params(ListParams),
     responses((status = 200, body = SessionList)))]
 pub(crate) async fn list(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Query(params): Query<ListParams>,
 ) -> Result<axum::Json<SessionList>, ApiError> {
@@ -253,10 +253,10 @@ pub(crate) async fn list(
     })?;
     let limit = list_limit(params.limit)?;
     if !params.stale {
-        node.ensure_linearizable().await?;
+        app.ensure_linearizable().await?;
     }
     let now = Instant::now();
-    let replica = node.replica().read();
+    let replica = app.replica().read();
     let visible = |(_, session): &(&SessionId, &permit_core::Session)| {
         caller.sees_session(session.owner, session.name.as_deref())
     };
@@ -282,13 +282,13 @@ pub(crate) async fn list(
     params(("id" = String, Path, description = "Session id")),
     responses((status = 204), (status = 404, body = ErrorBody)))]
 pub(crate) async fn close(
-    State(node): State<Arc<Node>>,
+    State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let id = parse_session(&id)?;
-    caller.owns_or(&node.replica().read().state, id, Access::Admin)?;
-    match node.propose(Command::CloseSession { id }).await? {
+    caller.owns_or(&app.replica().read().state, id, Access::Admin)?;
+    match app.propose(Command::CloseSession { id }).await? {
         Outcome::SessionClosed => Ok(StatusCode::NO_CONTENT),
         Outcome::Refused(refusal) => Err(refusal.into()),
         other => Err(ApiError::internal(other)),

@@ -13,8 +13,8 @@ use axum::http::{header, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use permit_wire::ErrorCode;
 
-use super::error::ApiError;
-use crate::node::Node;
+use super::app::App;
+use crate::error::ApiError;
 
 /// The policy of every `/ui` answer.
 const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
@@ -36,12 +36,11 @@ pub(crate) async fn page() -> Response {
 /// One of the page's assets, or `config.json`: what the page must know before its first API
 /// call (whether to ask for a token), so that it makes no call bound to fail, and which node
 /// it talks to (id and address, for its header).
-pub(crate) async fn asset(State(node): State<Arc<Node>>, Path(file): Path<String>) -> Response {
+pub(crate) async fn asset(State(app): State<Arc<App>>, Path(file): Path<String>) -> Response {
     if file == "config.json" {
         // The address the cluster knows this node by, else the one it listens on.
-        let addr =
-            node.status().members.get(&node.id).map_or_else(|| node.addr.to_string(), |m| m.addr.clone());
-        let config = serde_json::json!({ "auth": node.config.auth, "node_id": node.id, "addr": addr });
+        let addr = app.status().members.get(&app.id).map_or_else(|| app.addr.to_string(), |m| m.addr.clone());
+        let config = serde_json::json!({ "auth": app.config.auth, "node_id": app.id, "addr": addr });
         return with_headers("application/json", config.to_string().into_bytes());
     }
     serve(&file)

@@ -8,8 +8,8 @@ use tokio::time::Instant;
 
 use permit_core::Key;
 
-use super::error::ApiError;
-use crate::node::Node;
+use super::app::App;
+use crate::error::ApiError;
 
 /// Query parameters of reads.
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
@@ -39,26 +39,26 @@ pub(crate) struct StaleParams {
 /// linearizable barrier, blocking as the parameters ask. Only a change of `key` wakes the
 /// request (`Notifier::watch`), not every apply.
 pub(crate) async fn blocking_read<T>(
-    node: &Node,
+    app: &App,
     key: Key,
     params: &ReadParams,
-    read: impl Fn(&Node) -> Result<(T, u64), ApiError>,
+    read: impl Fn(&App) -> Result<(T, u64), ApiError>,
 ) -> Result<(T, u64), ApiError> {
     if !params.stale {
-        node.ensure_linearizable().await?;
+        app.ensure_linearizable().await?;
     }
-    let Some(seen) = params.index else { return read(node) };
+    let Some(seen) = params.index else { return read(app) };
     let wait_ms = params.wait_ms.unwrap_or(permit_wire::WAIT_MS_MAX).min(permit_wire::WAIT_MS_MAX);
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
-    let subscription = node.notifier.watch(key);
-    let mut shutdown = node.shutdown.clone();
+    let subscription = app.notifier.watch(key);
+    let mut shutdown = app.shutdown.clone();
     loop {
         // Enabled before the read, so that a change applied between the read and the wait is
         // not missed.
         let changed = subscription.notify().notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        let (view, index) = read(node)?;
+        let (view, index) = read(app)?;
         if index != seen {
             return Ok((view, index));
         }

@@ -13,12 +13,13 @@ use openraft::error::{CheckIsLeaderError, RaftError};
 use openraft::network::RaftNetworkFactory;
 use openraft::{BasicNode, SnapshotPolicy};
 use permit_core::{Command, Outcome};
+use permit_wire::StorageErrorKind;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{watch, Notify};
 
 use super::clock::LeaderClock;
 use super::leadership::Leading;
-use super::log::{CommitClamp, LogSync, SegmentLog};
+use super::log::{CommitClamp, LogError, LogSync, SegmentLog};
 use super::membership::MembershipError;
 use super::peer_rpc::PeerRpc;
 use super::proposer::{ProposeError, Proposer};
@@ -29,7 +30,7 @@ use super::state_machine::{load_replica, StateMachine};
 use super::status::Status;
 use super::{NodeId, Raft, TypeConfig};
 use crate::config::Config;
-use crate::failstop::FailStop;
+use crate::failstop::{Cause, FailStop};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 
@@ -37,6 +38,20 @@ use crate::notify::Notifier;
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest wait for a new learner to catch up before it is promoted.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The kind of a log error as `/v1/health` names it (see `failstop`). A `Refused` write follows
+/// an earlier failure, which the latch recorded first; it counts as I/O.
+impl Cause for LogError {
+    fn kind(&self) -> StorageErrorKind {
+        match self {
+            LogError::Full(_) => StorageErrorKind::DiskFull,
+            LogError::Io { .. } | LogError::Refused => StorageErrorKind::Io,
+            LogError::Corrupt { .. } => StorageErrorKind::Corrupt,
+            LogError::Locked { .. } => StorageErrorKind::Locked,
+            LogError::UnknownFormat { .. } => StorageErrorKind::UnknownFormat,
+        }
+    }
+}
 
 /// What a started [`Consensus`] hands to the node for its background tasks.
 pub(crate) struct Parts {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use openraft::SnapshotMeta;
 
+use super::log::LogError;
 use super::NodeId;
 use crate::failstop::FailStop;
 
@@ -64,7 +65,7 @@ impl SnapshotStore {
         }
         let result = self.write(meta, state);
         if let (Err(e), Some(latch)) = (&result, &self.fail_stop) {
-            latch.storage("snapshot write", &self.dir.join(FILE_NAME), e);
+            latch.storage("snapshot write", &self.dir.join(FILE_NAME), &LogError::of(e));
         }
         result
     }

@@ -1,12 +1,11 @@
-//! `ApiError`: every error answer of the HTTP API, with its status and stable code.
+//! `ApiError`: every error answer of the HTTP API, with its status and stable code. It sits below
+//! `api/`, because the authorisation rules (`auth`) and the listener answer with it too.
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use permit_core::{Limit, Refusal};
 use permit_wire::{ErrorBody, ErrorCode, ErrorDetail};
-
-use crate::raft::proposer::ProposeError;
 
 /// What to do about a missing semaphore, in every `semaphore_not_found` message.
 pub(crate) const SEMAPHORE_NOT_FOUND_HINT: &str =
@@ -87,50 +86,6 @@ impl From<Refusal> for ApiError {
             Refusal::TokenNotFound => ErrorCode::TokenNotFound,
             Refusal::TokenExists => ErrorCode::Internal,
             Refusal::FeatureUnavailable { .. } => ErrorCode::FeatureUnavailable,
-        };
-        ApiError::new(code, message)
-    }
-}
-
-impl From<ProposeError> for ApiError {
-    fn from(error: ProposeError) -> ApiError {
-        match error {
-            ProposeError::NotLeader { leader } => ApiError::new(
-                ErrorCode::NoLeader,
-                match leader {
-                    Some((id, addr)) => format!("this node is not the leader; node {id} at {addr} is"),
-                    None => "no leader is known; the outcome of a write is unknown, retry it".to_owned(),
-                },
-            ),
-            ProposeError::ShuttingDown => {
-                ApiError::new(ErrorCode::ShuttingDown, "the server is shutting down")
-            }
-            ProposeError::Timeout => ApiError::new(
-                ErrorCode::Timeout,
-                "not committed in time (is a quorum reachable?); the outcome is unknown, retry it",
-            ),
-            ProposeError::FeatureUnavailable { needs, cluster, older } => ApiError::new(
-                ErrorCode::FeatureUnavailable,
-                crate::raft::version::unavailable_message(needs, cluster, &older),
-            ),
-        }
-    }
-}
-
-impl From<JsonRejection> for ApiError {
-    fn from(rejection: JsonRejection) -> ApiError {
-        if crate::listener::is_body_timeout(&rejection) {
-            return ApiError::body_timeout();
-        }
-        let message = rejection.body_text();
-        let code = match rejection {
-            JsonRejection::JsonSyntaxError(_) => ErrorCode::MalformedJson,
-            JsonRejection::JsonDataError(_) => ErrorCode::InvalidBody,
-            JsonRejection::MissingJsonContentType(_) => ErrorCode::UnsupportedMediaType,
-            JsonRejection::BytesRejection(ref bytes) if bytes.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                ErrorCode::BodyTooLarge
-            }
-            _ => ErrorCode::InvalidBody,
         };
         ApiError::new(code, message)
     }
