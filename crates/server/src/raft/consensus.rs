@@ -94,15 +94,11 @@ impl Consensus {
             )?;
         }
         let open_error = |e: io::Error| anyhow::anyhow!("cannot open {}: {e}", log_path.display());
-        let log = SegmentLog::open(&log_path)
+        let log = SegmentLog::open_on(config.disk.clone(), &log_path)
             .map_err(open_error)?
             .with_append_histogram(metrics.append_seconds.clone())
-            .with_fail_stop(fail_stop.clone());
-        let log = match &config.storage_faults {
-            Some(faults) => log.with_faults(faults.clone()).map_err(open_error)?,
-            None => log,
-        };
-        let log = log.with_sync(sync.clone());
+            .with_fail_stop(fail_stop.clone())
+            .with_sync(sync.clone());
         tracing::info!(elapsed_ms = opening.elapsed().as_millis() as u64, "log opened");
         let snapshot_dir = config.data_dir.join("snapshots");
         let snapshots = SnapshotStore::open(&snapshot_dir)
@@ -121,7 +117,8 @@ impl Consensus {
             snapshots,
             expiry_wake.clone(),
             sync.clone(),
-        );
+        )
+        .with_blocking(config.disk.blocking());
         let raft_config = Arc::new(raft_config(config)?);
         let network = CommitClamp::new(network, sync.clone());
         let raft = Raft::new(config.node_id, raft_config, network, log, state_machine).await?;

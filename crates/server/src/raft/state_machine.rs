@@ -18,6 +18,7 @@ use super::snapshot_store::{Meta, SnapshotStore};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::notify::Notifier;
 use crate::observe::Observer;
+use crate::raft::disk::Blocking;
 use crate::raft::replica::Replica;
 
 /// The state machine handed to openraft. Cloning shares everything (clones build snapshots).
@@ -33,6 +34,9 @@ pub struct StateMachine {
     /// What of this node's log is durable: an entry is applied only once it is (gate 1 of
     /// [`super::log::sync`]).
     sync: Arc<LogSync>,
+    /// How snapshot files are written and encoded: on other threads, or in place (a simulated
+    /// disk's, see [`super::disk`]).
+    blocking: Blocking,
 }
 
 fn snapshot_error(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
@@ -49,7 +53,22 @@ impl StateMachine {
         expiry_wake: Arc<Notify>,
         sync: Arc<LogSync>,
     ) -> StateMachine {
-        StateMachine { replica, notifier, observer, snapshots, expiry_wake, sync }
+        StateMachine {
+            replica,
+            notifier,
+            observer,
+            snapshots,
+            expiry_wake,
+            sync,
+            blocking: Blocking::Threads,
+        }
+    }
+
+    /// Runs the snapshot files' blocking work as `blocking` says (the disk's choice, see
+    /// [`super::disk::Disk::blocking`]); on other threads without it.
+    pub fn with_blocking(mut self, blocking: Blocking) -> StateMachine {
+        self.blocking = blocking;
+        self
     }
 
     /// Replaces the state with a snapshot's, re-tracking every session from now.
@@ -79,7 +98,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         };
         let snapshots = self.snapshots.clone();
         let saved_meta = meta.clone();
-        let bytes = off_the_runtime(move || {
+        let bytes = off_the_runtime(self.blocking, move || {
             if crate::bugs::is(crate::bugs::Bug::SlowSnapshotEncode) {
                 std::thread::sleep(crate::bugs::SLOW_SNAPSHOT_ENCODE);
             }
@@ -109,15 +128,16 @@ fn deleted_tokens<'a>(
 /// about a tenth against a request's thread when both want a core.
 const SNAPSHOT_NICE: libc::c_int = 10;
 
-/// Runs `f` on a thread of its own at a lower priority ([`SNAPSHOT_NICE`]) on a multi-thread
-/// runtime, so that requests preempt the encode rather than wait behind it: at 1 M sessions it
-/// takes a core for most of a second. On a current-thread runtime (the simulation, in paused
-/// time) it runs in place, so that a seed replays the same way.
+/// Runs `f` on a thread of its own at a lower priority ([`SNAPSHOT_NICE`]) with
+/// [`Blocking::Threads`], so that requests preempt the encode rather than wait behind it: at
+/// 1 M sessions it takes a core for most of a second. [`Blocking::InPlace`] (the simulation, in
+/// paused time) runs it in place, so that a seed replays the same way.
 async fn off_the_runtime(
+    blocking: Blocking,
     f: impl FnOnce() -> std::io::Result<Vec<u8>> + Send + 'static,
 ) -> std::io::Result<Vec<u8>> {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+    match blocking {
+        Blocking::Threads => {
             let (done, result) = tokio::sync::oneshot::channel();
             // Its own thread, not the blocking pool's: a pool thread would keep the lower
             // priority for the log's fsyncs after this, and raising it back needs a privilege.
@@ -133,7 +153,7 @@ async fn off_the_runtime(
                 Err(_) => Err(std::io::Error::other("the snapshot thread ended without a result")),
             }
         }
-        _ => f(),
+        Blocking::InPlace => f(),
     }
 }
 
@@ -237,7 +257,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let mismatch = format!("snapshot state at {} but meta at {index}", state.applied_index());
             return Err(snapshot_error(ErrorVerb::Read, mismatch));
         }
-        super::blocking(|| self.snapshots.save(meta, &bytes))
+        self.blocking
+            .run(|| self.snapshots.save(meta, &bytes))
             .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
         self.restore(meta, state);
         Ok(())
@@ -245,7 +266,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let loaded =
-            super::blocking(|| self.snapshots.load()).map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
+            self.blocking.run(|| self.snapshots.load()).map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
         Ok(loaded.map(|(meta, bytes)| Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) }))
     }
 }
@@ -409,7 +430,7 @@ mod tests {
         // errno is not needed here: the values compared are ours).
         let nice = || unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
         let before = nice();
-        let seen = super::off_the_runtime(move || {
+        let seen = super::off_the_runtime(super::Blocking::Threads, move || {
             let name = std::thread::current().name().map(str::to_owned);
             Ok(format!("{} {}", nice(), name.unwrap_or_default()).into_bytes())
         })
