@@ -48,7 +48,7 @@ pub struct Cluster {
     settings: RaftSettings,
     root: tempfile::TempDir,
     nodes: Mutex<BTreeMap<NodeId, Option<Arc<Node>>>>,
-    /// Each node's disk (its Raft log's), kept across its restarts.
+    /// Each node's disk (its Raft log's and snapshots'), kept across its restarts.
     disks: BTreeMap<NodeId, SimDisk>,
     /// Nodes found fail-stopped by an injected fsync failure.
     fsync_failures: AtomicU64,
@@ -272,8 +272,9 @@ fn address(id: NodeId) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 17_000 + u16::try_from(id).expect("small node ids")))
 }
 
-/// Where data dirs go: `PERMIT_SIM_DIR`, else `/dev/shm` when it exists (the simulation tests
-/// logic, not disks, and tmpfs makes fsync free), else the system's temporary directory.
+/// Where data dirs go: `PERMIT_SIM_DIR`, else `/dev/shm` when it exists, else the system's
+/// temporary directory. A node makes its data dir there, but its log and snapshots are on its
+/// simulated disk.
 fn scratch_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("PERMIT_SIM_DIR") {
         return PathBuf::from(dir);

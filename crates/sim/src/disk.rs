@@ -1,4 +1,5 @@
-//! A simulated disk for the nodes' Raft logs ([`permit_server::raft::disk::Disk`]), in memory,
+//! A simulated disk for the nodes' Raft logs and snapshots
+//! ([`permit_server::raft::disk::Disk`]), in memory,
 //! with the storage faults the nemesis injects: power cuts that tear what was not synced,
 //! fsyncs that fail, fsyncs that hang, and (for the simulation's self-test) a disk that lies
 //! about fsync.

@@ -82,7 +82,7 @@ impl Consensus {
         let opening = std::time::Instant::now();
         let sync = LogSync::new(config.node_id);
         if let Some(file) = &config.restore {
-            let snapshots = SnapshotStore::open(&config.data_dir.join("snapshots"))?;
+            let snapshots = SnapshotStore::open_on(config.disk.clone(), &config.data_dir.join("snapshots"))?;
             let root = config.root_token.as_deref().filter(|_| config.auth);
             super::state_machine::restore(
                 file,
@@ -101,7 +101,7 @@ impl Consensus {
             .with_sync(sync.clone());
         tracing::info!(elapsed_ms = opening.elapsed().as_millis() as u64, "log opened");
         let snapshot_dir = config.data_dir.join("snapshots");
-        let snapshots = SnapshotStore::open(&snapshot_dir)
+        let snapshots = SnapshotStore::open_on(config.disk.clone(), &snapshot_dir)
             .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", snapshot_dir.display()))?
             .with_fail_stop(fail_stop.clone());
         let replica_state = load_replica(&snapshots)

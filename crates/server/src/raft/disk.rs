@@ -1,5 +1,6 @@
-//! The storage I/O of the Raft log (`raft/log/`), behind one narrow trait: [`Disk`] and the
-//! files it opens ([`DiskFile`]). The server runs on [`OsDisk`], the operating system's files;
+//! The storage I/O of the Raft log (`raft/log/`) and of the snapshot files
+//! (`snapshot_store.rs`), behind one narrow trait: [`Disk`] and the files it opens
+//! ([`DiskFile`]). The server runs on [`OsDisk`], the operating system's files;
 //! the simulation (`crates/sim`, `disk.rs`) runs on a simulated disk that keeps, per file, what
 //! was written and what is durable, and injects power cuts, torn tails and failed or hung
 //! fsyncs.
@@ -158,6 +159,26 @@ pub trait DiskFile: Debug + Send + Sync {
     /// # Errors
     /// When the sync fails (see the module docs for what is left).
     fn sync_data(&self) -> io::Result<()>;
+
+    /// Makes what was written durable, with all of the file's metadata (`fsync(2)`); as
+    /// [`DiskFile::sync_data`] otherwise.
+    ///
+    /// # Errors
+    /// When the sync fails.
+    fn sync_all(&self) -> io::Result<()> {
+        self.sync_data()
+    }
+
+    /// Starts writing `len` bytes at `offset` back to the disk, or with `wait`, waits until they
+    /// are (`sync_file_range(2)`): a hint that spreads a large file's flush over its writes, not a
+    /// durability barrier (a sync is). Nothing by default.
+    ///
+    /// # Errors
+    /// On an I/O failure.
+    fn write_back(&self, offset: u64, len: usize, wait: bool) -> io::Result<()> {
+        let _ = (offset, len, wait);
+        Ok(())
+    }
 }
 
 /// The operating system's files.
@@ -259,5 +280,24 @@ impl DiskFile for OsFile {
 
     fn sync_data(&self) -> io::Result<()> {
         self.0.sync_data()
+    }
+
+    fn sync_all(&self) -> io::Result<()> {
+        self.0.sync_all()
+    }
+
+    fn write_back(&self, offset: u64, len: usize, wait: bool) -> io::Result<()> {
+        let flags = if wait {
+            libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER
+        } else {
+            libc::SYNC_FILE_RANGE_WRITE
+        };
+        // SAFETY: the descriptor is open for the call's duration; the call reads no memory of ours.
+        let result = unsafe { libc::sync_file_range(self.0.as_raw_fd(), offset as i64, len as i64, flags) };
+        if result == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 }

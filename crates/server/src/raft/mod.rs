@@ -81,12 +81,12 @@ pub(crate) fn io_error(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
 
-/// Fsyncs directory `dir` and the directory that holds it (for `dir`'s own entry, when it was
-/// just created): a store's open runs it before it is used (see `log`, `snapshot_store`).
-pub(crate) fn sync_dir_and_its_entry(dir: &std::path::Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()?;
+/// Fsyncs directory `dir` of `disk` and the directory that holds it (for `dir`'s own entry, when
+/// it was just created): a store's open runs it before it is used (see `log`, `snapshot_store`).
+pub(crate) fn sync_dir_and_its_entry(disk: &dyn disk::Disk, dir: &std::path::Path) -> std::io::Result<()> {
+    disk.sync_dir(dir)?;
     match dir.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => std::fs::File::open(parent)?.sync_all(),
+        Some(parent) if !parent.as_os_str().is_empty() => disk.sync_dir(parent),
         _ => Ok(()),
     }
 }

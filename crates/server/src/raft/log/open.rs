@@ -203,12 +203,7 @@ impl Inner {
         if let Some(last) = self.segments.last() {
             last.file.sync_data()?;
         }
-        // The directory, and its own entry in the data dir (it may just have been made).
-        self.disk.sync_dir(&self.dir)?;
-        match self.dir.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => self.disk.sync_dir(parent),
-            _ => Ok(()),
-        }
+        crate::raft::sync_dir_and_its_entry(&*self.disk, &self.dir)
     }
 
     /// A leader that reported appends before their fsync in its term may have sent its
