@@ -20,8 +20,11 @@
 //! - [`Disk::sync_ready`] resolves once the disk takes a sync: at once for the operating
 //!   system's files (an fsync that hangs there blocks in its call); a simulated disk whose
 //!   fsyncs hang resolves it when they answer again, or fails it when it loses power. The log
-//!   awaits it before a write that syncs, so that a hung disk holds the writer as a hung fsync
-//!   does, without blocking the simulation's only thread.
+//!   awaits it before a vote, a truncation or a purge, before an append's fsync (and its write,
+//!   when a leader's appends are pending), and before a leader's sync beside replication, so
+//!   that a hung disk holds them as a hung fsync would, without blocking the simulation's only
+//!   thread. A sync that a write makes on its own way (a new segment, the `early` marker, a
+//!   snapshot file) does not wait.
 //! - [`Disk::blocking`] says how blocking work runs (the log's fsyncs beside replication,
 //!   snapshot files): on other threads, or in place (a simulated disk, on the simulation's one
 //!   thread, where runs must be deterministic).
