@@ -330,3 +330,55 @@ fn every_file_the_architecture_names_exists() {
     }
     assert!(missing.is_empty(), "docs/ARCHITECTURE.md names files that do not exist: {missing:?}");
 }
+
+/// The names under which `crates/server/src/bugs.rs` injects its bugs (`PERMIT_INJECT_BUG`).
+fn bug_names(root: &Path) -> Vec<String> {
+    let source = std::fs::read_to_string(root.join("crates/server/src/bugs.rs")).unwrap();
+    let names: Vec<String> = source
+        .lines()
+        .filter_map(|line| {
+            line.trim().strip_prefix("(\"")?.split_once("\", Bug::").map(|(name, _)| name.to_owned())
+        })
+        .collect();
+    assert!(names.len() >= 5, "the scan found the bugs' names: {names:?}");
+    names
+}
+
+/// Whether cargo enables `permit-server`'s `bug-injection` feature in a build of `permit` that
+/// follows the dependency `edges` (`normal`: `cargo build`; with `dev`: `cargo test`).
+fn bug_injection_enabled(root: &Path, edges: &str) -> bool {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = std::process::Command::new(cargo)
+        .current_dir(root)
+        .args(["tree", "--offline", "-p", "permit", "--prefix", "none", "-e"])
+        .arg(format!("features,{edges}"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "cargo tree: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .any(|line| line == "permit-server feature \"bug-injection\"")
+}
+
+/// The injected bugs of the fault suite's self-test are compiled into test builds only: a
+/// normal build of `permit` (the release binary) never enables `bug-injection`, and the binary
+/// that `PERMIT_RELEASE_BIN` names, if set, holds none of the bugs' names.
+#[test]
+fn the_release_build_has_no_injectable_bugs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    assert!(
+        bug_injection_enabled(&root, "normal,dev"),
+        "a test build enables bug-injection (else this check looks for the wrong line)"
+    );
+    assert!(
+        !bug_injection_enabled(&root, "normal"),
+        "a normal build of permit enables permit-server's bug-injection feature"
+    );
+    let names = bug_names(&root);
+    let Some(binary) = std::env::var_os("PERMIT_RELEASE_BIN") else { return };
+    // Lossy: the names are ASCII, and the bytes around them do not change them.
+    let text = String::from_utf8_lossy(&std::fs::read(&binary).unwrap()).into_owned();
+    let found: Vec<&String> = names.iter().filter(|name| text.contains(name.as_str())).collect();
+    assert!(found.is_empty(), "{} holds the injectable bugs {found:?}", Path::new(&binary).display());
+}

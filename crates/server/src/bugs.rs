@@ -2,7 +2,8 @@
 //!
 //! Compiled in only with the `bug-injection` feature (test builds); a bug is chosen at start by
 //! `PERMIT_INJECT_BUG=<name>`. Without the feature [`active`] is always `None` and every hook
-//! compiles away.
+//! compiles away. `crates/permit/tests/tidy.rs` checks that a normal build of `permit` never
+//! enables the feature, and that a release binary (`PERMIT_RELEASE_BIN`) names none of the bugs.
 
 /// An injectable bug.
 /// Without the feature no bug is ever active: the variants are only matched, never built.

@@ -65,9 +65,10 @@ pub struct Config {
     /// and semaphores with a history; the others are summed under the label value `_other`
     /// and have no history.
     pub metrics_names_max: usize,
-    /// Storage faults a simulation injects into the log (`permit serve` never sets it).
+    /// The disk the Raft log is stored on: the operating system's files
+    /// ([`crate::raft::disk::OsDisk`]), or a simulation's disk.
     #[doc(hidden)]
-    pub storage_faults: Option<std::sync::Arc<crate::raft::storage_faults::StorageFaults>>,
+    pub disk: std::sync::Arc<dyn crate::raft::disk::Disk>,
     /// Seeds the generator of new session and token ids (a simulation's; `permit serve` draws
     /// them from the OS-seeded generator).
     #[doc(hidden)]
@@ -108,7 +109,7 @@ impl Default for Config {
             connections_per_client_max: crate::listener::CONNECTIONS_PER_CLIENT_MAX_DEFAULT,
             tls: None,
             restore: None,
-            storage_faults: None,
+            disk: crate::raft::disk::OsDisk::shared(),
             id_seed: None,
         }
     }

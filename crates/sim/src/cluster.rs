@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use openraft::ServerState;
-use permit_server::raft::storage_faults::StorageFaults;
 use permit_server::raft::NodeId;
 use permit_server::{Config, Node};
 use rand::seq::IndexedRandom;
 use rand::Rng;
 
+use crate::disk::SimDisk;
 use crate::observer::Observer;
 use crate::recorder::Recorder;
 use crate::router::Router;
@@ -48,11 +48,11 @@ pub struct Cluster {
     settings: RaftSettings,
     root: tempfile::TempDir,
     nodes: Mutex<BTreeMap<NodeId, Option<Arc<Node>>>>,
-    /// Each node's storage faults, kept across its restarts.
-    faults: BTreeMap<NodeId, Arc<StorageFaults>>,
+    /// Each node's disk (its Raft log's and snapshots'), kept across its restarts.
+    disks: BTreeMap<NodeId, SimDisk>,
     /// Nodes found fail-stopped by an injected fsync failure.
     fsync_failures: AtomicU64,
-    /// Power cuts that lost a stalled, unacknowledged tail.
+    /// Power cuts that tore unsynced writes.
     torn_tails: AtomicU64,
     /// Node starts so far.
     launches: AtomicU64,
@@ -60,8 +60,9 @@ pub struct Cluster {
     lying_disk: std::sync::atomic::AtomicBool,
 }
 
-/// Acknowledged entries a lying disk loses at each crash.
-const LIE_ENTRIES: u64 = 20;
+/// Syncs of segment files a lying disk takes back at each crash (each one an append of at
+/// least one acknowledged entry, mostly).
+const LIE_SYNCS: usize = 20;
 
 impl Cluster {
     /// Starts every node; each forms the cluster from the same `--peers` list, as `permit serve`
@@ -83,7 +84,7 @@ impl Cluster {
             settings,
             root,
             nodes: Mutex::new(NODE_IDS.iter().map(|id| (*id, None)).collect()),
-            faults: NODE_IDS.iter().map(|id| (*id, StorageFaults::new())).collect(),
+            disks: NODE_IDS.iter().map(|id| (*id, SimDisk::new())).collect(),
             fsync_failures: AtomicU64::new(0),
             torn_tails: AtomicU64::new(0),
             launches: AtomicU64::new(0),
@@ -114,7 +115,7 @@ impl Cluster {
             cluster_secret: Some(
                 permit_server::peer::ClusterSecret::new(b"simulation-cluster-secret").expect("long enough"),
             ),
-            storage_faults: Some(self.faults[&id].clone()),
+            disk: self.disks[&id].mount(),
             id_seed: Some(self.settings.id_seed ^ (id << 48) ^ self.launches.fetch_add(1, Ordering::Relaxed)),
             ..Config::default()
         }
@@ -188,40 +189,41 @@ impl Cluster {
         self.recorder.note(format!("node {id} crashes"));
         if self.lying_disk.load(Ordering::Relaxed) {
             self.observer.storage_fault(id);
-            self.faults[&id].lie_about_fsync(LIE_ENTRIES);
-            if let Some((from, to)) = self.faults[&id].power_cut(0) {
-                self.recorder.note(format!("node {id}'s disk lied: acknowledged entries {from}..={to} lost"));
-            }
+            self.disks[&id].lie_about_fsync(LIE_SYNCS);
+            let cut = self.disks[&id].power_cut(0);
+            self.recorder
+                .note(format!("node {id}'s disk lied: {} acknowledged syncs taken back", cut.lied_syncs));
         }
         self.router.detach(id);
         self.observer.stopping(id);
         node.shutdown().await;
     }
 
-    /// Makes node `id`'s next log append fail as a failed fsync (`written`: after its entries
-    /// reached the file); the node must fail-stop.
+    /// Makes node `id`'s next log fsync fail (`written`: the writes it was to sync stay in the
+    /// file, else they are gone from it too); the node must fail-stop.
     pub fn fail_next_fsync(&self, id: NodeId, written: bool) {
         self.observer.storage_fault(id);
-        self.faults[&id].fail_next_append(written);
+        self.disks[&id].fail_next_sync(written);
     }
 
-    /// Makes node `id`'s log appends hang: written, never reported durable.
+    /// Makes node `id`'s log fsyncs hang: its writes are not durable, and a writer that waits
+    /// for a sync waits, until the fault is disarmed or the power is cut.
     pub fn stall_appends(&self, id: NodeId) {
         self.observer.storage_fault(id);
-        self.faults[&id].stall_appends();
+        self.disks[&id].hang_syncs();
     }
 
-    /// Cuts node `id`'s power: its stalled append loses all but its first `keep` entries (a torn
-    /// tail, never acknowledged), and the node crashes.
+    /// Cuts node `id`'s power: its disk keeps what was durable and the first `keep` of each
+    /// file's unsynced writes, then a torn one (a torn tail, never acknowledged), and the node
+    /// crashes.
     pub async fn power_cut(&self, id: NodeId, keep: u64) {
         self.observer.storage_fault(id);
-        match self.faults[&id].power_cut(keep) {
-            Some((from, to)) => {
-                self.torn_tails.fetch_add(1, Ordering::Relaxed);
-                self.recorder
-                    .note(format!("node {id} loses power: unacknowledged entries {from}..={to} torn"));
-            }
-            None => self.recorder.note(format!("node {id} loses power: nothing stalled")),
+        let cut = self.disks[&id].power_cut(usize::try_from(keep).expect("a small count"));
+        if cut.torn_writes > 0 {
+            self.torn_tails.fetch_add(1, Ordering::Relaxed);
+            self.recorder.note(format!("node {id} loses power: {} unsynced writes torn", cut.torn_writes));
+        } else {
+            self.recorder.note(format!("node {id} loses power: nothing unsynced"));
         }
         self.crash(id).await;
     }
@@ -229,8 +231,8 @@ impl Cluster {
     /// Disarms every storage fault that has not fired, and crashes the nodes that fail-stopped
     /// (a supervisor restarts them).
     pub async fn clear_storage_faults(&self) {
-        for faults in self.faults.values() {
-            faults.disarm();
+        for disk in self.disks.values() {
+            disk.disarm();
         }
         for node in self.running() {
             if let Some(failure) = node.failure() {
@@ -270,8 +272,9 @@ fn address(id: NodeId) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 17_000 + u16::try_from(id).expect("small node ids")))
 }
 
-/// Where data dirs go: `PERMIT_SIM_DIR`, else `/dev/shm` when it exists (the simulation tests
-/// logic, not disks, and tmpfs makes fsync free), else the system's temporary directory.
+/// Where data dirs go: `PERMIT_SIM_DIR`, else `/dev/shm` when it exists, else the system's
+/// temporary directory. A node makes its data dir there, but its log and snapshots are on its
+/// simulated disk.
 fn scratch_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("PERMIT_SIM_DIR") {
         return PathBuf::from(dir);

@@ -5,8 +5,9 @@
 //! expiry driver) on one current-thread tokio runtime with paused time, so simulated seconds
 //! cost only the work done in them. The nodes talk through an in-memory [`router::Router`] that injects
 //! seeded faults ([`nemesis`]): isolated nodes, one-way and bridge partitions, message loss,
-//! slow links, crashes with restarts on the same data dir, failed fsyncs (the node must
-//! fail-stop) and torn log tails after a power cut. Random [`client`]s run sessions,
+//! slow links, crashes with restarts on the same data dir, and storage faults on each node's
+//! simulated disk ([`disk`], which holds its Raft log): failed fsyncs (the node must
+//! fail-stop), fsyncs that hang, and torn log tails after a power cut. Random [`client`]s run sessions,
 //! acquires, releases and resizes against whichever node believes it leads, and every answer
 //! goes into a [`history::History`].
 //!
@@ -27,6 +28,7 @@
 pub mod checker;
 pub mod client;
 pub mod cluster;
+pub mod disk;
 pub mod early_expiry;
 pub mod faults;
 pub mod gateway;

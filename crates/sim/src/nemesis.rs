@@ -39,11 +39,12 @@ pub enum Fault {
     Slow(NodeId, NodeId, (u64, u64)),
     /// Crash a node; it restarts when the fault heals.
     Crash(NodeId),
-    /// The node's next log append fails as a failed fsync (after its entries reached the file,
-    /// or before); the node must fail-stop. It restarts when the fault heals.
+    /// The node's next log fsync fails (the writes it was to sync left in the file, or gone);
+    /// the node must fail-stop. It restarts when the fault heals.
     FsyncFail(NodeId, bool),
-    /// The node's appends hang (written, never acknowledged) for this many ms, then it loses
-    /// power keeping only this many entries of the stalled append: a torn tail on restart.
+    /// The node's log fsyncs hang (its writes are not durable, and an append waits for its
+    /// fsync) for this many ms, then it loses power keeping only this many of each file's
+    /// unsynced writes whole, and one torn: a torn tail on restart.
     TornTail(NodeId, u64, u64),
 }
 

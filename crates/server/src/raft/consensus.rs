@@ -98,7 +98,7 @@ impl Consensus {
         let opening = std::time::Instant::now();
         let sync = LogSync::new(config.node_id);
         if let Some(file) = &config.restore {
-            let snapshots = SnapshotStore::open(&config.data_dir.join("snapshots"))?;
+            let snapshots = SnapshotStore::open_on(config.disk.clone(), &config.data_dir.join("snapshots"))?;
             let root = config.root_token.as_deref().filter(|_| config.auth);
             super::state_machine::restore(
                 file,
@@ -110,18 +110,14 @@ impl Consensus {
             )?;
         }
         let open_error = |e: io::Error| anyhow::anyhow!("cannot open {}: {e}", log_path.display());
-        let log = SegmentLog::open(&log_path)
+        let log = SegmentLog::open_on(config.disk.clone(), &log_path)
             .map_err(open_error)?
             .with_append_histogram(metrics.append_seconds.clone())
-            .with_fail_stop(fail_stop.clone());
-        let log = match &config.storage_faults {
-            Some(faults) => log.with_faults(faults.clone()).map_err(open_error)?,
-            None => log,
-        };
-        let log = log.with_sync(sync.clone());
+            .with_fail_stop(fail_stop.clone())
+            .with_sync(sync.clone());
         tracing::info!(elapsed_ms = opening.elapsed().as_millis() as u64, "log opened");
         let snapshot_dir = config.data_dir.join("snapshots");
-        let snapshots = SnapshotStore::open(&snapshot_dir)
+        let snapshots = SnapshotStore::open_on(config.disk.clone(), &snapshot_dir)
             .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", snapshot_dir.display()))?
             .with_fail_stop(fail_stop.clone());
         let replica_state = load_replica(&snapshots)
@@ -138,7 +134,8 @@ impl Consensus {
             expiry_wake.clone(),
             sync.clone(),
             fail_stop.clone(),
-        );
+        )
+        .with_blocking(config.disk.blocking());
         let raft_config = Arc::new(raft_config(config)?);
         let network = CommitClamp::new(network, sync.clone());
         let raft = Raft::new(config.node_id, raft_config, network, log, state_machine).await?;

@@ -24,12 +24,13 @@
 //! health checks stop answering, so a supervisor restarts it instead of keeping a node that
 //! cannot write. With several workers the others answer requests while one is blocked.
 //! Snapshot files, which can take seconds, are always written off the worker threads (a thread
-//! of their own, or `blocking`).
+//! of their own, or `disk::Blocking::run`).
 
 pub(crate) mod bounds;
 pub(crate) mod clock;
 pub mod consensus;
 pub(crate) mod contact;
+pub mod disk;
 pub(crate) mod leadership;
 pub mod log;
 pub(crate) mod membership;
@@ -43,7 +44,6 @@ pub mod runtime;
 pub mod snapshot_store;
 pub mod state_machine;
 pub(crate) mod status;
-pub mod storage_faults;
 pub(crate) mod version;
 
 use std::io::Cursor;
@@ -82,12 +82,12 @@ pub(crate) fn io_error(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
 
-/// Fsyncs directory `dir` and the directory that holds it (for `dir`'s own entry, when it was
-/// just created): a store's open runs it before it is used (see `log`, `snapshot_store`).
-pub(crate) fn sync_dir_and_its_entry(dir: &std::path::Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()?;
+/// Fsyncs directory `dir` of `disk` and the directory that holds it (for `dir`'s own entry, when
+/// it was just created): a store's open runs it before it is used (see `log`, `snapshot_store`).
+pub(crate) fn sync_dir_and_its_entry(disk: &dyn disk::Disk, dir: &std::path::Path) -> std::io::Result<()> {
+    disk.sync_dir(dir)?;
     match dir.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => std::fs::File::open(parent)?.sync_all(),
+        Some(parent) if !parent.as_os_str().is_empty() => disk.sync_dir(parent),
         _ => Ok(()),
     }
 }
@@ -100,33 +100,37 @@ const SLOW_LOG_IO: Duration = Duration::from_millis(25);
 const HAND_OFF_WINDOW: Duration = Duration::from_secs(10);
 
 /// Where the log store runs its durable writes: in place on the calling task (openraft's core
-/// task), or through [`blocking`] while the disk is slow on a node with one worker thread.
-/// See the module docs.
+/// task), or handed to another thread ([`disk::Blocking::run`]) while the disk is slow on a node
+/// with one worker thread. See the module docs. A disk whose blocking work runs in place (the
+/// simulation's) always runs them in place.
 #[derive(Debug)]
 pub(crate) struct LogIo {
+    /// Whether blocking work may go to other threads ([`disk::Disk::blocking`]).
+    threads: bool,
     slow: Duration,
     window: Duration,
     /// Until when writes are handed off (after a slow one); `None`: in place.
     hand_off_until: std::sync::Mutex<Option<Instant>>,
 }
 
-impl Default for LogIo {
-    fn default() -> Self {
-        LogIo::with_limits(SLOW_LOG_IO, HAND_OFF_WINDOW)
-    }
-}
-
 impl LogIo {
+    /// For a disk whose blocking work runs as `blocking` says.
+    pub(crate) fn new(blocking: disk::Blocking) -> LogIo {
+        LogIo {
+            threads: blocking == disk::Blocking::Threads,
+            ..LogIo::with_limits(SLOW_LOG_IO, HAND_OFF_WINDOW)
+        }
+    }
+
     fn with_limits(slow: Duration, window: Duration) -> LogIo {
-        LogIo { slow, window, hand_off_until: std::sync::Mutex::new(None) }
+        LogIo { threads: true, slow, window, hand_off_until: std::sync::Mutex::new(None) }
     }
 
     /// Runs `f`, one durable log write. Log writes are sequential (openraft issues the next
     /// only after this one returned), so the lock is never contended.
     pub(crate) fn run<R>(&self, f: impl FnOnce() -> R) -> R {
-        // A current-thread runtime (the simulation) has one worker too; `blocking` runs `f` in
-        // place there.
-        let one_worker = tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().num_workers() == 1);
+        let one_worker = self.threads
+            && tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().num_workers() == 1);
         if !one_worker {
             return f();
         }
@@ -143,7 +147,7 @@ impl LogIo {
                 None => false,
             }
         };
-        let result = if handing_off { blocking(f) } else { f() };
+        let result = if handing_off { disk::Blocking::Threads.run(f) } else { f() };
         let ended = Instant::now();
         let took = ended - started;
         if took >= self.slow {
@@ -161,16 +165,6 @@ impl LogIo {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
         self.hand_off_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// Runs long blocking disk work (a snapshot file) from async code: on a multi-thread runtime the
-/// worker hands its other tasks to another thread first; on a current-thread runtime
-/// (simulations with paused time) it simply runs.
-pub(crate) fn blocking<R>(f: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
     }
 }
 

@@ -5,15 +5,15 @@
 //! A snapshot is written to a temporary file, fsynced, renamed over the old one, and the directory
 //! is fsynced, so a crash leaves either the old snapshot or the new one. The file goes to the
 //! disk a chunk at a time as it is written, so that the log's fsyncs wait behind one chunk,
-//! not the whole file.
+//! not the whole file. Its files are on the log's [`Disk`] (the operating system's, or a
+//! simulation's).
 
-use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use openraft::SnapshotMeta;
 
+use super::disk::{Disk, Open, OsDisk};
 use super::log::LogError;
 use super::NodeId;
 use crate::failstop::FailStop;
@@ -28,23 +28,32 @@ pub type Meta = SnapshotMeta<NodeId, openraft::BasicNode>;
 /// The directory holding the current snapshot.
 #[derive(Debug, Clone)]
 pub struct SnapshotStore {
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
     /// Told about the first failed write; after it, no snapshot is written again.
     fail_stop: Option<Arc<FailStop>>,
 }
 
 impl SnapshotStore {
-    /// Uses `dir`, creating it if needed.
+    /// Uses `dir` of the operating system's files, creating it if needed.
     ///
     /// # Errors
     /// When the directory cannot be created.
     pub fn open(dir: &Path) -> std::io::Result<SnapshotStore> {
-        fs::create_dir_all(dir)?;
+        SnapshotStore::open_on(OsDisk::shared(), dir)
+    }
+
+    /// Uses `dir` of `disk`, creating it if needed.
+    ///
+    /// # Errors
+    /// When the directory cannot be created.
+    pub fn open_on(disk: Arc<dyn Disk>, dir: &Path) -> std::io::Result<SnapshotStore> {
+        disk.create_dir_all(dir)?;
         // A crash between a save's rename and its directory fsync leaves the new snapshot in
         // the page cache only; the node loads it and purges its log up to it. Sync the
         // directory (and its own entry in the data dir) before either happens.
-        super::sync_dir_and_its_entry(dir)?;
-        Ok(SnapshotStore { dir: dir.to_owned(), fail_stop: None })
+        super::sync_dir_and_its_entry(&*disk, dir)?;
+        Ok(SnapshotStore { disk, dir: dir.to_owned(), fail_stop: None })
     }
 
     /// Reports write failures to `fail_stop`, and refuses every write once it has failed.
@@ -73,22 +82,22 @@ impl SnapshotStore {
     fn write(&self, meta: &Meta, state: &[u8]) -> std::io::Result<()> {
         let bytes = encode(meta, state)?;
         let temp = self.dir.join(format!("{FILE_NAME}.tmp"));
-        let mut file = File::create(&temp)?;
+        let file = self.disk.open(&temp, Open::Truncate)?;
         // A chunk at a time, each sent to the disk as it is written, and the one before waited
         // for: the log's fdatasyncs share the disk, and would otherwise wait behind the flush
         // of the whole file (tens of MB at 1 M sessions) at the `sync_all` below.
         let mut previous: Option<(u64, usize)> = None;
         for (at, chunk) in (0u64..).step_by(WRITEBACK_CHUNK).zip(bytes.chunks(WRITEBACK_CHUNK)) {
-            file.write_all(chunk)?;
-            writeback(&file, at, chunk.len(), false)?;
+            file.write_at(chunk, at)?;
+            file.write_back(at, chunk.len(), false)?;
             if let Some((at, len)) = previous.replace((at, chunk.len())) {
-                writeback(&file, at, len, true)?;
+                file.write_back(at, len, true)?;
             }
         }
         file.sync_all()?;
         drop(file);
-        fs::rename(&temp, self.dir.join(FILE_NAME))?;
-        File::open(&self.dir)?.sync_all()
+        self.disk.rename(&temp, &self.dir.join(FILE_NAME))?;
+        self.disk.sync_dir(&self.dir)
     }
 
     /// Reads the current snapshot, if there is one.
@@ -96,7 +105,7 @@ impl SnapshotStore {
     /// # Errors
     /// On I/O failure, or when the file is corrupt (bad magic, version or checksum).
     pub fn load(&self) -> std::io::Result<Option<(Meta, Vec<u8>)>> {
-        let bytes = match fs::read(self.dir.join(FILE_NAME)) {
+        let bytes = match self.disk.read(&self.dir.join(FILE_NAME)) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
@@ -107,24 +116,6 @@ impl SnapshotStore {
 
 /// Bytes of a snapshot file sent to the disk at a time (see `SnapshotStore::write`).
 const WRITEBACK_CHUNK: usize = 1 << 20;
-
-/// Starts writing `len` bytes of `file` at `at` back to the disk, or with `wait`, waits until
-/// they are (`sync_file_range(2)`). Not a durability barrier: the caller's `sync_all` is.
-fn writeback(file: &File, at: u64, len: usize, wait: bool) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let flags = if wait {
-        libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER
-    } else {
-        libc::SYNC_FILE_RANGE_WRITE
-    };
-    // SAFETY: the descriptor is open for the call's duration; the call reads no memory of ours.
-    let result = unsafe { libc::sync_file_range(file.as_raw_fd(), at as i64, len as i64, flags) };
-    if result == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
 
 /// The bytes of a snapshot file (also the format of a backup, `GET /v1/snapshot`).
 ///
@@ -184,7 +175,7 @@ mod tests {
         let (loaded_meta, loaded) = store.load().unwrap().expect("a snapshot");
         assert_eq!(loaded_meta, meta);
         assert_eq!(loaded, state);
-        let on_disk = fs::metadata(dir.path().join(FILE_NAME)).unwrap().len();
+        let on_disk = std::fs::metadata(dir.path().join(FILE_NAME)).unwrap().len();
         assert_eq!(on_disk, encode(&meta, &state).unwrap().len() as u64);
         assert!(!dir.path().join(format!("{FILE_NAME}.tmp")).exists());
     }

@@ -18,6 +18,7 @@ use super::snapshot_store::{Meta, SnapshotStore};
 use super::{LogId, NodeId, StorageError, TypeConfig};
 use crate::notify::Notifier;
 use crate::observe::Observer;
+use crate::raft::disk::Blocking;
 use crate::raft::replica::Replica;
 
 /// The state machine handed to openraft. Cloning shares everything (clones build snapshots).
@@ -35,6 +36,9 @@ pub struct StateMachine {
     sync: Arc<LogSync>,
     /// Set when an entry or a snapshot needs a newer build (`raft::version`).
     fail_stop: Arc<crate::failstop::FailStop>,
+    /// How snapshot files are written and encoded: on other threads, or in place (a simulated
+    /// disk's, see [`super::disk`]).
+    blocking: Blocking,
 }
 
 fn snapshot_error(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
@@ -52,7 +56,16 @@ impl StateMachine {
         sync: Arc<LogSync>,
         fail_stop: Arc<crate::failstop::FailStop>,
     ) -> StateMachine {
-        StateMachine { replica, notifier, observer, snapshots, expiry_wake, sync, fail_stop }
+        StateMachine {
+            replica,
+            notifier,
+            observer,
+            snapshots,
+            expiry_wake,
+            sync,
+            fail_stop,
+            blocking: Blocking::Threads,
+        }
     }
 
     /// Stops the node, before anything of it is applied, if data at log id `at` needs a newer
@@ -68,6 +81,13 @@ impl StateMachine {
         Err(StorageError::IO {
             source: StorageIOError::new(subject, ErrorVerb::Read, AnyError::error(message)),
         })
+    }
+
+    /// Runs the snapshot files' blocking work as `blocking` says (the disk's choice, see
+    /// [`super::disk::Disk::blocking`]); on other threads without it.
+    pub fn with_blocking(mut self, blocking: Blocking) -> StateMachine {
+        self.blocking = blocking;
+        self
     }
 
     /// Replaces the state with a snapshot's, re-tracking every session from now.
@@ -97,7 +117,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         };
         let snapshots = self.snapshots.clone();
         let saved_meta = meta.clone();
-        let bytes = off_the_runtime(move || {
+        let bytes = off_the_runtime(self.blocking, move || {
             if crate::bugs::is(crate::bugs::Bug::SlowSnapshotEncode) {
                 std::thread::sleep(crate::bugs::SLOW_SNAPSHOT_ENCODE);
             }
@@ -127,15 +147,16 @@ fn deleted_tokens<'a>(
 /// about a tenth against a request's thread when both want a core.
 const SNAPSHOT_NICE: libc::c_int = 10;
 
-/// Runs `f` on a thread of its own at a lower priority ([`SNAPSHOT_NICE`]) on a multi-thread
-/// runtime, so that requests preempt the encode rather than wait behind it: at 1 M sessions it
-/// takes a core for most of a second. On a current-thread runtime (the simulation, in paused
-/// time) it runs in place, so that a seed replays the same way.
+/// Runs `f` on a thread of its own at a lower priority ([`SNAPSHOT_NICE`]) with
+/// [`Blocking::Threads`], so that requests preempt the encode rather than wait behind it: at
+/// 1 M sessions it takes a core for most of a second. [`Blocking::InPlace`] (the simulation, in
+/// paused time) runs it in place, so that a seed replays the same way.
 async fn off_the_runtime(
+    blocking: Blocking,
     f: impl FnOnce() -> std::io::Result<Vec<u8>> + Send + 'static,
 ) -> std::io::Result<Vec<u8>> {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+    match blocking {
+        Blocking::Threads => {
             let (done, result) = tokio::sync::oneshot::channel();
             // Its own thread, not the blocking pool's: a pool thread would keep the lower
             // priority for the log's fsyncs after this, and raising it back needs a privilege.
@@ -151,7 +172,7 @@ async fn off_the_runtime(
                 Err(_) => Err(std::io::Error::other("the snapshot thread ended without a result")),
             }
         }
-        _ => f(),
+        Blocking::InPlace => f(),
     }
 }
 
@@ -261,7 +282,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let mismatch = format!("snapshot state at {} but meta at {index}", state.applied_index());
             return Err(snapshot_error(ErrorVerb::Read, mismatch));
         }
-        super::blocking(|| self.snapshots.save(meta, &bytes))
+        self.blocking
+            .run(|| self.snapshots.save(meta, &bytes))
             .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
         self.restore(meta, state);
         Ok(())
@@ -269,7 +291,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let loaded =
-            super::blocking(|| self.snapshots.load()).map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
+            self.blocking.run(|| self.snapshots.load()).map_err(|e| snapshot_error(ErrorVerb::Read, e))?;
         Ok(loaded.map(|(meta, bytes)| Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) }))
     }
 }
@@ -439,7 +461,7 @@ mod tests {
         // errno is not needed here: the values compared are ours).
         let nice = || unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
         let before = nice();
-        let seen = super::off_the_runtime(move || {
+        let seen = super::off_the_runtime(super::Blocking::Threads, move || {
             let name = std::thread::current().name().map(str::to_owned);
             Ok(format!("{} {}", nice(), name.unwrap_or_default()).into_bytes())
         })

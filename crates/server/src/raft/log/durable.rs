@@ -7,19 +7,21 @@
 //! batch tracked as pending; no write but a leader's append runs with anything pending (gate 4);
 //! the durable log id names an entry the log holds and moves back only by a truncation.
 
-use std::fs::File;
 use std::io;
 use std::sync::Arc;
 
 use openraft::storage::LogFlushed;
 use openraft::Entry;
-use tokio::runtime::RuntimeFlavor;
 
 use super::codec::encode;
-use super::segment::{fdatasync, replace_file};
+use super::segment::replace_file;
 use super::{Inner, SegmentLog, EARLY, SYNC_STALL};
-use crate::raft::storage_faults::StorageFaults;
+use crate::raft::disk::{Blocking, DiskFile};
 use crate::raft::{LogId, TypeConfig};
+
+/// A leader's append written and not synced: the file to sync, the last log id written, and
+/// when it was written.
+pub(super) type Written = (Arc<dyn DiskFile>, LogId, std::time::Instant);
 
 impl Inner {
     /// Whether this node leads: its vote is committed, for itself.
@@ -37,15 +39,9 @@ impl Inner {
         }
         // A node leads ever higher terms: the marker never names an older one.
         assert!(self.early_term.is_none_or(|t| term > t), "early term {term} after {:?}", self.early_term);
-        replace_file(&self.dir, EARLY, &encode(&(term, self.sync.id())))?;
+        replace_file(&*self.disk, &self.dir, EARLY, &encode(&(term, self.sync.id())))?;
         self.early_term = Some(term);
         Ok(())
-    }
-
-    /// Whether the simulation's disk hangs its fsyncs (`StorageFaults`): nothing becomes durable
-    /// meanwhile, so the durable log id lags what was written and synced.
-    pub(super) fn stalled(&self) -> bool {
-        self.faults.as_ref().is_some_and(|faults| faults.is_stalled())
     }
 
     /// Whether `id` names an entry of the log: one it holds, or the last purged.
@@ -69,14 +65,6 @@ impl Inner {
     /// Sets the durable log id to `upto` and publishes it: [`Inner::mark_durable`], or a
     /// truncation that moves it back to the log's new end.
     pub(super) fn publish_durable(&mut self, upto: Option<LogId>) {
-        let raises = upto.map(|id| id.index) > self.durable.map(|id| id.index);
-        if raises && self.stalled() {
-            // A simulated fsync that hangs never ends: nothing becomes durable meanwhile.
-            return;
-        }
-        if let Some(upto) = upto {
-            StorageFaults::report_synced(self.faults.as_deref(), upto.index);
-        }
         self.durable = upto;
         let last = self.last_log_id().map(|id| id.index);
         let upto_index = upto.map(|id| id.index);
@@ -92,7 +80,7 @@ impl Inner {
             return Ok(());
         }
         self.sync_last_segment()?;
-        assert!(self.stalled() || self.unsynced.is_empty(), "gate 4: {:?} still pending", self.unsynced);
+        assert!(self.unsynced.is_empty(), "gate 4: {:?} still pending", self.unsynced);
         Ok(())
     }
 
@@ -100,7 +88,7 @@ impl Inner {
     /// records the whole log durable.
     pub(super) fn sync_last_segment(&mut self) -> io::Result<()> {
         if let Some(last) = self.segments.last() {
-            fdatasync(&last.file)?;
+            last.file.sync_data()?;
         }
         let upto = self.last_log_id();
         self.mark_durable(upto);
@@ -149,30 +137,36 @@ impl SegmentLog {
                 "gate 4: appends reported early but not pending a sync"
             );
         }
-        StorageFaults::report_written(self.faults.as_deref(), upto.index, callback);
+        callback.log_io_completed(Ok(()));
         self.sync_beside(file, upto, started);
         Ok(())
     }
 
     /// Syncs `file` up to `upto` (a leader's append, written at `started` and already reported)
-    /// beside openraft's core task. A sync still pending after [`SYNC_STALL`] is joined in
-    /// place (gate 7 of `sync.rs`).
-    pub(super) fn sync_beside(&self, file: Arc<File>, upto: LogId, started: std::time::Instant) {
+    /// beside openraft's core task, as the disk says blocking work runs ([`Blocking`]). On other
+    /// threads, a sync still pending after [`SYNC_STALL`] is joined in place (gate 7 of
+    /// `sync.rs`).
+    pub(super) fn sync_beside(&self, file: Arc<dyn DiskFile>, upto: LogId, started: std::time::Instant) {
         let log = self.clone();
-        let on_threads = tokio::runtime::Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread;
-        tokio::spawn(async move {
-            if !on_threads {
-                // The simulation's one thread: the append just woke the replication tasks, so
-                // let them send first and then fsync in place, deterministically.
+        if self.disk.blocking() == Blocking::InPlace {
+            tokio::spawn(async move {
+                // A simulated disk, on the simulation's one thread: the append just woke the
+                // replication tasks, so let them send first and then fsync in place,
+                // deterministically, once the disk takes a sync (a hung one fails it when it
+                // loses power: the node is going down, and nothing becomes durable).
                 tokio::task::yield_now().await;
-                log.sync_upto(&file, upto, started);
-                return;
-            }
+                if log.disk.sync_ready().await.is_ok() {
+                    log.sync_upto(&*file, upto, started);
+                }
+            });
+            return;
+        }
+        tokio::spawn(async move {
             // On a blocking thread, so that the worker answers the followers and the clients
             // meanwhile (with one worker, an fsync in place would stall them all).
             let sync = tokio::task::spawn_blocking({
                 let log = log.clone();
-                move || log.sync_upto(&file, upto, started)
+                move || log.sync_upto(&*file, upto, started)
             });
             if tokio::time::timeout(SYNC_STALL, sync).await.is_err() {
                 // Gate 7 without a next append: a sync still pending after SYNC_STALL is
@@ -189,10 +183,7 @@ impl SegmentLog {
 
     /// Writes `entries` without syncing them; returns the file to sync, the last log id written
     /// and when. `None` for no entries.
-    pub(super) fn write_early(
-        &self,
-        entries: Vec<Entry<TypeConfig>>,
-    ) -> io::Result<Option<(Arc<File>, LogId, std::time::Instant)>> {
+    pub(super) fn write_early(&self, entries: Vec<Entry<TypeConfig>>) -> io::Result<Option<Written>> {
         if entries.is_empty() {
             return Ok(None);
         }
@@ -217,18 +208,14 @@ impl SegmentLog {
     /// Syncs `file`, the segment that ends with entry `upto`, and records `upto` durable unless
     /// it is already, or no longer in the log. A failure is latched as any failed write is: the
     /// node fail-stops, and what was not durable never becomes visible.
-    fn sync_upto(&self, file: &File, upto: LogId, written_at: std::time::Instant) {
-        if self.faults.as_ref().is_some_and(|faults| faults.is_stalled()) {
-            // A simulated fsync that hangs: it never ends, and a power cut tears what it held.
-            return;
-        }
+    fn sync_upto(&self, file: &dyn DiskFile, upto: LogId, written_at: std::time::Instant) {
         let synced = |inner: &Inner| inner.durable.is_some_and(|durable| durable.index >= upto.index);
         // Held until the outcome is recorded (see `gate`).
         let _gate = self.gate();
         if synced(&self.lock()) {
             return;
         }
-        let result = self.io.run(|| fdatasync(file));
+        let result = self.io.run(|| file.sync_data());
         let mut inner = self.lock();
         if inner.failed {
             return;
@@ -252,31 +239,50 @@ impl SegmentLog {
     /// When the write or the fdatasync fails (the store then refuses every later write).
     pub fn append_entries(&self, entries: Vec<Entry<TypeConfig>>) -> io::Result<()> {
         let started = std::time::Instant::now();
-        if let Some(written) = self.faults.as_ref().and_then(|faults| faults.take_append_failure()) {
-            return self.inject_fsync_failure(entries, written);
-        }
-        // The records are written under the lock, the fdatasync runs without it: readers
-        // (replication to followers) are not held up by the local fsync. openraft issues the
-        // next append only after this one returned, so batches stay in order. Both run on
-        // openraft's core task, which waits for them anyway ([`crate::raft::LogIo`]).
-        // The gate is held until the fdatasync's outcome is recorded.
+        let (file, upto) = self.write_in_place(entries)?;
+        self.sync_in_place(&*file, upto, started)
+    }
+
+    /// The write of an append in place: syncs what is pending first (gate 4 of `sync.rs`), then
+    /// writes `entries`; returns the file to fdatasync and the last log id written. The
+    /// records are written under the lock, the fdatasync ([`SegmentLog::sync_in_place`]) runs
+    /// without it: readers (replication to followers) are not held up by the local fsync.
+    /// openraft issues the next append only after this one returned, so batches stay in order.
+    /// Both run on openraft's core task, which waits for them anyway ([`crate::raft::LogIo`]).
+    pub(super) fn write_in_place(
+        &self,
+        entries: Vec<Entry<TypeConfig>>,
+    ) -> io::Result<(Arc<dyn DiskFile>, Option<LogId>)> {
+        self.write("log append", |inner| {
+            inner.sync_written()?;
+            let file = inner.append(entries)?;
+            Ok((file, inner.last_log_id()))
+        })
+    }
+
+    /// The fdatasync of an append in place, written at `started` up to `upto`
+    /// ([`SegmentLog::write_in_place`]); records it durable. The gate is held until the
+    /// fdatasync's outcome is recorded.
+    pub(super) fn sync_in_place(
+        &self,
+        file: &dyn DiskFile,
+        upto: Option<LogId>,
+        started: std::time::Instant,
+    ) -> io::Result<()> {
         let _gate = self.gate();
-        let result = self
-            .write_gated("log append", |inner| {
-                inner.sync_written()?;
-                let file = inner.append(entries)?;
-                Ok((file, inner.last_log_id()))
-            })
-            .and_then(|(file, upto)| {
-                self.io
-                    .run(|| fdatasync(&file))
-                    .inspect_err(|e| self.failed("log append", &mut self.lock(), e))?;
-                let mut inner = self.lock();
-                if inner.durable.is_none_or(|durable| upto.is_some_and(|upto| durable.index < upto.index)) {
-                    inner.mark_durable(upto);
-                }
-                Ok(())
-            });
+        // A sync beside replication may have failed since the write (see `gate`): nothing is
+        // synced, nor marked durable, after a failure.
+        let result = if self.lock().failed {
+            Err(super::LogError::Refused.into())
+        } else {
+            self.io.run(|| file.sync_data()).inspect_err(|e| self.failed("log append", &mut self.lock(), e))
+        };
+        if result.is_ok() {
+            let mut inner = self.lock();
+            if inner.durable.is_none_or(|durable| upto.is_some_and(|upto| durable.index < upto.index)) {
+                inner.mark_durable(upto);
+            }
+        }
         if let Some(histogram) = &self.append_seconds {
             histogram.observe(started.elapsed().as_secs_f64());
         }
@@ -349,7 +355,9 @@ mod tests {
     /// Gates 4 and 3 of `sync.rs`, and the roll: what a leader wrote without syncing is synced
     /// before a vote, a truncation, a purge, an in-place append or a new segment; a membership
     /// entry is never reported early.
-    #[tokio::test]
+    // A multi-thread runtime, as `permit serve`'s: the operating system's files run blocking
+    // work on other threads (`Blocking::Threads`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn writes_that_are_not_a_leaders_append_sync_what_is_pending_first() {
         let dir = tempfile::tempdir().expect("temp dir");
         let sync = LogSync::new(1);
@@ -417,7 +425,9 @@ mod tests {
     /// A node that led a term with appends reported early starts its next run as a follower of
     /// no one, its vote moved on to the next term (see `Inner::step_down_if_it_reported_early`);
     /// a committed vote for another leader of that term is kept.
-    #[tokio::test]
+    // A multi-thread runtime, as `permit serve`'s: the operating system's files run blocking
+    // work on other threads (`Blocking::Threads`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_leader_that_reported_early_starts_again_as_a_follower() {
         let dir = tempfile::tempdir().expect("temp dir");
         let reopen =

@@ -7,8 +7,12 @@
 //! - `durable.rs`: what the store makes durable when, in place or beside replication (the store's
 //!   side of those gates);
 //! - `storage.rs`: openraft's storage traits over all of it;
-//! - `error.rs`: the typed storage errors ([`LogError`]);
-//! - `faults.rs`: the simulation's storage faults (power cuts, torn tails, failed fsyncs).
+//! - `error.rs`: the typed storage errors ([`LogError`]).
+//!
+//! Every file operation goes through a [`Disk`] (`raft/disk.rs`): the operating system's files
+//! for `permit serve`, a simulated disk with power cuts, torn tails and failed or hung fsyncs
+//! for the simulation (`crates/sim`). The store knows nothing of the simulation: what it writes,
+//! syncs and reports is the same on both.
 //!
 //! Its invariants are asserted in release builds (`assert!`): what must hold when a record, an
 //! entry, the durable log id, a purge or the vote is written, and again when it is read back;
@@ -53,14 +57,12 @@
 pub mod codec;
 mod durable;
 mod error;
-mod faults;
 mod open;
 mod segment;
 mod storage;
 pub mod sync;
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -70,7 +72,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::error::LogError;
 pub use self::sync::{ClampedClient, CommitClamp, LogSync, Stopped, SYNC_STALL};
-use super::storage_faults::StorageFaults;
+use super::disk::{Disk, DiskFile, OsDisk};
 use super::{LogId, NodeId, TypeConfig};
 use crate::failstop::FailStop;
 
@@ -92,8 +94,8 @@ pub struct SegmentLog {
     append_seconds: Option<prometheus_client::metrics::histogram::Histogram>,
     /// Told about the first failed write; after it, every write is refused (never retried).
     fail_stop: Option<Arc<FailStop>>,
-    /// Faults a simulation injects (never set by `permit serve`).
-    faults: Option<Arc<StorageFaults>>,
+    /// Where the files are.
+    disk: Arc<dyn Disk>,
     /// Where the durable writes run.
     io: Arc<super::LogIo>,
     /// Held around every write (and so every fdatasync) of the log and the recording of its
@@ -115,7 +117,7 @@ struct Segment {
     seq: u64,
     /// Shared so that an append can fdatasync without holding the store's lock (readers and
     /// the next batch's write go on meanwhile).
-    file: Arc<File>,
+    file: Arc<dyn DiskFile>,
     /// Bytes of records written (the rest is zeros).
     len: u64,
     /// Bytes preallocated (the file's size).
@@ -125,6 +127,7 @@ struct Segment {
 }
 
 struct Inner {
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
     meta: Meta,
     committed: Option<LogId>,
@@ -144,11 +147,9 @@ struct Inner {
     sync: Arc<LogSync>,
     /// The term in which this node last reported appends before their fsync (`early`).
     early_term: Option<u64>,
-    /// The simulation's faults (as `SegmentLog::faults`): told what becomes durable.
-    faults: Option<Arc<StorageFaults>>,
-    /// `raft-log/lock`, held with an exclusive `flock` while the store is open: a second server
-    /// on the same data dir is refused.
-    _lock: File,
+    /// `raft-log/lock`, held ([`Disk::lock`]) while the store is open: a second server on the
+    /// same data dir is refused.
+    _lock: Box<dyn std::any::Any + Send + Sync>,
 }
 
 impl Inner {
@@ -158,20 +159,29 @@ impl Inner {
 }
 
 impl SegmentLog {
-    /// Opens (or creates) the segment log in `dir`, truncating a torn tail.
+    /// Opens (or creates) the segment log in `dir` of the operating system's files, truncating
+    /// a torn tail.
     ///
     /// # Errors
     /// When the directory cannot be read or written, or the log is corrupt before its tail.
     pub fn open(dir: &Path) -> io::Result<SegmentLog> {
-        let inner = Inner::open(dir)?;
+        SegmentLog::open_on(OsDisk::shared(), dir)
+    }
+
+    /// Opens (or creates) the segment log in `dir` of `disk`, truncating a torn tail.
+    ///
+    /// # Errors
+    /// When the directory cannot be read or written, or the log is corrupt before its tail.
+    pub fn open_on(disk: Arc<dyn Disk>, dir: &Path) -> io::Result<SegmentLog> {
+        let inner = Inner::open(disk.clone(), dir)?;
         Ok(SegmentLog {
             inner: Arc::new(Mutex::new(inner)),
             dir: dir.to_owned(),
             append_seconds: None,
             fail_stop: None,
-            io: Arc::default(),
+            io: Arc::new(super::LogIo::new(disk.blocking())),
             gate: Arc::default(),
-            faults: None,
+            disk,
         })
     }
 

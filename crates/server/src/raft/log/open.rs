@@ -7,44 +7,36 @@
 //! ([`Inner::check`]): the entries in memory are gapless and where the segments say.
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
-use std::io::{self, Read};
-use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
 use openraft::{Entry, LeaderId, Vote};
 
 use super::codec::{decode, parse, peek_index, Parsed, KIND_COMMITTED, KIND_ENTRY};
-use super::segment::{fdatasync, segment_path};
+use super::segment::segment_path;
 use super::{Inner, LogError, LogSync, Meta, Segment, EARLY};
+use crate::raft::disk::{Disk, Open};
 use crate::raft::{LogId, NodeId, TypeConfig};
 
 impl Inner {
     /// Opens the log in `dir` (see the module docs).
-    pub(super) fn open(dir: &Path) -> io::Result<Inner> {
-        std::fs::create_dir_all(dir)?;
-        let lock =
-            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join("lock"))?;
-        // SAFETY: flock on a descriptor owned by `lock`.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let error = io::Error::last_os_error();
-            return Err(if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
+    pub(super) fn open(disk: Arc<dyn Disk>, dir: &Path) -> io::Result<Inner> {
+        disk.create_dir_all(dir)?;
+        let lock = disk.lock(&dir.join("lock")).map_err(|e| {
+            if e.kind() == io::ErrorKind::WouldBlock {
                 LogError::Locked { path: dir.join("lock") }.into()
             } else {
-                error
-            });
-        }
-        let meta = match std::fs::read(dir.join("meta")) {
+                e
+            }
+        })?;
+        let meta = match disk.read(&dir.join("meta")) {
             Ok(bytes) => decode::<Meta>(&bytes).map_err(|e| LogError::in_file(dir.join("meta"), &e))?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => Meta::default(),
             Err(e) => return Err(e),
         };
         let mut seqs = Vec::new();
-        for item in std::fs::read_dir(dir)? {
-            let name = item?.file_name();
-            let name = name.to_string_lossy();
+        for name in disk.list(dir)? {
             if let Some(seq) = name.strip_suffix(".seg").and_then(|s| u64::from_str_radix(s, 16).ok()) {
                 seqs.push(seq);
             }
@@ -52,6 +44,7 @@ impl Inner {
         seqs.sort_unstable();
         let purged = meta.last_purged.map(|id| id.index);
         let mut inner = Inner {
+            disk: disk.clone(),
             dir: dir.to_owned(),
             meta,
             committed: None,
@@ -62,15 +55,13 @@ impl Inner {
             unsynced: std::collections::VecDeque::new(),
             sync: LogSync::new(0),
             early_term: None,
-            faults: None,
             _lock: lock,
         };
         let mut previous: Option<u64> = None;
         for (n, &seq) in seqs.iter().enumerate() {
             let path = segment_path(dir, seq);
-            let mut file = OpenOptions::new().read(true).write(true).open(&path)?;
-            let mut data = Vec::new();
-            file.read_to_end(&mut data)?;
+            let file = disk.open(&path, Open::Existing)?;
+            let data = file.read_all()?;
             let last_segment = n + 1 == seqs.len();
             let mut at = 0;
             let mut last_index = None;
@@ -140,11 +131,11 @@ impl Inner {
                 // A torn tail: zero from the bad record to the last non-zero byte, then sync.
                 let end = data.iter().rposition(|b| *b != 0).map_or(at, |p| p + 1);
                 tracing::warn!(path = %path.display(), offset = at, bytes = end - at, "{why}: truncating a torn tail");
-                file.write_all_at(&vec![0; end.saturating_sub(at)], at as u64)?;
-                fdatasync(&file)?;
+                file.write_at(&vec![0; end.saturating_sub(at)], at as u64)?;
+                file.sync_data()?;
             }
             let allocated = data.len() as u64;
-            inner.segments.push(Segment { seq, file: Arc::new(file), len: at as u64, allocated, last_index });
+            inner.segments.push(Segment { seq, file, len: at as u64, allocated, last_index });
         }
         // A commit index beyond the log (its entries torn away) is not kept.
         let last = inner.entries.keys().next_back().copied().or(purged);
@@ -208,9 +199,9 @@ impl Inner {
     /// data: a segment is started after the appends before it were synced.
     pub(super) fn sync_what_was_read(&self) -> io::Result<()> {
         if let Some(last) = self.segments.last() {
-            fdatasync(&last.file)?;
+            last.file.sync_data()?;
         }
-        crate::raft::sync_dir_and_its_entry(&self.dir)
+        crate::raft::sync_dir_and_its_entry(&*self.disk, &self.dir)
     }
 
     /// A leader that reported appends before their fsync in its term may have sent its
@@ -225,7 +216,7 @@ impl Inner {
     /// (openraft's leader ids are (term, node): a node that led a term may follow another
     /// leader of the same term afterwards, whose committed vote it must keep).
     pub(super) fn step_down_if_it_reported_early(&mut self) -> io::Result<()> {
-        let (early, node) = match std::fs::read(self.dir.join(EARLY)) {
+        let (early, node) = match self.disk.read(&self.dir.join(EARLY)) {
             Ok(bytes) => {
                 decode::<(u64, NodeId)>(&bytes).map_err(|e| LogError::in_file(self.dir.join(EARLY), &e))?
             }

@@ -6,10 +6,7 @@
 //! keeps every purged entry; a purge never goes back and never drops an entry that is not
 //! durable (gate 4 of `sync.rs` synced it first).
 
-use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -17,70 +14,39 @@ use openraft::Entry;
 
 use super::codec::{encode, record, KIND_COMMITTED, KIND_ENTRY};
 use super::{Inner, Segment, PREALLOCATE_BYTES, SEGMENT_BYTES};
+use crate::raft::disk::{Disk, DiskFile, Open};
 use crate::raft::{LogId, TypeConfig};
 
 pub(super) fn segment_path(dir: &Path, seq: u64) -> PathBuf {
     dir.join(format!("{seq:016x}.seg"))
 }
 
-/// `fdatasync(2)` (what `sync_data` is on Linux).
-pub(super) fn fdatasync(file: &File) -> io::Result<()> {
-    file.sync_data()
-}
-
-pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 /// Replaces `dir/name` with `bytes` atomically and durably: written to `name.tmp`, fdatasynced,
 /// renamed over it, and the directory fsynced.
-pub(super) fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+pub(super) fn replace_file(disk: &dyn Disk, dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
-    let file = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-    file.write_all_at(bytes, 0)?;
-    fdatasync(&file)?;
-    std::fs::rename(&tmp, dir.join(name))?;
-    sync_dir(dir)
-}
-
-/// Makes `file` at least `bytes` long, allocated (not sparse): the write that follows then
-/// changes no size, and a full disk fails here.
-pub(super) fn preallocate(file: &File, bytes: u64) -> io::Result<()> {
-    // SAFETY: fallocate on a descriptor owned by `file`; mode 0 allocates and extends the size.
-    let result = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, bytes as libc::off_t) };
-    if result == 0 {
-        return Ok(());
-    }
-    let error = io::Error::last_os_error();
-    if error.raw_os_error() == Some(libc::EOPNOTSUPP) {
-        // A file system without fallocate: a sparse file of the same size.
-        return file.set_len(bytes);
-    }
-    Err(error)
+    let file = disk.open(&tmp, Open::Truncate)?;
+    file.write_at(bytes, 0)?;
+    file.sync_data()?;
+    disk.rename(&tmp, &dir.join(name))?;
+    disk.sync_dir(dir)
 }
 
 impl Inner {
     /// Starts a new preallocated segment and makes its directory entry durable. The segment
     /// before it is synced first (it may end with a leader's appends reported before their
     /// fsync, or a commit index record), so that only the last segment ever holds records that
-    /// are not durable: the open and `tear` rely on it.
+    /// are not durable: the open relies on it.
     pub(super) fn roll(&mut self) -> io::Result<()> {
         if !self.segments.is_empty() {
             self.sync_last_segment()?;
         }
         let seq = self.segments.last().map_or(0, |s| s.seq + 1);
-        let path = segment_path(&self.dir, seq);
-        let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-        preallocate(&file, PREALLOCATE_BYTES)?;
-        fdatasync(&file)?;
-        sync_dir(&self.dir)?;
-        self.segments.push(Segment {
-            seq,
-            file: Arc::new(file),
-            len: 0,
-            allocated: PREALLOCATE_BYTES,
-            last_index: None,
-        });
+        let file = self.disk.open(&segment_path(&self.dir, seq), Open::CreateNew)?;
+        file.allocate(PREALLOCATE_BYTES)?;
+        file.sync_data()?;
+        self.disk.sync_dir(&self.dir)?;
+        self.segments.push(Segment { seq, file, len: 0, allocated: PREALLOCATE_BYTES, last_index: None });
         Ok(())
     }
 
@@ -96,10 +62,10 @@ impl Inner {
         let end = segment.len + bytes.len() as u64;
         if end > segment.allocated {
             let allocated = end.div_ceil(PREALLOCATE_BYTES) * PREALLOCATE_BYTES;
-            preallocate(&segment.file, allocated)?;
+            segment.file.allocate(allocated)?;
             segment.allocated = allocated;
         }
-        segment.file.write_all_at(bytes, segment.len)?;
+        segment.file.write_at(bytes, segment.len)?;
         let at = segment.len;
         segment.len += bytes.len() as u64;
         // Written into preallocated space only: an append changes no file size (one fdatasync).
@@ -109,7 +75,7 @@ impl Inner {
 
     /// Writes `entries` (not yet synced) and makes them readable; returns the file to
     /// fdatasync before they may be reported durable.
-    pub(super) fn append(&mut self, entries: Vec<Entry<TypeConfig>>) -> io::Result<Arc<File>> {
+    pub(super) fn append(&mut self, entries: Vec<Entry<TypeConfig>>) -> io::Result<Arc<dyn DiskFile>> {
         // Each entry follows the one before it (the last the log holds, then the batch's own):
         // the open accepts nothing else, and reads count on a gapless log. After a purge past
         // the log's end (a snapshot installed) the next entry follows the purge, which openraft
@@ -145,7 +111,7 @@ impl Inner {
 
     /// Replaces `meta` (the vote and the last purged log id) atomically and durably.
     pub(super) fn save_meta(&self) -> io::Result<()> {
-        replace_file(&self.dir, "meta", &encode(&self.meta))
+        replace_file(&*self.disk, &self.dir, "meta", &encode(&self.meta))
     }
 
     /// Appends a commit index record (no fsync of its own: durable with the next append).
@@ -169,16 +135,16 @@ impl Inner {
         let mut removed = false;
         while self.segments.last().is_some_and(|s| s.seq > seq) {
             let segment = self.segments.pop().expect("checked");
-            std::fs::remove_file(segment_path(&self.dir, segment.seq))?;
+            self.disk.remove(&segment_path(&self.dir, segment.seq))?;
             removed = true;
         }
         if removed {
-            sync_dir(&self.dir)?;
+            self.disk.sync_dir(&self.dir)?;
         }
         let segment = self.segments.last_mut().expect("the entry's segment");
         if segment.len > offset {
-            segment.file.write_all_at(&vec![0; (segment.len - offset) as usize], offset)?;
-            fdatasync(&segment.file)?;
+            segment.file.write_at(&vec![0; (segment.len - offset) as usize], offset)?;
+            segment.file.sync_data()?;
             segment.len = offset;
         }
         self.entries.split_off(&index);
@@ -190,7 +156,7 @@ impl Inner {
         // id moves back to the log's new end, the one write that may move it back.
         let upto = self.last_log_id();
         assert!(
-            self.stalled() || upto.is_none_or(|u| self.durable.is_some_and(|d| d.index >= u.index)),
+            upto.is_none_or(|u| self.durable.is_some_and(|d| d.index >= u.index)),
             "truncation left entries up to {upto:?} of which only {:?} are durable",
             self.durable
         );
@@ -211,7 +177,7 @@ impl Inner {
         // may go past the log's end: a follower that installs a snapshot purges up to it).
         let last_dropped = self.entries.range(..=log_id.index).next_back().map(|(index, _)| *index);
         assert!(
-            self.stalled() || last_dropped.is_none_or(|last| self.durable.is_some_and(|d| d.index >= last)),
+            last_dropped.is_none_or(|last| self.durable.is_some_and(|d| d.index >= last)),
             "a purge to {log_id} drops entry {last_dropped:?}, not durable (durable: {:?})",
             self.durable
         );
@@ -224,7 +190,7 @@ impl Inner {
             if segment.last_index.is_some_and(|last| last > log_id.index) {
                 break;
             }
-            std::fs::remove_file(segment_path(&self.dir, segment.seq))?;
+            self.disk.remove(&segment_path(&self.dir, segment.seq))?;
             deleted += 1;
         }
         self.segments.drain(..deleted);

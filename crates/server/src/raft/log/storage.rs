@@ -13,7 +13,6 @@ use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{AnyError, Entry, ErrorSubject, ErrorVerb, OptionalSend, StorageIOError, Vote};
 
 use super::SegmentLog;
-use crate::raft::storage_faults::StorageFaults;
 use crate::raft::{LogId, NodeId, StorageError, TypeConfig};
 
 fn io_storage_error(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: &io::Error) -> StorageError {
@@ -48,7 +47,8 @@ impl RaftLogStorage<TypeConfig> for SegmentLog {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        self.wait_if_stalled()
+        self.disk
+            .sync_ready()
             .await
             .map_err(|e| io_storage_error(ErrorSubject::Vote, ErrorVerb::Write, &e))?;
         self.write("vote save", |inner| {
@@ -102,22 +102,27 @@ impl RaftLogStorage<TypeConfig> for SegmentLog {
             let inner = self.lock();
             self.may_report_early(&inner, &entries)
         };
-        let armed = self.faults.as_ref().is_some_and(|faults| faults.append_failure_armed());
-        if early && !armed {
+        if early {
             return self
                 .append_early(entries, callback)
                 .map_err(|e| io_storage_error(ErrorSubject::Logs, ErrorVerb::Write, &e));
         }
-        if let Err(e) = self.wait_if_stalled().await {
-            let error = io_storage_error(ErrorSubject::Logs, ErrorVerb::Write, &e);
-            callback.log_io_completed(Err(e));
-            return Err(error);
+        // In place: written, then fdatasynced once the disk takes a sync (what is pending is
+        // synced before the write: gate 4), then reported flushed.
+        let started = std::time::Instant::now();
+        let pending = !self.lock().unsynced.is_empty();
+        let result = async {
+            if pending {
+                self.disk.sync_ready().await?;
+            }
+            let (file, upto) = self.write_in_place(entries)?;
+            self.disk.sync_ready().await?;
+            self.sync_in_place(&*file, upto, started)
         }
-        let span =
-            entries.first().zip(entries.last()).map(|(first, last)| (first.log_id.index, last.log_id.index));
-        match self.append_entries(entries) {
-            Ok(_) => {
-                StorageFaults::report_appended(self.faults.as_deref(), span, callback);
+        .await;
+        match result {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
                 Ok(())
             }
             Err(e) => {
@@ -129,7 +134,8 @@ impl RaftLogStorage<TypeConfig> for SegmentLog {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.wait_if_stalled()
+        self.disk
+            .sync_ready()
             .await
             .map_err(|e| io_storage_error(ErrorSubject::Logs, ErrorVerb::Write, &e))?;
         self.write("log truncate", |inner| inner.truncate(log_id.index))
@@ -137,7 +143,8 @@ impl RaftLogStorage<TypeConfig> for SegmentLog {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.wait_if_stalled()
+        self.disk
+            .sync_ready()
             .await
             .map_err(|e| io_storage_error(ErrorSubject::Logs, ErrorVerb::Write, &e))?;
         self.write("log purge", |inner| inner.purge(log_id))

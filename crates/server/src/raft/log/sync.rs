@@ -24,7 +24,8 @@
 //! 5. Only a leader with other voters reports appends early ([`LogSync::set_overlap`]): a single
 //!    node overlaps nothing and keeps the fsync in place.
 //! 6. The early path runs in the simulation too (the fsync is a task on its one thread, so runs
-//!    stay deterministic), whose storage faults tear what was written but not synced.
+//!    stay deterministic: the simulated disk runs blocking work in place), whose power cuts tear
+//!    what was written but not synced.
 //! 7. A sync that has not ended after [`SYNC_STALL`] is joined in place by the worker, and sends
 //!    the next append down the in-place path: the node waits for the disk, the leader's
 //!    heartbeats stop and the followers elect another leader, as when an in-place fsync hangs.
