@@ -51,6 +51,13 @@ enum TopCommand {
     /// Check a configuration file of `permit serve`, or print its effective configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Turn one surviving node's data into a new single-node cluster, after a cluster lost its
+    /// quorum for good (docs/operations.md, *Lost quorum*). Keeps everything the node holds,
+    /// under a new cluster identity: the old members are refused if they come back. Stop the
+    /// node's server first; then serve the data dir without --peers and grow the cluster back
+    /// with `permit cluster add`.
+    #[command(after_help = RECOVER_EXIT_CODES)]
+    Recover(RecoverArgs),
     #[command(flatten)]
     Client(permit_cli::ClientCommand),
 }
@@ -64,6 +71,28 @@ Exit codes:
   0    stopped by SIGINT or SIGTERM
   1    could not start, or stopped on an error (the last log line says why)
   134  a bug: an internal check failed (the log shows where); restart it";
+
+/// `permit recover`.
+#[derive(Args)]
+struct RecoverArgs {
+    /// The surviving node's data dir.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// The surviving node's id (its `serve --id`).
+    #[arg(long, default_value_t = 1)]
+    id: u64,
+    /// Its address in the new cluster (default: its address in the last membership it knew;
+    /// serve it there).
+    #[arg(long)]
+    addr: Option<String>,
+}
+
+/// The exit codes of `permit recover`, printed at the end of its `--help`.
+const RECOVER_EXIT_CODES: &str = "\
+Exit codes:
+  0    recovered: serve the data dir as the message says
+  1    nothing was changed: the data dir holds no log, a server is using it, or the node is not
+       in its membership and no --addr was given (the message says which)";
 
 /// `permit config ...`
 #[derive(Subcommand)]
@@ -383,6 +412,30 @@ fn run() -> anyhow::Result<()> {
         TopCommand::Config(command) => {
             drop(runtime);
             std::process::exit(config_command(command, &matches, &sources))
+        }
+        TopCommand::Recover(args) => {
+            let recovered = runtime.block_on(permit_server::raft::recover::recover(
+                &args.data_dir,
+                args.id,
+                args.addr.as_deref(),
+            ))?;
+            let committed = recovered.committed.map_or_else(|| "unknown".to_owned(), |c| c.to_string());
+            println!(
+                "recovered node {} at {}: kept the log up to index {} (known committed: {committed}); \
+                 the new cluster {} is this node alone, from index {} in term {}.\n\
+                 Start it: permit serve --data-dir {} --id {} --listen {} --cluster-secret-file FILE\n\
+                 then add members: permit cluster add ID HOST:PORT",
+                recovered.id,
+                recovered.addr,
+                recovered.last_kept,
+                recovered.cluster,
+                recovered.membership.index,
+                recovered.membership.leader_id.term,
+                args.data_dir.display(),
+                recovered.id,
+                recovered.addr,
+            );
+            Ok(())
         }
         TopCommand::Client(command) => {
             let code = match runtime.block_on(permit_cli::execute(

@@ -19,6 +19,7 @@ use crate::observe::Observer;
 use crate::peer::{PeerSigner, PeerVerifier};
 use crate::peer_conn::{PeerClient, PoolLimits};
 use crate::raft::consensus::Consensus;
+use crate::raft::identity::ClusterIdentity;
 use crate::raft::network::LocalView;
 use crate::raft::network::Network;
 use crate::raft::proposer::ProposeError;
@@ -62,8 +63,15 @@ impl Node {
             config.cluster_secret.clone().map(|secret| Arc::new(PeerSigner::new(secret, config.node_id)));
         let view = Arc::new(LocalView::default());
         let peers = PeerClient::new(Some(addr.ip()), config.tls.as_ref())?;
-        let network = Network::new(&peers, signer.clone(), view.clone(), metrics.peer_rpcs_sent.clone());
-        let node = Node::assemble(config, addr, network, peers, signer, true, metrics).await?;
+        let identity = ClusterIdentity::open(&config.data_dir)?;
+        let network = Network::new(
+            &peers,
+            signer.clone(),
+            view.clone(),
+            metrics.peer_rpcs_sent.clone(),
+            identity.clone(),
+        );
+        let node = Node::assemble(config, addr, network, peers, signer, true, metrics, identity).await?;
         tokio::spawn(crate::raft::network::follow(node.consensus.raft().clone(), view));
         Ok(node)
     }
@@ -82,9 +90,11 @@ impl Node {
         let signer =
             config.cluster_secret.clone().map(|secret| Arc::new(PeerSigner::new(secret, config.node_id)));
         let peers = PeerClient::new(Some(addr.ip()), config.tls.as_ref())?;
-        Node::assemble(config, addr, network, peers, signer, false, Arc::new(Metrics::new())).await
+        let identity = ClusterIdentity::open(&config.data_dir)?;
+        Node::assemble(config, addr, network, peers, signer, false, Arc::new(Metrics::new()), identity).await
     }
 
+    #[allow(clippy::too_many_arguments)] // the parts that `start` and `start_with` build apart
     async fn assemble<N: PeerNetwork>(
         config: Config,
         addr: SocketAddr,
@@ -93,6 +103,7 @@ impl Node {
         peer_signer: Option<Arc<PeerSigner>>,
         probe_peers: bool,
         metrics: Arc<Metrics>,
+        identity: Arc<ClusterIdentity>,
     ) -> anyhow::Result<Arc<Node>> {
         config.validate()?;
         std::fs::create_dir_all(&config.data_dir)
@@ -171,6 +182,7 @@ impl Node {
             long_polls: Arc::default(),
             shutdown,
             fail_stop,
+            identity,
         });
         let agreement = crate::raft::version::Agreement {
             id: app.id,

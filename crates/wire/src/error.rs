@@ -141,6 +141,10 @@ error_codes! {
     /// member still runs an older build (the message names it). Nothing was written; it works
     /// once every member is upgraded (docs/operations.md, *Upgrading*).
     FeatureUnavailable = "feature_unavailable", 409;
+    /// A Raft message from a node of another cluster: a member of the cluster that `permit
+    /// recover` replaced, or a node with data of its own added to a recovered one. The message
+    /// says which node's data dir to wipe before it is added back.
+    WrongCluster = "wrong_cluster", 409;
 }
 
 #[cfg(feature = "openapi")]

@@ -11,6 +11,7 @@ mod logs;
 mod membership;
 mod minority;
 mod peer;
+mod recover;
 mod restart;
 mod revocation;
 mod ui;

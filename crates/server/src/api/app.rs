@@ -18,6 +18,7 @@ use permit_wire::ErrorCode;
 use tokio::sync::watch;
 
 pub(crate) use crate::raft::contact::Standing;
+pub(crate) use crate::raft::identity::{ClusterIdentity, CLUSTER_HEADER};
 pub(crate) use crate::raft::membership::MembershipError;
 pub(crate) use crate::raft::peer_rpc::{PeerRoute, PeerRpc, Refusal};
 pub(crate) use crate::raft::proposer::ProposeError;
@@ -73,6 +74,8 @@ pub(crate) struct App {
     /// Set by the first storage failure or unexpected Raft stop; the HTTP layer then refuses all
     /// work but the health probes (see `failstop`).
     pub(crate) fail_stop: Arc<FailStop>,
+    /// This node's cluster identity: Raft messages of another cluster are refused.
+    pub(crate) identity: Arc<ClusterIdentity>,
     /// Where new session and token ids come from.
     pub(crate) ids: IdSource,
     /// The values of the headers every answer carries (`permit-node`, `permit-term`,

@@ -5,7 +5,8 @@
 //! 1. the message's peer headers ([`crate::peer::PeerVerifier::verify_head`]): authentic for this
 //!    node and this start of it, and not taken before (`401 unauthenticated`; a message made for
 //!    another start gets this start's nonce in `permit-peer-nonce`), before any of the body is
-//!    read;
+//!    read; and the sender's cluster identity is this node's (`crate::raft::identity`: `409
+//!    wrong_cluster`);
 //! 2. the sender may send this route ([`PeerRpc::accepts`]: members, and a leader this node does
 //!    not know yet under its conditions; `403 permission_denied`);
 //! 3. the body fits the route's limit (`413 body_too_large`), arrives within the body timeout
@@ -21,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use permit_wire::ErrorCode;
 
 use super::app::App;
-use super::app::{PeerRoute, PeerRpc, Refusal};
+use super::app::{PeerRoute, PeerRpc, Refusal, CLUSTER_HEADER};
 use crate::error::ApiError;
 use crate::peer::PeerAuthError;
 
@@ -34,6 +35,10 @@ async fn serve(app: &App, route: PeerRoute, request: Request) -> Result<Vec<u8>,
     let head = verifier
         .verify_head(request.method().as_str(), path, request.headers())
         .map_err(|e| refuse_peer(app, &e))?;
+    let cluster = request.headers().get(CLUSTER_HEADER).and_then(|v| v.to_str().ok());
+    app.identity
+        .admit(cluster, app.status().pristine())
+        .map_err(|message| ApiError::new(ErrorCode::WrongCluster, message).into_response())?;
     let rpc: &PeerRpc = app.peer_rpc();
     rpc.accepts(route, head.sender, &head.members)
         .map_err(|message| ApiError::new(ErrorCode::PermissionDenied, message).into_response())?;

@@ -24,6 +24,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::bounds::{term_limit, PeerAnswer};
+use super::identity::{ClusterIdentity, CLUSTER_HEADER};
 use super::{NodeId, Raft, TypeConfig};
 use crate::metrics::{PeerRpcCounts, PeerRpcKind};
 use crate::peer::PeerSigner;
@@ -85,6 +86,8 @@ pub(crate) struct Network {
     sent: PeerRpcCounts,
     /// Peers whose last RPC found them unreachable, shared by every client of the network.
     unreachable: PeerReachability,
+    /// This node's cluster identity (`raft::identity`).
+    identity: Arc<ClusterIdentity>,
 }
 
 /// Which peers are known to be down, so that a peer that goes down is logged once (and once more
@@ -121,9 +124,10 @@ impl Network {
         signer: Option<Arc<PeerSigner>>,
         view: Arc<LocalView>,
         sent: PeerRpcCounts,
+        identity: Arc<ClusterIdentity>,
     ) -> Network {
         let pool = peers.pool(RAFT_POOL);
-        Network { pool, signer, view, sent, unreachable: PeerReachability::default() }
+        Network { pool, signer, view, sent, unreachable: PeerReachability::default(), identity }
     }
 }
 
@@ -139,6 +143,8 @@ pub(crate) struct PeerConnection {
     /// The commit index in the last AppendEntries sent to this peer.
     commit_sent: Option<super::LogId>,
     unreachable: PeerReachability,
+    /// This node's cluster identity, sent with every message (`raft::identity`).
+    identity: Arc<ClusterIdentity>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -154,6 +160,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             sent: self.sent.clone(),
             commit_sent: None,
             unreachable: self.unreachable.clone(),
+            identity: self.identity.clone(),
         }
     }
 }
@@ -205,6 +212,11 @@ impl PeerConnection {
         let (status, bytes) = loop {
             let mut headers = hyper::HeaderMap::new();
             headers.insert(hyper::header::CONTENT_TYPE, CONTENT_TYPE.clone());
+            if let Some(cluster) =
+                self.identity.current().and_then(|id| hyper::header::HeaderValue::from_str(&id).ok())
+            {
+                headers.insert(CLUSTER_HEADER, cluster);
+            }
             let signed_for = self
                 .signer
                 .as_ref()
@@ -234,7 +246,9 @@ impl PeerConnection {
             break (status, answer.into_body());
         };
         if !status.is_success() {
-            let error = std::io::Error::other(format!("peer answered HTTP {status}"));
+            // The answer's error says why (another cluster's node refuses this one, for one).
+            let why = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).into_owned();
+            let error = std::io::Error::other(format!("peer answered HTTP {status}: {why}"));
             return Err(RPCError::Unreachable(Unreachable::new(&error)));
         }
         let result: Result<Resp, E> =
