@@ -28,7 +28,11 @@ const SNAPSHOT_FORMAT_V3: u8 = 3;
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     /// The version byte is not one this build reads.
-    #[error("snapshot format version {0} is not supported")]
+    #[error(
+        "snapshot format version {0} is not one this build reads (1 to {max}): a newer build wrote it, \
+         or it is not a snapshot",
+        max = SNAPSHOT_FORMAT_VERSION
+    )]
     UnsupportedVersion(u8),
     /// The bytes do not decode.
     #[error("snapshot does not decode: {0}")]

@@ -8,6 +8,7 @@ mod durability;
 mod elections;
 mod errors;
 mod expiry;
+mod formats;
 mod full_disk;
 mod io_errors;
 mod isolation;

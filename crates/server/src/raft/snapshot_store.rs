@@ -146,7 +146,11 @@ pub fn decode(bytes: &[u8]) -> std::io::Result<(Meta, Vec<u8>)> {
         return Err(corrupt("bad magic"));
     }
     if bytes[8] != FILE_FORMAT_VERSION {
-        return Err(corrupt("unsupported version"));
+        return Err(std::io::Error::other(format!(
+            "snapshot file format version {} is not the one this build reads ({FILE_FORMAT_VERSION}): a newer \
+             build wrote it, or it is corrupt",
+            bytes[8]
+        )));
     }
     let crc = u32::from_le_bytes(bytes[9..13].try_into().expect("4 bytes"));
     let body = &bytes[13..];

@@ -111,7 +111,11 @@ impl fmt::Display for LogError {
                 if let Some(path) = path {
                     write!(f, "{}: ", path.display())?;
                 }
-                write!(f, "log format version {version} unsupported")
+                write!(
+                    f,
+                    "log format version {version} is not the one this build reads ({}): a newer build wrote it",
+                    super::codec::LOG_FORMAT_VERSION
+                )
             }
             LogError::Refused => f.write_str("refused after an earlier storage failure"),
         }
@@ -155,7 +159,10 @@ mod tests {
         assert!(matches!(LogError::of(&corrupt), LogError::Corrupt { offset: 16, .. }));
         let version: io::Error = LogError::UnknownFormat { path: None, version: 9 }.into();
         let meta = LogError::in_file("/d/meta".into(), &version);
-        assert_eq!(meta.to_string(), "/d/meta: log format version 9 unsupported");
+        assert_eq!(
+            meta.to_string(),
+            "/d/meta: log format version 9 is not the one this build reads (2): a newer build wrote it"
+        );
         assert!(matches!(LogError::of(&meta), LogError::UnknownFormat { version: 9, path: Some(_) }));
     }
 }
