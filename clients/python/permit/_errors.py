@@ -216,6 +216,8 @@ CODES: Dict[str, Type[PermitError]] = {
     "tls_required": InvalidRequest,
     "body_timeout": InvalidRequest,
     "misdirected_request": InvalidRequest,
+    "feature_unavailable": Conflict,
+    "wrong_cluster": Conflict,
 }
 
 

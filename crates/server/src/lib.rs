@@ -81,7 +81,7 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'stat
         .map_err(|e| anyhow::anyhow!("NOTIFY_SOCKET: {e}"))?
         .map(std::sync::Arc::new);
     if let Some(notify) = &notify {
-        tokio::spawn(notify.clone().run(node.clone()));
+        tokio::spawn(notify.clone().run(node.app().clone()));
     }
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let stopper = node.clone();

@@ -16,7 +16,7 @@ use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::node::Node;
+use crate::api::app::App;
 
 /// How often the node's readiness is looked at until it is ready.
 const READY_POLL: Duration = Duration::from_millis(50);
@@ -72,12 +72,12 @@ impl SdNotify {
         self.notify("STOPPING=1");
     }
 
-    /// Sends `READY=1` once `node` is ready, then pets the watchdog while it is live; runs
+    /// Sends `READY=1` once the node of `app` is ready, then pets the watchdog while it is live; runs
     /// until the node stops (spawn it).
-    pub(crate) async fn run(self: Arc<Self>, node: Arc<Node>) {
-        let mut shutdown = node.app().shutdown.clone();
+    pub(crate) async fn run(self: Arc<Self>, app: Arc<App>) {
+        let mut shutdown = app.shutdown.clone();
         let ready = async {
-            while !crate::api::system::is_ready(node.app()) {
+            while !crate::api::system::is_ready(&app) {
                 tokio::time::sleep(READY_POLL).await;
             }
             self.notify("READY=1");
@@ -89,7 +89,7 @@ impl SdNotify {
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await;
-                if crate::api::system::is_live(node.app()) {
+                if crate::api::system::is_live(&app) {
                     self.notify("WATCHDOG=1");
                 }
             }
@@ -100,7 +100,7 @@ impl SdNotify {
         tokio::select! {
             () = async { tokio::join!(ready, watchdog); } => {}
             () = stopped => {}
-            _ = node.fatal() => {}
+            _ = app.fail_stop.wait() => {}
         }
     }
 }

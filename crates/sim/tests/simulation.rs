@@ -87,7 +87,7 @@ fn sim_seeds_keep_every_invariant_under_faults() {
 /// crashed node's last acknowledged entries), the same nemesis and checkers find violations.
 #[test]
 fn sim_catches_a_disk_that_loses_acknowledged_entries() {
-    const SEEDS: [u64; 4] = [1, 2, 3, 5];
+    const SEEDS: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
     let settings = Settings { simulated: Duration::from_secs(30), lying_disk: true, ..Settings::default() };
     let runs = seeds::run_all(&SEEDS, &settings, THREADS);
     let caught: Vec<u64> = runs.iter().filter(|run| run.failed()).map(|run| run.seed).collect();
@@ -105,8 +105,8 @@ fn sim_catches_a_disk_that_loses_acknowledged_entries() {
     eprintln!("a lying disk was caught in seeds {caught:?} of {SEEDS:?}");
     // Seeds replay exactly, so these counts are the same on every run.
     assert!(
-        caught.len() >= SEEDS.len() - 1,
-        "a lying disk went unnoticed in most seeds: caught in {caught:?}"
+        caught.len() * 4 >= SEEDS.len() * 3,
+        "a lying disk went unnoticed in more than a quarter of the seeds: caught in {caught:?}"
     );
     assert!(in_history > 0, "the history checks never noticed acknowledged work lost");
 }

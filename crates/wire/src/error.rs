@@ -190,7 +190,8 @@ mod tests {
         semaphore_not_found unavailable permits_exceed_capacity permits_mismatch semaphore_busy \
         wait_cancelled limit_exceeded no_leader shutting_down internal timeout already_initialized \
         membership_change_in_progress leader_unreachable unauthenticated permission_denied \
-        token_not_found storage_error tls_required misdirected_request body_timeout";
+        token_not_found storage_error tls_required misdirected_request body_timeout \
+        feature_unavailable wrong_cluster";
 
     #[test]
     fn error_codes_match_the_published_list() {

@@ -45,7 +45,9 @@ impl ClusterIdentity {
         let id = match std::fs::read_to_string(&path) {
             Ok(text) => Some(text.trim().to_owned()).filter(|id| !id.is_empty()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(e),
+            Err(e) => {
+                return Err(std::io::Error::new(e.kind(), format!("cannot read {}: {e}", path.display())))
+            }
         };
         Ok(Arc::new(ClusterIdentity { path, id: RwLock::new(id) }))
     }
