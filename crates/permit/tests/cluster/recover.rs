@@ -7,25 +7,10 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
-use crate::common::{eventually, permit_bin, Cluster, Server};
+use crate::common::{eventually, permit_bin, without_ages, Cluster, Server};
 use crate::Api;
-
-/// The views that must survive: the semaphore's holders and waiters and the election's leader,
-/// without what moves with time.
-fn stable(mut view: Value) -> Value {
-    view.as_object_mut().unwrap().remove("index");
-    for list in ["holders", "waiters"] {
-        for entry in view[list].as_array_mut().into_iter().flatten() {
-            entry.as_object_mut().unwrap().retain(|key, _| key != "held_ms" && key != "waiting_ms");
-        }
-    }
-    if let Some(leader) = view["leader"].as_object_mut() {
-        leader.remove("held_ms");
-    }
-    view
-}
 
 fn recover(data_dir: &std::path::Path, id: u64) -> std::process::Output {
     Command::new(permit_bin())
@@ -47,8 +32,10 @@ async fn a_lost_quorum_is_recovered_from_one_node_that_keeps_its_writes_and_grow
     let lead = api.post("/v1/elections/sched/campaign", json!({ "session": a, "value": "host-a" })).await;
     assert_eq!(lead.status, 200, "{lead:?}");
     let last_token = lead.body["token"].as_u64().unwrap();
-    let before =
-        (stable(api.get("/v1/semaphores/db").await.body), stable(api.get("/v1/elections/sched").await.body));
+    let before = (
+        without_ages(api.get("/v1/semaphores/db").await.body),
+        without_ages(api.get("/v1/elections/sched").await.body),
+    );
 
     // The survivor: a follower that has applied everything the leader committed.
     let survivor = (0..3).find(|i| *i != leader).unwrap();
@@ -95,8 +82,10 @@ async fn a_lost_quorum_is_recovered_from_one_node_that_keeps_its_writes_and_grow
     assert!(leads, "the recovered node serves: {:?}", api.get("/v1/health").await);
 
     // Every write it had is there, and tokens keep growing.
-    let after =
-        (stable(api.get("/v1/semaphores/db").await.body), stable(api.get("/v1/elections/sched").await.body));
+    let after = (
+        without_ages(api.get("/v1/semaphores/db").await.body),
+        without_ages(api.get("/v1/elections/sched").await.body),
+    );
     assert_eq!(after, before, "holders, waiters and the election survive the recovery");
     let c = api.session(60_000).await;
     let granted = api.acquire("fresh", json!({ "session": c, "capacity": 1 })).await;
@@ -160,7 +149,7 @@ async fn a_lost_quorum_is_recovered_from_one_node_that_keeps_its_writes_and_grow
     );
     let joined = Api::at(&cluster.nodes[cluster.nodes.len() - 1].url);
     let follows = eventually(Duration::from_secs(10), async || {
-        stable(joined.get("/v1/semaphores/db?stale=true").await.body) == before.0
+        without_ages(joined.get("/v1/semaphores/db?stale=true").await.body) == before.0
     })
     .await;
     assert!(follows, "a new member has the recovered state");

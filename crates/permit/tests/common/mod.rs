@@ -175,6 +175,22 @@ impl Drop for Server {
     }
 }
 
+/// A semaphore's or an election's view (`GET /v1/semaphores/{name}`, `/v1/elections/{name}`)
+/// without what moves with time: the index and the ages (hold age, tenure, time waiting). Two
+/// views of the same state compare equal.
+pub fn without_ages(mut view: serde_json::Value) -> serde_json::Value {
+    view.as_object_mut().expect("a view").remove("index");
+    for list in ["holders", "waiters"] {
+        for entry in view[list].as_array_mut().into_iter().flatten() {
+            entry.as_object_mut().expect("an entry").retain(|key, _| key != "held_ms" && key != "waiting_ms");
+        }
+    }
+    if let Some(leader) = view["leader"].as_object_mut() {
+        leader.remove("held_ms");
+    }
+    view
+}
+
 /// Polls `check` every 5 ms until it returns true or `timeout` passes.
 pub async fn eventually(timeout: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::common::Server;
+use crate::common::{without_ages, Server};
 use crate::Api;
 
 const WORKERS: usize = 6;
@@ -160,22 +160,9 @@ async fn a_backup_restores_every_object_and_the_token_counter_into_a_new_server(
     let new = Server::start_in(&dir.path().join("new"), "127.0.0.1:0", &["--restore", &restore]);
     let api = Api::new(&new);
     let after = (api.get("/v1/semaphores/db").await.body, api.get("/v1/elections/sched").await.body);
-    // Without the index and the ages (hold age, tenure, time waiting), which move with time.
-    let strip = |mut view: serde_json::Value| {
-        view.as_object_mut().unwrap().remove("index");
-        for list in ["holders", "waiters"] {
-            for entry in view[list].as_array_mut().into_iter().flatten() {
-                entry.as_object_mut().unwrap().retain(|key, _| key != "held_ms" && key != "waiting_ms");
-            }
-        }
-        if let Some(leader) = view["leader"].as_object_mut() {
-            leader.remove("held_ms");
-        }
-        view
-    };
     assert_eq!(
-        (strip(after.0), strip(after.1)),
-        (strip(before.0), strip(before.1)),
+        (without_ages(after.0), without_ages(after.1)),
+        (without_ages(before.0), without_ages(before.1)),
         "holders, queue and leader"
     );
     assert_eq!(api.get("/v1/semaphores/idle").await.body["capacity"], 7);
