@@ -46,6 +46,11 @@ async fn cluster_commands_show_add_and_remove_members() {
     assert_eq!(code, 0, "{text}");
     assert_eq!(text.matches("voter").count(), 3, "{text}");
     assert!(text.contains("(leader)"), "{text}");
+    // The cluster's feature version, and each member's version and build (`raft::version`).
+    let first = text.lines().next().unwrap_or_default();
+    assert!(first.contains("cluster feature version 2"), "{text}");
+    let versioned = |line: &&str| line.split_whitespace().rev().take(2).eq([env!("CARGO_PKG_VERSION"), "2"]);
+    assert_eq!(text.lines().filter(|l| l.contains("voter")).filter(versioned).count(), 3, "{text}");
 
     let joiner = cluster.start_joiner(4);
     let addr = cluster.nodes[joiner].addr.clone();
