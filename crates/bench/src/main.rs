@@ -667,6 +667,9 @@ async fn cluster_rows(
         most: i64,
         leader: Vec<f64>,
         leader_cpu: Vec<f64>,
+        /// Per workload (W1 via the leader, via a follower, W2 spread, leader-aware): the share
+        /// of the 3 nodes' CPU spent on peer authenticators, for builds that count it.
+        mac_share: [Vec<f64>; 4],
     }
     let mut figures = vec![Figures::default(); clusters.len()];
     for run in 0..args.runs {
@@ -680,10 +683,14 @@ async fn cluster_rows(
                 .filter(|hint| urls.contains(hint))
                 .context("the cluster names no leader among its nodes")?;
             let follower = urls.iter().find(|url| **url != leader).context("a follower")?;
+            let priced = Priced::start(&urls, &pids).await?;
             let w1 = workloads::uncontended(&leader, &format!("cw1l-{run}"), duration).await?;
             f.w1_leader_p50.push(w1.acquire.p50());
+            f.mac_share[0].extend(priced.share().await?);
+            let priced = Priced::start(&urls, &pids).await?;
             let w1 = workloads::uncontended(follower, &format!("cw1f-{run}"), duration).await?;
             f.w1_follower_p50.push(w1.acquire.p50());
+            f.mac_share[1].extend(priced.share().await?);
             // Spread and leader-aware runs take turns going first: the second W2 run of a pair
             // came out faster than the first even when both were spread, so a fixed order would
             // bias their ratio.
@@ -691,9 +698,11 @@ async fn cluster_rows(
                 let label = if leader_aware { "W23leader" } else { "W23nodes" };
                 let name = format!("{label}-{run}");
                 let cpu = CpuWindow::start(pids.clone())?;
+                let priced = Priced::start(&urls, &pids).await?;
                 let started = Instant::now();
                 let w2 = workloads::contended_as(&urls, &name, 32, duration, leader_aware).await?;
                 let percent: f64 = cpu.percent(started.elapsed())?.iter().sum();
+                f.mac_share[if leader_aware { 3 } else { 2 }].extend(priced.share().await?);
                 let per_cycle = percent / 100.0 * 1e6 / w2.cycles_per_second;
                 if leader_aware {
                     f.leader.push(w2.cycles_per_second);
@@ -762,6 +771,15 @@ async fn cluster_rows(
             format!("{cpu:.0} µs{}", versus(cpu, base_cpu)),
             None,
         );
+        let workloads = ["W1 via the leader", "W1 via a follower", "W2 spread", "W2 leader-aware"];
+        for (workload, shares) in workloads.iter().zip(&f.mac_share).filter(|(_, s)| !s.is_empty()) {
+            let share = median(shares);
+            report.add(
+                &format!("{workload} (3 nodes{label}): peer authenticators' share of the nodes' CPU"),
+                format!("{:.2} %", share * 100.0),
+                Some(("<= 5 %".into(), share <= 0.05)),
+            );
+        }
         let cv = median(&f.cv);
         report.add(
             &format!("W2 (3 nodes{label}) fairness (CV of cycles per client)"),
@@ -775,6 +793,55 @@ async fn cluster_rows(
         );
     }
     Ok(())
+}
+
+/// The CPU that a cluster's nodes spend on peer authenticators over a window, against all the
+/// CPU they spend: their `permit_peer_mac_seconds_total` (builds before it have none) and their
+/// CPU ticks, read at the start and at [`Priced::share`].
+struct Priced {
+    urls: Vec<String>,
+    cpu: CpuWindow,
+    started: Instant,
+    mac_seconds: Option<f64>,
+}
+
+impl Priced {
+    async fn start(urls: &[String], pids: &[String]) -> anyhow::Result<Priced> {
+        let mac_seconds = mac_seconds(urls).await?;
+        Ok(Priced {
+            urls: urls.to_vec(),
+            cpu: CpuWindow::start(pids.to_vec())?,
+            started: Instant::now(),
+            mac_seconds,
+        })
+    }
+
+    /// The authenticators' share of the nodes' CPU since the start (`None` for a build that
+    /// does not count them).
+    async fn share(self) -> anyhow::Result<Option<f64>> {
+        let cpu_seconds: f64 = self.cpu.percent(self.started.elapsed())?.iter().sum::<f64>() / 100.0
+            * self.started.elapsed().as_secs_f64();
+        let (Some(before), Some(after)) = (self.mac_seconds, mac_seconds(&self.urls).await?) else {
+            return Ok(None);
+        };
+        Ok(Some((after - before) / cpu_seconds))
+    }
+}
+
+/// The seconds the nodes at `urls` spent on peer authenticators, summed; `None` when a node
+/// does not count them.
+async fn mac_seconds(urls: &[String]) -> anyhow::Result<Option<f64>> {
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let mut total = 0.0;
+    for url in urls {
+        let text = http.get(format!("{url}/metrics")).send().await?.text().await?;
+        let value = text.lines().find_map(|line| line.strip_prefix("permit_peer_mac_seconds_total "));
+        match value.and_then(|v| v.trim().parse::<f64>().ok()) {
+            Some(seconds) => total += seconds,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(total))
 }
 
 /// The W2 rows of one node: cycles against 0.7 × `handoff_bound`, waits, fairness, the most

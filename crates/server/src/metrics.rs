@@ -188,6 +188,8 @@ pub struct Metrics {
     pub(crate) read_barrier_waits: Counter,
     /// Peer RPCs this node sent, by kind (counted by the peer network before each send).
     pub(crate) peer_rpcs_sent: PeerRpcCounts,
+    /// Seconds spent on peer message authenticators (`peer::ClusterSecret`).
+    pub(crate) peer_mac_seconds: crate::peer::MacSeconds,
     /// Peer RPCs this node received and admitted, by kind.
     pub(crate) peer_rpcs_received: PeerRpcCounts,
     connections_open: Gauge,
@@ -319,6 +321,12 @@ impl Metrics {
             "peer_rpcs_sent",
             "Raft RPCs sent to peers by kind: append (with entries), heartbeat (append without entries: heartbeats and ReadIndex confirmations), vote, snapshot (one per chunk)",
         );
+        let peer_mac_seconds = crate::peer::MacSeconds::default();
+        registry.register(
+            "peer_mac_seconds",
+            "Time this node spent computing and checking peer message authenticators (HMAC-SHA256 of each Raft RPC and forwarded request, with the SHA-256 of its body), to price them against the node's CPU",
+            peer_mac_seconds.clone(),
+        );
         let peer_rpcs_received = PeerRpcCounts::register(
             &mut registry,
             "peer_rpcs_received",
@@ -392,6 +400,7 @@ impl Metrics {
             read_rounds,
             read_barrier_waits,
             peer_rpcs_sent,
+            peer_mac_seconds,
             peer_rpcs_received,
             connections_open,
             connections_refused,

@@ -59,6 +59,9 @@ impl Node {
     /// When the data dir cannot be opened (or another server has it open) or Raft cannot start.
     pub async fn start(config: Config, addr: SocketAddr) -> anyhow::Result<Arc<Node>> {
         let metrics = Arc::new(Metrics::new());
+        if let Some(secret) = &config.cluster_secret {
+            secret.count_time_in(metrics.peer_mac_seconds.clone());
+        }
         let signer =
             config.cluster_secret.clone().map(|secret| Arc::new(PeerSigner::new(secret, config.node_id)));
         let view = Arc::new(LocalView::default());

@@ -21,7 +21,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use hmac::{Hmac, Mac};
@@ -53,7 +54,15 @@ pub(crate) const SECRET_HOWTO: &str = "make one with `head -c 32 /dev/urandom | 
 
 /// The secret shared by the nodes of a cluster. Its `Debug` output never shows it.
 #[derive(Clone)]
-pub struct ClusterSecret(Arc<Hmac<Sha256>>);
+pub struct ClusterSecret {
+    keyed: Arc<Hmac<Sha256>>,
+    /// Where the time spent on authenticators is counted (`permit_peer_mac_seconds`), shared
+    /// by every copy of this secret: signing, checking, and the body digests they cover.
+    spent: Arc<OnceLock<MacSeconds>>,
+}
+
+/// The counter of seconds spent on peer authenticators.
+pub(crate) type MacSeconds = prometheus_client::metrics::counter::Counter<f64, AtomicU64>;
 
 impl fmt::Debug for ClusterSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -78,7 +87,7 @@ impl ClusterSecret {
             .map_err(|e| anyhow::anyhow!("{e}; {SECRET_HOWTO}"))?;
         // Keyed once: every message's authenticator starts from a copy of this state.
         let keyed = <Hmac<Sha256> as Mac>::new_from_slice(trimmed).expect("HMAC takes keys of any length");
-        Ok(ClusterSecret(Arc::new(keyed)))
+        Ok(ClusterSecret { keyed: Arc::new(keyed), spent: Arc::default() })
     }
 
     /// Reads a secret from a file (its content, whitespace trimmed).
@@ -99,9 +108,25 @@ impl ClusterSecret {
         ClusterSecret::new(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
     }
 
+    /// Counts the time every copy of this secret spends on authenticators in `spent` (the
+    /// node's metrics; once).
+    pub(crate) fn count_time_in(&self, spent: MacSeconds) {
+        let _ = self.spent.set(spent);
+    }
+
+    /// Runs `f`, counting its time as time spent on authenticators.
+    fn timed<R>(&self, f: impl FnOnce() -> R) -> R {
+        let started = std::time::Instant::now();
+        let result = f();
+        if let Some(spent) = self.spent.get() {
+            spent.inc_by(started.elapsed().as_secs_f64());
+        }
+        result
+    }
+
     /// The authenticator of one message.
     fn mac(&self, message: &Signed<'_>) -> Hmac<Sha256> {
-        let mut mac = (*self.0).clone();
+        let mut mac = (*self.keyed).clone();
         mac.update(CONTEXT);
         // Every field has a fixed size or is length-prefixed, so no two messages share an input.
         mac.update(&message.from.to_be_bytes());
@@ -233,9 +258,13 @@ impl PeerSigner {
             *next += 1;
             Nonce { receiver: *receiver, sender: self.nonce, counter }
         };
-        let body_sha256: [u8; 32] = Sha256::digest(body).into();
-        let signed = Signed { from: self.id, to, nonce, method, path, body_sha256: &body_sha256, members };
-        let tag: [u8; 32] = self.secret.mac(&signed).finalize().into_bytes().into();
+        let (body_sha256, tag) = self.secret.timed(|| {
+            let body_sha256: [u8; 32] = Sha256::digest(body).into();
+            let signed =
+                Signed { from: self.id, to, nonce, method, path, body_sha256: &body_sha256, members };
+            let tag: [u8; 32] = self.secret.mac(&signed).finalize().into_bytes().into();
+            (body_sha256, tag)
+        });
         headers.insert(ID.clone(), HeaderValue::from(self.id));
         headers.insert(NONCE.clone(), nonce.header());
         headers.insert(BODY.clone(), hex_value(&body_sha256));
@@ -286,6 +315,8 @@ pub(crate) struct PeerHead {
     /// The node that sent it.
     pub(crate) sender: NodeId,
     body_sha256: [u8; 32],
+    /// The secret it was checked with (its body's digest counts as authenticator time).
+    secret: ClusterSecret,
     /// The sender's membership claim (`permit-peer-members`), `""` when it sent none.
     pub(crate) members: String,
 }
@@ -296,7 +327,7 @@ impl PeerHead {
     /// # Errors
     /// [`PeerAuthError::BodyMismatch`] when it is not.
     pub(crate) fn check_body(&self, body: &[u8]) -> Result<(), PeerAuthError> {
-        let digest: [u8; 32] = Sha256::digest(body).into();
+        let digest: [u8; 32] = self.secret.timed(|| Sha256::digest(body).into());
         if digest == self.body_sha256 {
             Ok(())
         } else {
@@ -333,7 +364,7 @@ impl PeerVerifier {
         if head.nonce.receiver != self.nonce {
             return Err(PeerAuthError::StaleNonce);
         }
-        if !head.authentic(&self.secret, self.id, method, path) {
+        if !self.secret.timed(|| head.authentic(&self.secret, self.id, method, path)) {
             return Err(PeerAuthError::BadCredential);
         }
         // Only an authentic message moves a window: forged ones cannot refuse good ones.
@@ -342,7 +373,12 @@ impl PeerVerifier {
         if !window.take(head.nonce.sender, head.nonce.counter) {
             return Err(PeerAuthError::Replayed);
         }
-        Ok(PeerHead { sender: head.sender, body_sha256: head.body_sha256, members: head.members.to_owned() })
+        Ok(PeerHead {
+            sender: head.sender,
+            body_sha256: head.body_sha256,
+            secret: self.secret.clone(),
+            members: head.members.to_owned(),
+        })
     }
 }
 
@@ -357,7 +393,7 @@ pub(crate) fn signed_for(
     path: &str,
     headers: &HeaderMap,
 ) -> bool {
-    Head::parse(headers).is_ok_and(|head| head.authentic(secret, to, method, path))
+    secret.timed(|| Head::parse(headers).is_ok_and(|head| head.authentic(secret, to, method, path)))
 }
 
 /// The peer headers of a request, parsed.
