@@ -216,6 +216,9 @@ CODES: Dict[str, Type[PermitError]] = {
     "tls_required": InvalidRequest,
     "body_timeout": InvalidRequest,
     "misdirected_request": InvalidRequest,
+    "feature_unavailable": Conflict,
+    "wrong_cluster": Conflict,
+    "not_leader": Conflict,
 }
 
 
