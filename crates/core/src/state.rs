@@ -513,18 +513,21 @@ impl State {
         validate_election_value(value)?;
         let session = self.sessions.get(&session_id).ok_or(Refusal::SessionNotFound)?;
         let session_name = session.name.clone();
-        let object = self.object_mut(key).ok_or(Refusal::NotLeader)?;
-        let hold = object.holders.get_mut(&session_id).ok_or(Refusal::NotLeader)?;
+        // Read first: a refusal must not copy an object that a snapshot view shares.
+        let hold = self.objects.get(key).and_then(|object| object.holders.get(&session_id));
+        let hold = hold.ok_or(Refusal::NotLeader)?;
         let outcome = Outcome::Proclaimed { token: hold.token, granted_at_ms: hold.granted_at_ms };
         if hold.value.as_deref() == Some(value) {
             return Ok(outcome);
         }
-        hold.value = Some(value.to_owned());
+        let token = hold.token;
+        let object = self.object_mut(key).expect("the leader's election exists");
+        object.holders.get_mut(&session_id).expect("the leader holds it").value = Some(value.to_owned());
         let mut event = Event::new(EventKind::Proclaimed);
         event.key = Some(key.clone());
         event.session = Some(session_id);
         event.session_name = session_name;
-        event.token = Some(hold.token);
+        event.token = Some(token);
         event.value = Some(value.to_owned());
         emit(effects, event);
         self.touch(index, key, effects);
