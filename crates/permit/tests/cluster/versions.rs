@@ -62,6 +62,13 @@ async fn a_cluster_refuses_a_newer_feature_until_every_member_speaks_it_and_neve
     assert_eq!(campaign.status, 200, "{campaign:?}");
     let proclaim = api.post("/v1/elections/e/proclaim", json!({ "session": session, "value": "b" })).await;
     assert_eq!((proclaim.status, proclaim.code()), (409, "feature_unavailable"), "{proclaim:?}");
+    // So is the leader's campaign with another value (it proclaims); with its own, it leads.
+    let changed = api.post("/v1/elections/e/campaign", json!({ "session": session, "value": "b" })).await;
+    assert_eq!((changed.status, changed.code()), (409, "feature_unavailable"), "{changed:?}");
+    assert_eq!(
+        api.post("/v1/elections/e/campaign", json!({ "session": session, "value": "a" })).await.status,
+        200
+    );
     assert_eq!(api.get("/v1/elections/e").await.body["leader"]["value"], "a");
 
     // Node 3 upgraded (restarted without the injection): the leader raises the version.
