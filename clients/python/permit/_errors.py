@@ -218,6 +218,7 @@ CODES: Dict[str, Type[PermitError]] = {
     "misdirected_request": InvalidRequest,
     "feature_unavailable": Conflict,
     "wrong_cluster": Conflict,
+    "not_leader": Conflict,
 }
 
 

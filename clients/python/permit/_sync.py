@@ -976,6 +976,35 @@ class Leadership(_Hold):
     def __enter__(self) -> "Leadership":
         return self
 
+    def proclaim(self, value: str) -> None:
+        """Publishes ``value`` in place of the current one and keeps leading, with the same
+        ``token`` (etcd's ``Proclaim``): :meth:`Client.leader` and ``observe_leader`` see the
+        new value. ``self.value`` follows what the server confirmed. Raises
+        :class:`permit.Conflict` ``not_leader`` when the session no longer leads (revoked, or
+        resigned; nothing changes), ``feature_unavailable`` when a cluster member runs a build
+        older than feature version 3, :class:`permit.InvalidRequest` for a value over 4096
+        bytes, :class:`permit.SessionLost` once the leadership is lost.
+
+        Example::
+
+            leadership.proclaim("host-a:8081")
+            assert leadership.value == "host-a:8081"
+        """
+        check_pid(self.session._pid, self.session.id)
+        if self._released:
+            raise Conflict("not_leader", 0, f"{self.name}: this leadership was resigned")
+        self.check()
+        try:
+            _, body = self.session._request(
+                "POST",
+                f"/v1/{self._kind}/{segment(self.name)}/proclaim",
+                json={"session": self.session.id, "value": value},
+            )
+        except SessionLost as error:
+            self.session._lose(error)
+            raise
+        self.value = body["value"]
+
     def resign(self) -> None:
         """Steps down (the next candidate becomes leader).
 

@@ -292,3 +292,57 @@ def test_without_the_helper_sigterm_leaves_the_hold_until_the_ttl(server: Server
         holder = client.semaphore(name).holders[0]
         client._request("DELETE", f"/v1/sessions/{holder.session}")
         client.delete_semaphore(name)
+
+
+def test_proclaim_publishes_a_new_value_and_keeps_the_token(server: Server, name: str) -> None:
+    with permit.Client(server.url) as client, client.session() as session:
+        with client.observe_leader(name, timeout=20.0) as leaders:
+            assert next(leaders) is None
+            with session.campaign(name, value="host-a:1") as leadership:
+                token = leadership.token
+                assert next(leaders) == permit.Leader(session.id, "host-a:1", token)
+                leadership.proclaim("host-a:2")
+                assert (leadership.value, leadership.token) == ("host-a:2", token)
+                # The watch sees the new value of the same leadership.
+                assert next(leaders) == permit.Leader(session.id, "host-a:2", token)
+                assert client.leader(name) == permit.Leader(session.id, "host-a:2", token)
+                with pytest.raises(permit.InvalidRequest):
+                    leadership.proclaim("v" * 4097)
+                assert leadership.value == "host-a:2"
+            with pytest.raises(permit.Conflict) as resigned:
+                leadership.proclaim("host-a:3")
+            assert resigned.value.code == "not_leader"
+            assert next(leaders) is None
+
+
+def test_proclaim_by_a_leader_that_was_revoked_is_refused(server: Server, name: str) -> None:
+    with permit.Client(server.url) as client, client.session() as session:
+        leadership = session.campaign(name, value="host-a")
+        client._request("POST", f"/v1/elections/{name}/revoke", json={"session": session.id})
+        with pytest.raises(permit.Conflict) as refused:
+            leadership.proclaim("host-b")
+        assert (refused.value.code, refused.value.status) == ("not_leader", 409)
+        assert leadership.value == "host-a"
+        assert client.leader(name) is None  # nothing was created
+        assert not session.lost.is_set()  # the session lives on
+        leadership.resign()
+
+
+def test_asyncio_proclaim(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client, client.session() as session:
+            async with client.observe_leader(name, timeout=20.0) as leaders:
+                assert await leaders.__anext__() is None
+                leadership = await session.campaign(name, value="v1")
+                token = leadership.token
+                assert await leaders.__anext__() == permit.Leader(session.id, "v1", token)
+                await leadership.proclaim("v2")
+                assert (leadership.value, leadership.token) == ("v2", token)
+                assert await leaders.__anext__() == permit.Leader(session.id, "v2", token)
+                await client._request("POST", f"/v1/elections/{name}/revoke", json={"session": session.id})
+                with pytest.raises(permit.Conflict) as refused:
+                    await leadership.proclaim("v3")
+                assert refused.value.code == "not_leader" and leadership.value == "v2"
+                await leadership.resign()
+
+    asyncio.run(main())

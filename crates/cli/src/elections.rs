@@ -1,16 +1,47 @@
-//! `permit elect` (run a command while leading) and `permit leader` (who leads, once or as it
-//! changes).
+//! `permit elect` (run a command while leading), `permit leader` (who leads, once or as it
+//! changes) and `permit proclaim` (the leader publishes a new value).
 
 use std::ffi::OsString;
 use std::io::Write as _;
 use std::time::Duration;
 
 use anyhow::Context;
-use permit_client::Client;
+use permit_client::wire::ProclaimRequest;
+use permit_client::{Client, ErrorCode};
 
 use crate::run::{Held, Hold};
 use crate::supervise::{Job, Signals};
-use crate::{parse_duration, EXIT_CODES_ELECT, EXIT_CODES_LEADER, EXIT_NO_LEADER, TTL_DEFAULT};
+use crate::{
+    parse_duration, EXIT_CODES_ELECT, EXIT_CODES_LEADER, EXIT_NOT_LEADING, EXIT_NO_LEADER, TTL_DEFAULT,
+};
+
+/// The exit codes of `permit proclaim`, printed at the end of its `--help`.
+pub const EXIT_CODES_PROCLAIM: &str = "\
+Exit codes:
+  0   published: the session leads and its value is VALUE now (its token is unchanged)
+  3   the session does not lead the election (another does, or none): nothing changed
+  1   the server refused the request (for example session_not_found, invalid_argument, or
+      feature_unavailable while a cluster member runs an older build) or answered something
+      unexpected (printed on stderr)
+  64  a malformed --server address or access token (the message says which; nothing was sent)
+  74  could not reach the server, or no server could serve (no leader, shutting down)
+  78  https:// against a plain-HTTP port or http:// against a TLS port (the message names the
+      address to use)";
+
+/// `permit proclaim <name> <value> [--session ID]`
+#[derive(clap::Args, Debug)]
+#[command(after_help = EXIT_CODES_PROCLAIM)]
+pub struct ProclaimArgs {
+    /// The election.
+    pub election: String,
+    /// The new value to publish (at most 4096 bytes).
+    pub value: String,
+    /// The leading session. Inside `permit elect`'s command, PERMIT_SESSION is that
+    /// leadership's session (and PERMIT_ELECTION its election); with `--auth`, the command needs
+    /// the token that created it (`permit elect --pass-token`).
+    #[arg(long, env = "PERMIT_SESSION")]
+    pub session: String,
+}
 
 /// `permit elect <name> --value V [--ttl 10s] [--timeout D] -- CMD ARGS...`
 #[derive(clap::Args, Debug)]
@@ -65,8 +96,8 @@ pub struct LeaderArgs {
     /// --watch, one object per line.
     #[arg(long)]
     pub json: bool,
-    /// Keep running and print the leader again each time it changes (an empty line when nobody
-    /// leads), until Ctrl-C or SIGTERM.
+    /// Keep running and print the leader again each time it changes, or publishes a new value
+    /// (an empty line when nobody leads), until Ctrl-C or SIGTERM.
     #[arg(long)]
     pub watch: bool,
 }
@@ -142,7 +173,9 @@ async fn watch_leader(client: &Client, args: &LeaderArgs) -> anyhow::Result<i32>
     };
     let mut printed = None;
     loop {
-        let leader = view.leader.as_ref().map(|leader| (leader.session.clone(), leader.token));
+        // A new value of the same leadership (a proclaim) is a change too.
+        let leader =
+            view.leader.as_ref().map(|leader| (leader.session.clone(), leader.token, leader.value.clone()));
         if printed.as_ref() != Some(&leader) {
             let line = if args.json {
                 serde_json::to_string(&view)?
@@ -157,5 +190,26 @@ async fn watch_leader(client: &Client, args: &LeaderArgs) -> anyhow::Result<i32>
             next = client.watch_election(&args.election, view.index, WATCH_WAIT) => next.with_context(read_failed)?,
             _ = signals.recv() => return Ok(0),
         };
+    }
+}
+
+/// Runs `permit proclaim`: 0 when published, [`EXIT_NOT_LEADING`] when the session does not lead.
+pub(crate) async fn proclaim(client: &Client, args: ProclaimArgs) -> anyhow::Result<i32> {
+    let request = ProclaimRequest { session: args.session.clone(), value: args.value };
+    match client.proclaim(&args.election, &request).await {
+        Ok(leader) => {
+            println!(
+                "session {} leads {} with value {} (token {})",
+                leader.session, args.election, leader.value, leader.token
+            );
+            Ok(0)
+        }
+        Err(error) if error.code() == Some(ErrorCode::NotLeader) => {
+            eprintln!("session {} does not lead election {}: nothing changed", args.session, args.election);
+            Ok(EXIT_NOT_LEADING)
+        }
+        Err(error) => Err(error).with_context(|| {
+            format!("cannot proclaim in election {} for session {}", args.election, args.session)
+        }),
     }
 }

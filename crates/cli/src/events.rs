@@ -12,7 +12,8 @@ pub struct EventsArgs {
     #[arg(long)]
     pub prefix: Option<String>,
     /// Only these kinds, comma-separated: session_created, session_expired, session_closed,
-    /// queued, granted, released, wait_ended, expired, revoked, capacity_changed, leader_changed.
+    /// queued, granted, released, wait_ended, expired, revoked, capacity_changed, leader_changed,
+    /// proclaimed.
     #[arg(long, value_delimiter = ',')]
     pub kinds: Vec<String>,
     /// Print each event's JSON (one object per line) instead of a summary.

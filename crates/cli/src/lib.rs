@@ -39,7 +39,7 @@ use std::time::Duration;
 use anyhow::Context;
 use permit_client::{Client, ErrorCode};
 
-pub use elections::{ElectArgs, LeaderArgs};
+pub use elections::{ElectArgs, LeaderArgs, ProclaimArgs};
 pub use lock::LockArgs;
 pub use operator::{ElectionsArgs, HealthArgs, ReleaseArgs, RevokeArgs, ValidateArgs};
 pub use run::RunArgs;
@@ -53,6 +53,9 @@ pub const EXIT_NO_LEADER: i32 = 3;
 /// Exit code of `permit validate` when the token is not current (a negative answer, like
 /// [`EXIT_NO_LEADER`], not an error).
 pub const EXIT_NOT_CURRENT: i32 = 3;
+/// Exit code of `permit proclaim` when the session does not lead the election (a negative
+/// answer, like [`EXIT_NO_LEADER`]; nothing changed).
+pub const EXIT_NOT_LEADING: i32 = 3;
 /// Exit code of a local mistake found before anything was sent: a malformed `--server` address
 /// or access token (`EX_USAGE` of sysexits.h). The message names the fix.
 pub const EXIT_USAGE: i32 = 64;
@@ -192,6 +195,9 @@ pub enum ClientCommand {
     Elect(ElectArgs),
     /// Print the current leader of an election, or follow it with --watch.
     Leader(LeaderArgs),
+    /// Publish a new value as an election's leader, keeping the leadership and its token (for
+    /// the command of `permit elect`: PERMIT_SESSION names its session).
+    Proclaim(ProclaimArgs),
     /// Cluster membership: status, add, remove.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
@@ -289,6 +295,7 @@ async fn execute_command(
         ClientCommand::Delete(args) => semaphores::delete(&client, args).await,
         ClientCommand::Elect(args) => elections::elect(&client, args).await,
         ClientCommand::Leader(args) => elections::leader(&client, args).await,
+        ClientCommand::Proclaim(args) => elections::proclaim(&client, args).await,
         ClientCommand::Cluster(command) => cluster::execute(&client, command).await,
         ClientCommand::Acl(command) => acl::execute(&client, command).await,
         ClientCommand::Sessions(args) => semaphores::sessions(&client, args).await,

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use permit_wire::{
-    CampaignRequest, CampaignResponse, ElectionList, ElectionView, LeaderView, ReleaseRequest,
-    ReleaseResponse, RevokeRequest,
+    CampaignRequest, CampaignResponse, ElectionList, ElectionView, LeaderView, ProclaimRequest,
+    ReleaseRequest, ReleaseResponse, RevokeRequest,
 };
 use reqwest::Method;
 
@@ -207,6 +207,37 @@ impl Client {
         let call = Call::new(Method::POST, election_path(name, "/campaign"))
             .body(request)
             .timeout(long_poll_timeout(request.wait_ms));
+        self.transport.send(&call).await?.json()
+    }
+
+    /// `POST /v1/elections/{name}/proclaim`: the leading session publishes a new value and keeps
+    /// leading, with the same token (see [`Leadership::proclaim`](crate::Leadership::proclaim)
+    /// for the guard). Answers the leader with the new value.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use permit_client::wire::ProclaimRequest;
+    /// # async fn run(session: String) -> permit_client::Result<()> {
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// let request = ProclaimRequest { session, value: "10.0.0.8:8080".into() };
+    /// let leader = client.proclaim("scheduler", &request).await?;
+    /// println!("still leading with token {}, now at {}", leader.token, leader.value);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `not_leader` (the session does not lead; nothing changed), `session_not_found`,
+    /// `feature_unavailable` (a member runs a build older than feature version 3),
+    /// `invalid_name`, `invalid_argument` (value over 4096 bytes).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may or may not publish the value; repeating the call is harmless.
+    pub async fn proclaim(&self, name: &str, request: &ProclaimRequest) -> Result<LeaderView> {
+        let call = Call::new(Method::POST, election_path(name, "/proclaim")).body(request);
         self.transport.send(&call).await?.json()
     }
 

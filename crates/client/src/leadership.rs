@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use permit_wire::ProclaimRequest;
+
 use crate::error::Result;
 use crate::hold::{Hold, Object};
 use crate::session::Session;
@@ -53,7 +55,7 @@ impl Leadership {
         &self.hold.name
     }
 
-    /// The value published while leading.
+    /// The value published while leading: the campaign's, or the last one proclaimed.
     ///
     /// # Examples
     ///
@@ -138,6 +140,39 @@ impl Leadership {
     /// Safe: it only watches.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         self.hold.lost()
+    }
+
+    /// Publishes `value` in place of the current one and keeps leading, with the same token and
+    /// tenure (etcd's `Proclaim`): readers of the election and its watchers see the new value.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(mut leadership: permit_client::Leadership) -> permit_client::Result<()> {
+    /// leadership.proclaim("10.0.0.8:8080").await?;
+    /// assert_eq!(leadership.value(), "10.0.0.8:8080");
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `not_leader` when the session no longer leads (revoked; nothing changed), `invalid_argument`
+    /// (value over 4096 bytes), `feature_unavailable` (a member runs a build older than feature
+    /// version 3), [`Error::SessionExpired`](crate::Error::SessionExpired) once the session is
+    /// known to be gone; transport errors. On an error [`Leadership::value`] keeps the last value
+    /// the server confirmed.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped before the answer, the value may or may not be published, and
+    /// [`Leadership::value`] keeps the previous one; proclaiming again is harmless.
+    pub async fn proclaim(&mut self, value: &str) -> Result<()> {
+        let session = &self.hold.session;
+        let request = ProclaimRequest { session: session.id().to_owned(), value: value.to_owned() };
+        let leader = session.client().proclaim(&self.hold.name, &request).await;
+        self.value = leader.map_err(|error| session.observe(error))?.value;
+        Ok(())
     }
 
     /// Resigns, letting the next candidate lead, and waits for the server's answer.

@@ -151,6 +151,17 @@ pub enum Command {
         /// The new version.
         version: u32,
     },
+    /// An election's leader publishes a new value (etcd's `Proclaim`): the hold, its token and
+    /// its tenure stay; only the session that leads may. Refused with [`crate::Refusal::NotLeader`]
+    /// otherwise, and the value is checked as a campaign's is.
+    Proclaim {
+        /// The election.
+        key: Key,
+        /// The session that leads it.
+        session: SessionId,
+        /// The new value (at most [`crate::limits::ELECTION_VALUE_BYTES_MAX`] bytes).
+        value: String,
+    },
 }
 
 /// The feature version this build's commands speak: the highest [`Command::feature_version`].
@@ -158,7 +169,8 @@ pub enum Command {
 /// - 1: builds from before versioning (they report no version).
 /// - 2: [`Command::Revoke`] (older than versioning, but a member that reports no version may be
 ///   older than it too) and [`Command::SetClusterVersion`].
-pub const FEATURE_VERSION: u32 = 2;
+/// - 3: [`Command::Proclaim`].
+pub const FEATURE_VERSION: u32 = 3;
 
 impl Command {
     /// The cluster feature version a command needs: the version in which it appeared. A new
@@ -182,6 +194,7 @@ impl Command {
             | Command::AcquireBy { .. }
             | Command::SetTokenSalt { .. } => 1,
             Command::Revoke { .. } | Command::SetClusterVersion { .. } => 2,
+            Command::Proclaim { .. } => 3,
         }
     }
 }

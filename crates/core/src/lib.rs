@@ -32,7 +32,10 @@ pub use outcome::{Effect, Event, EventKind, Field, Limit, Outcome, Refusal, Wait
 pub use semaphore::{Hold, Semaphore, Waiter};
 pub use session::{InvalidSessionId, KeySet, Session, SessionId};
 pub use snapshot::{SnapshotError, SnapshotView, SNAPSHOT_FORMAT_VERSION};
-pub use state::{validate_acquire, validate_capacity, validate_session_name, validate_ttl_ms, State};
+pub use state::{
+    validate_acquire, validate_capacity, validate_election_value, validate_session_name, validate_ttl_ms,
+    State,
+};
 pub use verify::InvariantViolation;
 pub use wait_queue::WaitQueue;
 

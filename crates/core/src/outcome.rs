@@ -60,6 +60,13 @@ pub enum Outcome {
         /// The cluster's feature version.
         version: u32,
     },
+    /// The leader's value is the proclaimed one now; its hold is unchanged.
+    Proclaimed {
+        /// The leadership's fencing token.
+        token: u64,
+        /// Leader time at which the leadership began (its tenure is unchanged).
+        granted_at_ms: u64,
+    },
 }
 
 /// Why a command changed nothing. Every variant is something a client can cause; bugs are
@@ -124,6 +131,9 @@ pub enum Refusal {
         /// The cluster's version.
         cluster: u32,
     },
+    /// A proclaim by a session that does not lead the election (another does, or none).
+    #[error("the session does not lead this election")]
+    NotLeader,
 }
 
 /// Request fields that can be out of range.
@@ -270,11 +280,14 @@ pub enum EventKind {
     CapacityChanged,
     /// An election's leader changed (or it has none now).
     LeaderChanged,
+    /// An election's leader published a new value ([`crate::Command::Proclaim`]); the leader,
+    /// its token and its tenure are unchanged.
+    Proclaimed,
 }
 
 impl EventKind {
     /// Every kind, in documentation order.
-    pub const ALL: [EventKind; 11] = [
+    pub const ALL: [EventKind; 12] = [
         EventKind::SessionCreated,
         EventKind::SessionExpired,
         EventKind::SessionClosed,
@@ -286,6 +299,7 @@ impl EventKind {
         EventKind::Revoked,
         EventKind::CapacityChanged,
         EventKind::LeaderChanged,
+        EventKind::Proclaimed,
     ];
 
     /// The kind's name on the wire.
@@ -302,6 +316,7 @@ impl EventKind {
             EventKind::Revoked => "revoked",
             EventKind::CapacityChanged => "capacity_changed",
             EventKind::LeaderChanged => "leader_changed",
+            EventKind::Proclaimed => "proclaimed",
         }
     }
 
@@ -360,7 +375,7 @@ pub struct Event {
     pub token: Option<u64>,
     /// `capacity_changed`: the new capacity.
     pub capacity: Option<u64>,
-    /// `leader_changed`: the new leader's value.
+    /// `leader_changed`: the new leader's value; `proclaimed`: the leader's new value.
     pub value: Option<String>,
     /// `wait_ended`: why.
     pub reason: Option<WaitEndReason>,

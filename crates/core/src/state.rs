@@ -189,6 +189,7 @@ impl State {
                 }
                 Ok(Outcome::ClusterVersionSet { version: self.cluster_version() })
             }
+            Command::Proclaim { key, session, value } => self.proclaim(index, key, *session, value, effects),
         };
         result.unwrap_or_else(Outcome::Refused)
     }
@@ -494,6 +495,43 @@ impl State {
         }
         self.drop_idle_election(key, effects);
         Ok(Outcome::Released { permits })
+    }
+
+    /// The leader of the election `key` publishes `value` in place of its own: the hold, its
+    /// token and its tenure stay. The same value again changes nothing (no watcher wakes).
+    fn proclaim(
+        &mut self,
+        index: u64,
+        key: &Key,
+        session_id: SessionId,
+        value: &str,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Outcome, Refusal> {
+        if key.kind != Kind::Election {
+            return Err(out_of_range(Field::Value, "only elections carry a value".into()));
+        }
+        validate_election_value(value)?;
+        let session = self.sessions.get(&session_id).ok_or(Refusal::SessionNotFound)?;
+        let session_name = session.name.clone();
+        // Read first: a refusal must not copy an object that a snapshot view shares.
+        let hold = self.objects.get(key).and_then(|object| object.holders.get(&session_id));
+        let hold = hold.ok_or(Refusal::NotLeader)?;
+        let outcome = Outcome::Proclaimed { token: hold.token, granted_at_ms: hold.granted_at_ms };
+        if hold.value.as_deref() == Some(value) {
+            return Ok(outcome);
+        }
+        let token = hold.token;
+        let object = self.object_mut(key).expect("the leader's election exists");
+        object.holders.get_mut(&session_id).expect("the leader holds it").value = Some(value.to_owned());
+        let mut event = Event::new(EventKind::Proclaimed);
+        event.key = Some(key.clone());
+        event.session = Some(session_id);
+        event.session_name = session_name;
+        event.token = Some(token);
+        event.value = Some(value.to_owned());
+        emit(effects, event);
+        self.touch(index, key, effects);
+        Ok(outcome)
     }
 
     fn expire_holds(&mut self, index: u64, effects: &mut Vec<Effect>) -> Outcome {
@@ -934,6 +972,21 @@ pub fn validate_capacity(capacity: u64) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// Checks an election's value (a campaign's or a proclaim's) against
+/// [`ELECTION_VALUE_BYTES_MAX`].
+///
+/// # Errors
+/// [`Refusal::InvalidArgument`] naming `value`.
+pub fn validate_election_value(value: &str) -> Result<(), Refusal> {
+    if value.len() > ELECTION_VALUE_BYTES_MAX {
+        return Err(out_of_range(
+            Field::Value,
+            format!("{} bytes, at most {ELECTION_VALUE_BYTES_MAX}", value.len()),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks the ranges of an acquire's fields (not against the state).
 ///
 /// # Errors
@@ -956,12 +1009,11 @@ pub fn validate_acquire(acquire: &Acquire) -> Result<(), Refusal> {
             ));
         }
     }
+    if let (Kind::Election, Some(value)) = (acquire.key.kind, &acquire.value) {
+        validate_election_value(value)?;
+    }
     match (acquire.key.kind, &acquire.value) {
         (Kind::Semaphore, Some(_)) => Err(out_of_range(Field::Value, "only elections carry a value".into())),
-        (Kind::Election, Some(value)) if value.len() > ELECTION_VALUE_BYTES_MAX => Err(out_of_range(
-            Field::Value,
-            format!("{} bytes, at most {ELECTION_VALUE_BYTES_MAX}", value.len()),
-        )),
         (Kind::Election, _) if acquire.permits != 1 || acquire.capacity.is_some_and(|c| c != 1) => {
             Err(out_of_range(Field::Permits, "an election grants exactly 1 permit".into()))
         }
@@ -1160,5 +1212,140 @@ mod feature_version_tests {
         assert_eq!(outcomes, [Outcome::ClusterVersionSet { version: 2 }, Outcome::Released { permits: 1 }]);
         let beyond = Batch { now_ms: 0, commands: vec![Command::SetClusterVersion { version: 7 }] };
         assert_eq!(beyond.feature_version(), 7, "a raise needs the version it raises to");
+    }
+}
+
+#[cfg(test)]
+mod proclaim_tests {
+    use super::*;
+
+    use crate::test_support::{acquire_one, apply_next as run};
+
+    fn session(id: u8) -> SessionId {
+        SessionId::from_bytes([id; 16])
+    }
+
+    fn proclaim(key: &Key, id: u8, value: &str) -> Command {
+        Command::Proclaim { key: key.clone(), session: session(id), value: value.to_owned() }
+    }
+
+    /// A cluster at this build's version, with sessions 1 and 2, session 1 leading `key` with
+    /// value "a" and session 2 waiting behind it.
+    fn led(key: &Key) -> State {
+        let mut state = State::default();
+        run(&mut state, vec![Command::SetClusterVersion { version: crate::FEATURE_VERSION }]);
+        let mut commands: Vec<Command> =
+            (1..=2).map(|i| Command::CreateSession { id: session(i), ttl_ms: 1000, name: None }).collect();
+        for i in 1..=2u8 {
+            let value = Some(["a", "b"][usize::from(i) - 1].to_owned());
+            commands.push(Command::Acquire(Acquire { capacity: None, value, ..acquire_one(key, i) }));
+        }
+        run(&mut state, commands);
+        state
+    }
+
+    fn leader(state: &State, key: &Key) -> (SessionId, Hold) {
+        let (session, hold) = state.object(key).unwrap().holders.iter().next().unwrap();
+        (*session, hold.clone())
+    }
+
+    #[test]
+    fn the_leader_proclaims_a_new_value_and_keeps_its_hold_token_and_tenure() {
+        let key = Key::election(Name::new("sched").unwrap());
+        let mut state = led(&key);
+        let (_, before) = leader(&state, &key);
+        let last_token = state.last_token();
+        let mut effects = Vec::new();
+        let index = state.applied_index() + 1;
+        let batch = Batch { now_ms: 500, commands: vec![proclaim(&key, 1, "b:7376")] };
+        let outcomes = state.apply(index, 1, &batch, &mut effects);
+        assert_eq!(
+            outcomes,
+            [Outcome::Proclaimed { token: before.token, granted_at_ms: before.granted_at_ms }]
+        );
+        let (holder, after) = leader(&state, &key);
+        assert_eq!(holder, session(1));
+        assert_eq!(after, Hold { value: Some("b:7376".into()), ..before }, "only the value changed");
+        assert_eq!(state.object(&key).unwrap().modified_index, index, "watchers see a change");
+        assert!(effects.contains(&Effect::ObjectChanged { key: key.clone() }), "watchers wake: {effects:?}");
+        let events: Vec<&Event> = effects
+            .iter()
+            .filter_map(|effect| match effect {
+                Effect::Event(event) => Some(&**event),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(events.len(), 1, "{events:?}");
+        let event = events[0];
+        assert_eq!(event.kind, EventKind::Proclaimed, "not a leader change: the tenure goes on");
+        assert_eq!(
+            (event.key.as_ref(), event.session, event.token, event.value.as_deref()),
+            (Some(&key), Some(session(1)), Some(before.token), Some("b:7376"))
+        );
+        assert_eq!(state.last_token(), last_token, "no token was drawn");
+        assert_eq!(State::decode_snapshot(&state.encode_snapshot()).unwrap(), state);
+
+        // The same value again changes nothing and wakes nobody.
+        let unchanged = state.clone();
+        let mut effects = Vec::new();
+        let batch = Batch { now_ms: 600, commands: vec![proclaim(&key, 1, "b:7376")] };
+        let outcomes = state.apply(index + 1, 1, &batch, &mut effects);
+        assert!(matches!(outcomes[0], Outcome::Proclaimed { .. }));
+        assert!(effects.is_empty(), "{effects:?}");
+        assert_eq!(state.object(&key), unchanged.object(&key));
+    }
+
+    #[test]
+    fn only_the_leader_may_proclaim_and_a_refusal_changes_nothing() {
+        let key = Key::election(Name::new("sched").unwrap());
+        let mut state = led(&key);
+        let before = state.clone();
+        let other = Key::election(Name::new("nobody").unwrap());
+        let semaphore = Key::semaphore(Name::new("sched").unwrap());
+        let too_long = "x".repeat(ELECTION_VALUE_BYTES_MAX + 1);
+        let cases = [
+            (proclaim(&key, 2, "c"), "a waiting candidate"),
+            (proclaim(&other, 1, "c"), "an election nobody campaigns in"),
+            (proclaim(&key, 9, "c"), "an unknown session"),
+            (proclaim(&key, 1, &too_long), "a value too long"),
+            (proclaim(&semaphore, 1, "c"), "a semaphore"),
+        ];
+        let mut refusals = Vec::new();
+        for (command, what) in cases {
+            let mut effects = Vec::new();
+            let index = state.applied_index() + 1;
+            let outcome = state.apply(index, 1, &Batch { now_ms: 0, commands: vec![command] }, &mut effects);
+            let [Outcome::Refused(refusal)] = &outcome[..] else { panic!("{what}: {outcome:?}") };
+            refusals.push(refusal.clone());
+            assert!(effects.is_empty(), "{what}: {effects:?}");
+            assert_eq!(state.object(&key), before.object(&key), "{what} changed nothing");
+            assert!(state.object(&other).is_none(), "{what} created nothing");
+        }
+        assert_eq!(&refusals[..3], [Refusal::NotLeader, Refusal::NotLeader, Refusal::SessionNotFound]);
+        assert!(matches!(refusals[3], Refusal::InvalidArgument { field: Field::Value, .. }), "{refusals:?}");
+        assert!(matches!(refusals[4], Refusal::InvalidArgument { field: Field::Value, .. }), "{refusals:?}");
+        // A value of exactly the limit is a campaign's limit too.
+        let limit = "x".repeat(ELECTION_VALUE_BYTES_MAX);
+        assert!(matches!(run(&mut state, vec![proclaim(&key, 1, &limit)])[0], Outcome::Proclaimed { .. }));
+    }
+
+    #[test]
+    fn a_proclaim_needs_version_3_and_the_next_leader_publishes_its_own_value() {
+        let key = Key::election(Name::new("sched").unwrap());
+        let mut state = led(&key);
+        assert_eq!(proclaim(&key, 1, "c").feature_version(), 3);
+        let mut old = State::default();
+        run(&mut old, vec![Command::CreateSession { id: session(1), ttl_ms: 1000, name: None }]);
+        let campaign = Acquire { capacity: None, value: Some("a".into()), ..acquire_one(&key, 1) };
+        run(&mut old, vec![Command::Acquire(campaign)]);
+        let refused = run(&mut old, vec![proclaim(&key, 1, "c")]);
+        assert_eq!(refused, [Outcome::Refused(Refusal::FeatureUnavailable { needs: 3, cluster: 1 })]);
+        assert_eq!(leader(&old, &key).1.value.as_deref(), Some("a"));
+
+        // The proclaimed value goes with the leadership: the next leader publishes its campaign's.
+        run(&mut state, vec![proclaim(&key, 1, "c")]);
+        run(&mut state, vec![Command::Release { key: key.clone(), session: session(1) }]);
+        let (holder, hold) = leader(&state, &key);
+        assert_eq!((holder, hold.value.as_deref()), (session(2), Some("b")));
     }
 }

@@ -4,7 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use permit_core::{Acquire, Batch, Command, Effect, Key, Name, Outcome, Refusal, SessionId, State};
+use permit_core::{
+    Acquire, Batch, Command, Effect, Key, Name, Outcome, Refusal, SessionId, State, FEATURE_VERSION,
+};
 use proptest::prelude::*;
 
 const SESSIONS: u8 = 5;
@@ -27,6 +29,9 @@ struct ModelObject {
     capacity: u64,
     holders: BTreeMap<u8, (u64, u64, Option<u64>)>, // session -> (permits, token, deadline)
     queue: VecDeque<(u8, u64, Option<u64>)>,        // (session, permits, max_hold_ms)
+    /// Elections: the value each holder publishes, and the time of its grant. A grant sets it
+    /// (a campaign's value is `v{session}`), a proclaim replaces the value.
+    values: BTreeMap<u8, (String, u64)>,
 }
 
 impl ModelObject {
@@ -54,6 +59,7 @@ impl Model {
             object.queue.pop_front();
             self.last_token += 1;
             object.holders.insert(s, (permits, self.last_token, max_hold.map(|m| self.now_ms + m)));
+            object.values.insert(s, (format!("v{s}"), self.now_ms));
         }
     }
 
@@ -175,6 +181,7 @@ impl Model {
                 if o.queue.is_empty() && o.held() + permits <= o.capacity {
                     self.last_token += 1;
                     o.holders.insert(s, (permits, self.last_token, max_hold_ms.map(|m| self.now_ms + m)));
+                    o.values.insert(s, (format!("v{s}"), self.now_ms));
                     return Outcome::Acquired { permits, token: self.last_token };
                 }
                 if !wait {
@@ -217,6 +224,18 @@ impl Model {
                 }
                 Outcome::HoldsExpired { expired: due.len() as u64 }
             }
+            Op::Proclaim(s, n) => {
+                if !self.sessions.contains(&s) {
+                    return Outcome::Refused(Refusal::SessionNotFound);
+                }
+                let Some(o) = self.objects.get_mut(&2) else { return Outcome::Refused(Refusal::NotLeader) };
+                let Some(&(_, token, _)) = o.holders.get(&s) else {
+                    return Outcome::Refused(Refusal::NotLeader);
+                };
+                let (value, granted_at_ms) = o.values.get_mut(&s).unwrap();
+                *value = format!("p{n}");
+                Outcome::Proclaimed { token, granted_at_ms: *granted_at_ms }
+            }
         }
     }
 }
@@ -238,6 +257,8 @@ enum Op {
     },
     Release(u8, u8),
     ExpireHolds,
+    /// Session, value number: a proclaim in the election.
+    Proclaim(u8, u8),
 }
 
 impl Op {
@@ -264,6 +285,9 @@ impl Op {
             }
             Op::Release(j, s) => Command::Release { key: key(j), session: session(s) },
             Op::ExpireHolds => Command::ExpireHolds,
+            Op::Proclaim(s, n) => {
+                Command::Proclaim { key: key(2), session: session(s), value: format!("p{n}") }
+            }
         }
     }
 }
@@ -280,14 +304,23 @@ fn op() -> impl Strategy<Value = Op> {
               proptest::option::weighted(0.2, 100u64..400))
             .prop_map(|(object, session, permits, wait, capacity, max_hold_ms)|
                 Op::Acquire { object, session, permits, wait, capacity, max_hold_ms }),
-        4 => (0u8..3, s).prop_map(|(j, s)| Op::Release(j, s)),
+        4 => (0u8..3, s.clone()).prop_map(|(j, s)| Op::Release(j, s)),
         1 => Just(Op::ExpireHolds),
+        2 => (s, 0u8..3).prop_map(|(s, n)| Op::Proclaim(s, n)),
     ]
 }
 
 /// Batches of 1–4 operations, each batch advancing time by 0–150 ms.
 fn batches() -> impl Strategy<Value = Vec<(u64, Vec<Op>)>> {
     proptest::collection::vec((0u64..150, proptest::collection::vec(op(), 1..4)), 1..60)
+}
+
+/// A state whose cluster runs this build's feature version, so that every command applies.
+fn fresh() -> State {
+    let mut state = State::default();
+    let raise = Batch { now_ms: 0, commands: vec![Command::SetClusterVersion { version: FEATURE_VERSION }] };
+    state.apply(0, 1, &raise, &mut Vec::new());
+    state
 }
 
 fn compare(model: &Model, state: &State) {
@@ -305,6 +338,16 @@ fn compare(model: &Model, state: &State) {
         let queue: Vec<(SessionId, u64)> = object.queue.iter().map(|w| (w.session, w.permits)).collect();
         let expected: Vec<(SessionId, u64)> = mo.queue.iter().map(|w| (session(w.0), w.1)).collect();
         assert_eq!(queue, expected, "queue of {}", key(j));
+        if j >= 2 {
+            let values: BTreeMap<SessionId, (Option<&str>, u64)> =
+                object.holders.iter().map(|(s, h)| (*s, (h.value.as_deref(), h.granted_at_ms))).collect();
+            let expected: BTreeMap<SessionId, (Option<&str>, u64)> = mo
+                .holders
+                .keys()
+                .map(|s| (session(*s), mo.values.get(s).map(|(v, at)| (Some(v.as_str()), *at)).unwrap()))
+                .collect();
+            assert_eq!(values, expected, "values of {}", key(j));
+        }
     }
     assert_eq!(state.session_count(), model.sessions.len());
     assert_eq!(state.last_token(), model.last_token);
@@ -315,7 +358,7 @@ proptest! {
 
     #[test]
     fn apply_matches_the_reference_model(batches in batches()) {
-        let mut state = State::default();
+        let mut state = fresh();
         let mut model = Model::default();
         let mut now_ms = 0;
         for (index, (advance_ms, ops)) in batches.iter().enumerate() {
@@ -334,7 +377,7 @@ proptest! {
 
     #[test]
     fn held_never_exceeds_capacity_unless_shrunk_and_tokens_strictly_increase(batches in batches()) {
-        let mut state = State::default();
+        let mut state = fresh();
         let mut now_ms = 0;
         let mut seen_tokens = BTreeSet::new();
         for (index, (advance_ms, ops)) in batches.iter().enumerate() {
@@ -359,7 +402,7 @@ proptest! {
 
     #[test]
     fn expiry_frees_exactly_the_expired_sessions_holds(batches in batches(), victim in 0..SESSIONS) {
-        let mut state = State::default();
+        let mut state = fresh();
         let mut now_ms = 0;
         for (index, (advance_ms, ops)) in batches.iter().enumerate() {
             now_ms += advance_ms;
@@ -390,7 +433,7 @@ proptest! {
 
     #[test]
     fn snapshot_restore_gives_the_same_state_and_bytes(batches in batches()) {
-        let mut state = State::default();
+        let mut state = fresh();
         let mut now_ms = 0;
         for (index, (advance_ms, ops)) in batches.iter().enumerate() {
             now_ms += advance_ms;
@@ -405,8 +448,8 @@ proptest! {
 
     #[test]
     fn replicas_applying_one_log_agree(batches in batches()) {
-        let mut a = State::default();
-        let mut b = State::default();
+        let mut a = fresh();
+        let mut b = fresh();
         for (index, (advance_ms, ops)) in batches.iter().enumerate() {
             let batch = Batch { now_ms: *advance_ms * index as u64, commands: ops.iter().map(Op::command).collect() };
             let oa = a.apply(index as u64 + 1, 1, &batch, &mut Vec::new());

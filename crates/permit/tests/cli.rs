@@ -23,6 +23,7 @@ const EXIT_LOST: i32 = 76;
 const EXIT_NOT_FOUND: i32 = 127;
 /// Exit codes documented by the operator commands and for local mistakes.
 const EXIT_NOT_CURRENT: i32 = 3;
+const EXIT_NOT_LEADING: i32 = 3;
 const EXIT_USAGE: i32 = 64;
 const EXIT_UNAVAILABLE: i32 = 69;
 const EXIT_CONFIG: i32 = 78;
@@ -588,6 +589,7 @@ fn help_texts_have_one_exit_code_table_each_and_serve_lists_no_client_flags() {
         (&["elect"], "leadership was lost"),
         (&["lock"], "released after SIGINT"),
         (&["leader"], "nobody leads"),
+        (&["proclaim"], "does not lead the election"),
         (&["ls"], "74"),
         (&["cluster", "status"], "74"),
         (&["serve"], "stopped by SIGINT or SIGTERM"),
@@ -1069,4 +1071,54 @@ async fn queued_lock_and_elect_print_their_position_and_its_changes() {
     file_contents(&second.stdout).await;
     second.signal(libc::SIGTERM);
     assert_eq!(second.exit_code().await, 0, "stderr: {}", second.stderr());
+}
+
+/// The command of `permit elect` publishes a new value with `permit proclaim` (its session from
+/// PERMIT_SESSION): the leadership, its token and the command go on, and `permit leader --watch`
+/// prints the new value. Another session is refused with 3 and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proclaim_from_the_elected_command_publishes_a_new_value_that_leader_watch_prints() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut watch = Running::spawn(&server, dir.path(), &["leader", "sched", "--watch"]);
+    let command = script(
+        dir.path(),
+        &format!(
+            "echo $PERMIT_TOKEN > $DIR/token; i=0; while [ ! -e $DIR/go ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; \
+             {} proclaim \"$PERMIT_ELECTION\" node-b; echo $? > $DIR/proclaimed; exec sleep 30",
+            permit_bin()
+        ),
+    );
+    let mut elect = Running::spawn(
+        &server,
+        dir.path(),
+        &["elect", "sched", "--value", "node-a", "--", "sh", "-c", &command],
+    );
+    let token = file_contents(&dir.path().join("token")).await;
+    let first = common::eventually(STEP_TIMEOUT, async || watch.stdout().ends_with("node-a\n")).await;
+    assert!(first, "watch printed {:?}; stderr: {}", watch.stdout(), watch.stderr());
+
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    assert_eq!(file_contents(&dir.path().join("proclaimed")).await.trim(), "0", "stderr: {}", elect.stderr());
+    let second =
+        common::eventually(STEP_TIMEOUT, async || watch.stdout().ends_with("node-a\nnode-b\n")).await;
+    assert!(second, "watch printed {:?}", watch.stdout());
+    let json: serde_json::Value =
+        serde_json::from_str(&permit(&server, &["leader", "sched", "--json"]).await.stdout).unwrap();
+    assert_eq!(
+        (json["leader"]["value"].as_str(), json["leader"]["token"].as_u64()),
+        (Some("node-b"), token.trim().parse().ok())
+    );
+
+    let other = client(&server).session(Duration::from_secs(10)).await.unwrap();
+    let refused = permit(&server, &["proclaim", "sched", "node-c", "--session", other.id()]).await;
+    assert_eq!(refused.code, EXIT_NOT_LEADING, "{refused:?}");
+    assert!(refused.stderr.contains("does not lead"), "{}", refused.stderr);
+    assert_eq!(permit(&server, &["leader", "sched"]).await.stdout, "node-b\n", "nothing changed");
+
+    // The leadership went on through the proclaim: the command ends by the forwarded SIGTERM.
+    elect.signal(libc::SIGTERM);
+    assert_eq!(elect.exit_code().await, 128 + libc::SIGTERM, "stderr: {}", elect.stderr());
+    watch.signal(libc::SIGTERM);
+    assert_eq!(watch.exit_code().await, 0);
 }

@@ -522,3 +522,36 @@ async fn capacity_makes_an_ephemeral_semaphore_by_default_and_ephemeral_false_ke
     permit.release().await.unwrap();
     assert_eq!(client.get_semaphore("kept").await.unwrap().capacity, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_proclaims_a_new_value_that_readers_and_watchers_see_and_a_deposed_one_cannot() {
+    let server = Server::start();
+    let client = client(&server);
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let mut leadership = bounded("campaign", session.campaign("scheduler", "node-a:1")).await.unwrap();
+    let token = leadership.token();
+    let from = client.get_election("scheduler").await.unwrap().index;
+    let watch = client.watch_election("scheduler", from, Duration::from_secs(10));
+
+    leadership.proclaim("node-a:2").await.unwrap();
+    assert_eq!((leadership.value(), leadership.token()), ("node-a:2", token));
+    let changed = bounded("watch", watch).await.unwrap();
+    let leader = changed.leader.expect("still a leader");
+    assert_eq!(
+        (leader.value.as_str(), leader.token, leader.session.as_str()),
+        ("node-a:2", token, session.id())
+    );
+    assert_eq!(client.leader("scheduler").await.unwrap().unwrap().value, "node-a:2");
+
+    let too_long = "v".repeat(4097);
+    let refused = leadership.proclaim(&too_long).await.unwrap_err();
+    assert_eq!(refused.code(), Some(ErrorCode::InvalidArgument), "{refused}");
+    assert_eq!(leadership.value(), "node-a:2", "the value the server confirmed");
+
+    // Deposed by an admin's revoke: the proclaim is refused and changes nothing.
+    client.revoke_election("scheduler", session.id()).await.unwrap();
+    let deposed = leadership.proclaim("node-a:3").await.unwrap_err();
+    assert_eq!(deposed.code(), Some(ErrorCode::NotLeader), "{deposed}");
+    assert_eq!(leadership.value(), "node-a:2");
+    assert_eq!(client.leader("scheduler").await.unwrap(), None);
+}

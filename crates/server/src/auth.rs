@@ -84,7 +84,10 @@ pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> 
         ("POST", "/v1/semaphores/{name}/revoke") => Named(Semaphore, Admin),
         ("GET", "/v1/elections") => Authenticated,
         ("GET", "/v1/elections/{name}") => Named(Election, Read),
-        ("POST", "/v1/elections/{name}/campaign" | "/v1/elections/{name}/resign") => Named(Election, Write),
+        (
+            "POST",
+            "/v1/elections/{name}/campaign" | "/v1/elections/{name}/proclaim" | "/v1/elections/{name}/resign",
+        ) => Named(Election, Write),
         ("POST", "/v1/elections/{name}/revoke") => Named(Election, Admin),
         ("GET", "/v1/cluster") => Global(Cluster, Read),
         // Filtered per event: read access to each semaphore, election or session name.

@@ -86,6 +86,7 @@ impl From<Refusal> for ApiError {
             Refusal::TokenNotFound => ErrorCode::TokenNotFound,
             Refusal::TokenExists => ErrorCode::Internal,
             Refusal::FeatureUnavailable { .. } => ErrorCode::FeatureUnavailable,
+            Refusal::NotLeader => ErrorCode::NotLeader,
         };
         ApiError::new(code, message)
     }

@@ -32,6 +32,7 @@ fn the_spec_declares_the_enforced_limits() {
     let max_length = |schema: &str, name: &str| field(schema, name)["maxLength"].as_u64();
     assert_eq!(max_length("CreateSessionRequest", "name"), Some(SESSION_NAME_BYTES_MAX as u64));
     assert_eq!(max_length("CampaignRequest", "value"), Some(ELECTION_VALUE_BYTES_MAX as u64));
+    assert_eq!(max_length("ProclaimRequest", "value"), Some(ELECTION_VALUE_BYTES_MAX as u64));
     let mut names = 0;
     for (path, item) in spec["paths"].as_object().unwrap() {
         for (method, operation) in item.as_object().unwrap() {
@@ -55,7 +56,7 @@ fn the_spec_declares_the_enforced_limits() {
         }
     }
     assert_eq!(
-        names, 14,
-        "twelve `{{name}}` path parameters and the `after` of the semaphore and election lists"
+        names, 15,
+        "thirteen `{{name}}` path parameters and the `after` of the semaphore and election lists"
     );
 }

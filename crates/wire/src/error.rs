@@ -145,6 +145,9 @@ error_codes! {
     /// recover` replaced, or a node with data of its own added to a recovered one. The message
     /// says which node's data dir to wipe before it is added back.
     WrongCluster = "wrong_cluster", 409;
+    /// A proclaim (or a campaign that changes the value) by a session that does not lead the
+    /// election: another session leads, or none does. Nothing changed.
+    NotLeader = "not_leader", 409;
 }
 
 #[cfg(feature = "openapi")]
@@ -191,7 +194,7 @@ mod tests {
         wait_cancelled limit_exceeded no_leader shutting_down internal timeout already_initialized \
         membership_change_in_progress leader_unreachable unauthenticated permission_denied \
         token_not_found storage_error tls_required misdirected_request body_timeout \
-        feature_unavailable wrong_cluster";
+        feature_unavailable wrong_cluster not_leader";
 
     #[test]
     fn error_codes_match_the_published_list() {

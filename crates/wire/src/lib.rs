@@ -473,6 +473,18 @@ pub struct CampaignRequest {
     pub wait_ms: Option<u64>,
 }
 
+/// `POST /v1/elections/{name}/proclaim`: the leader publishes a new value and keeps leading.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ProclaimRequest {
+    /// The leading session.
+    pub session: String,
+    /// The new value to publish (at most 4096 bytes).
+    #[cfg_attr(feature = "openapi", schema(max_length = 4096))]
+    pub value: String,
+}
+
 /// Answer to a campaign: `200` leader or `202` waiting.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]

@@ -6,6 +6,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use permit_core::FEATURE_VERSION;
 use serde_json::{json, Value};
 
 use crate::common::{eventually, permit_bin, Cluster, Server};
@@ -33,9 +34,10 @@ async fn a_cluster_refuses_a_newer_feature_until_every_member_speaks_it_and_neve
     let api = Api::at(&cluster.nodes[leader].url);
 
     // Node 3 holds the cluster at version 1; the view says so.
+    let new = Some(u64::from(FEATURE_VERSION));
     let seen = eventually(Duration::from_secs(10), async || {
         let view = view(&api).await;
-        view["feature_version"] == 1 && member_versions(&view) == [(1, Some(2)), (2, Some(2)), (3, Some(1))]
+        view["feature_version"] == 1 && member_versions(&view) == [(1, new), (2, new), (3, Some(1))]
     })
     .await;
     assert!(seen, "the view shows the cluster at 1 and each member's version: {}", view(&api).await);
@@ -55,13 +57,31 @@ async fn a_cluster_refuses_a_newer_feature_until_every_member_speaks_it_and_neve
     assert!(named, "the refusal names the older member: {:?}", revoke().await);
     assert_eq!(api.holders("db").await, std::slice::from_ref(&session), "the refused revoke changed nothing");
 
+    // A proclaim needs version 3: refused the same way, and the leader's value stays.
+    let campaign = api.post("/v1/elections/e/campaign", json!({ "session": session, "value": "a" })).await;
+    assert_eq!(campaign.status, 200, "{campaign:?}");
+    let proclaim = api.post("/v1/elections/e/proclaim", json!({ "session": session, "value": "b" })).await;
+    assert_eq!((proclaim.status, proclaim.code()), (409, "feature_unavailable"), "{proclaim:?}");
+    // So is the leader's campaign with another value (it proclaims); with its own, it leads.
+    let changed = api.post("/v1/elections/e/campaign", json!({ "session": session, "value": "b" })).await;
+    assert_eq!((changed.status, changed.code()), (409, "feature_unavailable"), "{changed:?}");
+    assert_eq!(
+        api.post("/v1/elections/e/campaign", json!({ "session": session, "value": "a" })).await.status,
+        200
+    );
+    assert_eq!(api.get("/v1/elections/e").await.body["leader"]["value"], "a");
+
     // Node 3 upgraded (restarted without the injection): the leader raises the version.
     cluster.nodes[2].restart();
-    let raised = eventually(Duration::from_secs(15), async || view(&api).await["feature_version"] == 2).await;
-    assert!(raised, "raised once every member speaks 2: {}", view(&api).await);
+    let raised =
+        eventually(Duration::from_secs(15), async || view(&api).await["feature_version"] == FEATURE_VERSION)
+            .await;
+    assert!(raised, "raised once every member speaks {FEATURE_VERSION}: {}", view(&api).await);
     let revoked = revoke().await;
     assert_eq!(revoked.status, 200, "{revoked:?}");
     assert!(api.holders("db").await.is_empty());
+    let proclaimed = api.post("/v1/elections/e/proclaim", json!({ "session": session, "value": "b" })).await;
+    assert_eq!((proclaimed.status, proclaimed.body["value"].as_str()), (200, Some("b")), "{proclaimed:?}");
 
     // A member that speaks less than the cluster's version is not added.
     let secret = cluster.secret_file.display().to_string();
@@ -102,7 +122,8 @@ async fn a_cluster_refuses_a_newer_feature_until_every_member_speaks_it_and_neve
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(exited && !output.status.success(), "the downgraded node stops: {:?}\n{stderr}", output.status);
     assert!(
-        stderr.contains("speaks version 1") && stderr.contains("a build that speaks version 2 or newer"),
+        stderr.contains("speaks version 1")
+            && stderr.contains(&format!("a build that speaks version {FEATURE_VERSION} or newer")),
         "the message says what to run:\n{stderr}"
     );
 }

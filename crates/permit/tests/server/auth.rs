@@ -180,6 +180,7 @@ async fn a_session_belongs_to_the_token_that_created_it() {
         mallory.acquire("db.other", json!({ "session": session, "capacity": 1 })).await,
         mallory.post("/v1/elections/lead/resign", json!({ "session": session })).await,
         mallory.post("/v1/elections/other/campaign", json!({ "session": session, "value": "m" })).await,
+        mallory.post("/v1/elections/lead/proclaim", json!({ "session": session, "value": "m" })).await,
     ];
     for answer in attempts {
         assert_eq!((answer.status, answer.code()), (403, "permission_denied"), "{answer:?}");
@@ -188,6 +189,7 @@ async fn a_session_belongs_to_the_token_that_created_it() {
     assert_eq!(alice.holders("db.lock").await, vec![session.clone()]);
     let leader = alice.get("/v1/elections/lead").await;
     assert_eq!(leader.body["leader"]["session"], session.as_str());
+    assert_eq!(leader.body["leader"]["value"], "a");
     assert_eq!(alice.post(&format!("/v1/sessions/{session}/keepalive"), json!(null)).await.status, 200);
 
     // Nor through a batch: mallory's own session is renewed, alice's is refused alone.

@@ -6,11 +6,12 @@ use axum::extract::State;
 use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use permit_core::{
-    validate_acquire, Access, Acquire, Key, Kind, Name, Resource, Semaphore, State as CoreState,
+    validate_acquire, validate_election_value, Access, Acquire, Command, Key, Kind, Name, Outcome, Resource,
+    Semaphore, SessionId, State as CoreState,
 };
 use permit_wire::{
-    CampaignRequest, CampaignResponse, ElectionList, ElectionView, ErrorBody, LeaderView, ReleaseRequest,
-    ReleaseResponse, RevokeRequest, INDEX_HEADER,
+    CampaignRequest, CampaignResponse, ElectionList, ElectionView, ErrorBody, LeaderView, ProclaimRequest,
+    ReleaseRequest, ReleaseResponse, RevokeRequest, INDEX_HEADER,
 };
 
 use super::app::App;
@@ -22,13 +23,15 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 
 /// Campaign to lead: the session becomes leader when nobody leads and no earlier candidate waits.
-/// Repeating the call is idempotent.
+/// Repeating the call is idempotent; by the leader with another value, it publishes that value
+/// as a proclaim does (which needs cluster feature version 3).
 #[utoipa::path(post, path = "/v1/elections/{name}/campaign", tag = "elections", request_body = CampaignRequest,
     params(("name" = String, Path, description = "Election name: 1-128 bytes of [A-Za-z0-9._:-]")),
     responses((status = 200, body = CampaignResponse, description = "Leader"),
               (status = 202, body = CampaignResponse, description = "Still waiting"),
               (status = 404, body = ErrorBody, description = "`session_not_found`"),
-              (status = 409, body = ErrorBody, description = "`unavailable`, `wait_cancelled`, `limit_exceeded`"),
+              (status = 409, body = ErrorBody, description = "`unavailable`, `wait_cancelled`, `limit_exceeded`; \
+for the leader's campaign with another value, as for a proclaim: `not_leader`, `feature_unavailable`"),
               (status = 429, body = ErrorBody, description = "`limit_exceeded`: a per-token cap (long-polls, \
 or objects created: `--objects-per-token-max`); retry after `Retry-After` seconds")))]
 pub(crate) async fn campaign(
@@ -49,8 +52,9 @@ pub(crate) async fn campaign(
         wait: wait_ms > 0,
         capacity: None,
         max_hold_ms: None,
-        value: Some(request.value),
+        value: Some(request.value.clone()),
     };
+    let key = acquire.key.clone();
     validate_acquire(&acquire)?;
     caller.check_objects_cap(&app, &acquire.key).await?;
     // A waiting campaign ends (401) when its token is deleted.
@@ -58,12 +62,73 @@ pub(crate) async fn campaign(
     let grant = if wait_ms > 0 { caller.unless_cut_off(&app, false, grant).await? } else { grant.await? };
     Ok(match grant {
         Grant::Acquired { token, .. } => {
+            // A leader that campaigns again with another value publishes it: the campaign found
+            // its hold (granted earlier, with the value of then), so the value is proclaimed.
+            if published(&app, &key, session, token).is_some_and(|value| value != request.value) {
+                proclaim_value(&app, key, session, request.value).await?;
+            }
             (StatusCode::OK, axum::Json(CampaignResponse::Leader { token })).into_response()
         }
         Grant::Waiting { position } => {
             (StatusCode::ACCEPTED, axum::Json(CampaignResponse::Waiting { position })).into_response()
         }
     })
+}
+
+/// The value that `session` publishes as the leader of `key` with `token`, in the applied state.
+fn published(app: &App, key: &Key, session: SessionId, token: u64) -> Option<String> {
+    let replica = app.replica().read();
+    let hold = replica.state.object(key)?.holders.get(&session).filter(|hold| hold.token == token)?;
+    Some(hold.value.clone().unwrap_or_default())
+}
+
+/// Proposes that `session`, the leader of `key`, publishes `value`, and answers the leader as
+/// the proclaim left it.
+async fn proclaim_value(
+    app: &App,
+    key: Key,
+    session: SessionId,
+    value: String,
+) -> Result<LeaderView, ApiError> {
+    validate_election_value(&value)?;
+    let command = Command::Proclaim { key, session, value: value.clone() };
+    match app.propose(command).await? {
+        Outcome::Proclaimed { token, granted_at_ms } => {
+            let replica = app.replica().read();
+            let now_ms = app.now_ms(replica.state.now_ms());
+            Ok(LeaderView {
+                session: session.to_string(),
+                value,
+                token,
+                session_name: replica.state.session(session).and_then(|s| s.name.clone()),
+                held_ms: now_ms.saturating_sub(granted_at_ms),
+            })
+        }
+        Outcome::Refused(refusal) => Err(refusal.into()),
+        other => Err(ApiError::internal(other)),
+    }
+}
+
+/// The leader publishes a new value and keeps leading (etcd's `Proclaim`): its token and
+/// tenure stay, `GET /v1/elections/{name}` and its watchers see the new value, and the event
+/// stream says `proclaimed`. Needs cluster feature version 3.
+#[utoipa::path(post, path = "/v1/elections/{name}/proclaim", tag = "elections", request_body = ProclaimRequest,
+    params(("name" = String, Path, description = "Election name")),
+    responses((status = 200, body = LeaderView, description = "The leader, with the new value"),
+              (status = 400, body = ErrorBody, description = "`invalid_argument`: the value is too long"),
+              (status = 404, body = ErrorBody, description = "`session_not_found`"),
+              (status = 409, body = ErrorBody, description = "`not_leader`: the session does not lead; \
+`feature_unavailable`: a member runs a build older than version 3")))]
+pub(crate) async fn proclaim(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Json(request): Json<ProclaimRequest>,
+) -> Result<axum::Json<LeaderView>, ApiError> {
+    let key = Key::election(parse_name(&name)?);
+    let session = parse_session(&request.session)?;
+    caller.check_owns(&app, session)?;
+    Ok(axum::Json(proclaim_value(&app, key, session, request.value).await?))
 }
 
 /// The view of an election from the applied state; `now_ms` is leader time now.

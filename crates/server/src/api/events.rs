@@ -33,7 +33,7 @@ pub(crate) struct EventsParams {
     pub(crate) prefix: Option<String>,
     /// Comma-separated kinds to send (default: all): `session_created`, `session_expired`,
     /// `session_closed`, `queued`, `granted`, `released`, `wait_ended`, `expired`, `revoked`,
-    /// `capacity_changed`, `leader_changed`.
+    /// `capacity_changed`, `leader_changed`, `proclaimed`.
     pub(crate) kinds: Option<String>,
     /// Close the stream after this many milliseconds (default: keep it open until the client or
     /// the node goes away), for clients that read in rounds; resume with `Last-Event-ID`.

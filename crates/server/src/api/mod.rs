@@ -54,6 +54,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/elections", get(elections::list))
         .route("/v1/elections/{name}", get(elections::get))
         .route("/v1/elections/{name}/campaign", post(elections::campaign))
+        .route("/v1/elections/{name}/proclaim", post(elections::proclaim))
         .route("/v1/elections/{name}/resign", post(elections::resign))
         .route("/v1/elections/{name}/revoke", post(elections::revoke))
         .route("/v1/acl/tokens", post(acl::create).get(acl::list))

@@ -34,7 +34,7 @@ nodes may send its requests there, saving the hop a follower forwards them over.
         sessions::create, sessions::list, sessions::keepalive, sessions::keepalive_batch, sessions::get, sessions::close,
         semaphores::list, semaphores::put, semaphores::get, semaphores::delete,
         semaphores::acquire, semaphores::release, semaphores::validate, semaphores::revoke, semaphores::history,
-        elections::list, elections::campaign, elections::get, elections::resign, elections::revoke,
+        elections::list, elections::campaign, elections::proclaim, elections::get, elections::resign, elections::revoke,
         acl::create, acl::list, acl::current, acl::delete,
         cluster::status, cluster::snapshot, cluster::init, cluster::add, cluster::remove,
         system::health, system::live, system::metrics, system::digest, events::events,
