@@ -2,7 +2,7 @@
 //!
 //! With `--auth`, every client request carries `Authorization: Bearer SECRET`. The middleware
 //! (`api/caller.rs`) hashes the secret ([`secret_hash`]), finds the token in the replicated state
-//! ([`token_of_secret`]), checks the route's [`Need`] (from [`need`], the one table of every
+//! (`token_of_secret`), checks the route's [`Need`] (from [`need`], the one table of every
 //! route's permission) and hands the handler a `Caller`. Handlers then check what only they can
 //! see: that a session named in the request belongs to the caller's token. Without `--auth` every
 //! request is `Caller::Anyone`.

@@ -1,6 +1,6 @@
 //! One Permit node: assembles the consensus layer (`raft`), the long-poll notifier, the expiry
 //! driver, the removal watcher, the fail-stop watcher and the root-token bootstrap, and builds the
-//! [`App`] that the HTTP layer serves from.
+//! `App` that the HTTP layer serves from.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,7 +37,7 @@ const FORWARD_POOL: PoolLimits =
 const PROBE_POOL: PoolLimits =
     PoolLimits { connect_timeout: Duration::from_secs(2), idle_max: 4, answer_max: 1 << 20 };
 
-/// A running node: its HTTP layer's [`App`], and what starts and stops it.
+/// A running node: its HTTP layer's `App`, and what starts and stops it.
 pub struct Node {
     /// This node's id.
     pub id: NodeId,

@@ -1,5 +1,5 @@
 //! The HTTP API: routes, the edge every request passes, and one file per resource. Everything
-//! here serves from one [`App`] (`app.rs`), the layer's only door to the consensus layer.
+//! here serves from one `App` (`app.rs`), the layer's only door to the consensus layer.
 
 mod acl;
 pub(crate) mod app;

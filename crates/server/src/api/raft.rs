@@ -37,7 +37,7 @@ async fn serve(app: &App, route: PeerRoute, request: Request) -> Result<Vec<u8>,
         .map_err(|e| refuse_peer(app, &e))?;
     let cluster = request.headers().get(CLUSTER_HEADER).and_then(|v| v.to_str().ok());
     app.identity
-        .admit(cluster, app.status().pristine())
+        .admit(cluster, || app.status().pristine())
         .map_err(|message| ApiError::new(ErrorCode::WrongCluster, message).into_response())?;
     let rpc: &PeerRpc = app.peer_rpc();
     rpc.accepts(route, head.sender, &head.members)

@@ -57,9 +57,10 @@ impl ClusterIdentity {
         self.id.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
-    /// Whether to take a Raft message that carries `theirs`; a pristine node takes the identity
-    /// it carries. The error says why not, for the sender.
-    pub(crate) fn admit(&self, theirs: Option<&str>, pristine: bool) -> Result<(), String> {
+    /// Whether to take a Raft message that carries `theirs`; a pristine node (`pristine` is
+    /// asked only when it matters) takes the identity it carries. The error says why not, for
+    /// the sender.
+    pub(crate) fn admit(&self, theirs: Option<&str>, pristine: impl FnOnce() -> bool) -> Result<(), String> {
         let mine = self.current();
         match (mine.as_deref(), theirs) {
             (Some(mine), Some(theirs)) if mine == theirs => Ok(()),
@@ -72,7 +73,7 @@ impl ClusterIdentity {
                     |id| format!("cluster {id}")
                 )
             )),
-            (None, Some(theirs)) if pristine => self.adopt(theirs),
+            (None, Some(theirs)) if pristine() => self.adopt(theirs),
             (None, Some(theirs)) => Err(format!(
                 "this node's data belongs to a cluster that `permit recover` replaced with cluster \
                  {theirs}: wipe this node's data dir and add it back with `permit cluster add`"
@@ -121,22 +122,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let none = ClusterIdentity::open(dir.path()).unwrap();
         assert_eq!(none.current(), None);
-        assert!(none.admit(None, false).is_ok(), "a cluster never recovered");
+        assert!(none.admit(None, || false).is_ok(), "a cluster never recovered");
         let id = ClusterIdentity::create(dir.path()).unwrap();
         let recovered = ClusterIdentity::open(dir.path()).unwrap();
         assert_eq!(recovered.current().as_deref(), Some(id.as_str()));
-        assert!(recovered.admit(Some(&id), false).is_ok());
-        let old = recovered.admit(None, false).unwrap_err();
+        assert!(recovered.admit(Some(&id), || false).is_ok());
+        let old = recovered.admit(None, || false).unwrap_err();
         assert!(old.contains("the cluster before that recovery"), "{old}");
-        assert!(recovered.admit(Some(&"0".repeat(32)), false).is_err());
+        assert!(recovered.admit(Some(&"0".repeat(32)), || false).is_err());
 
         let other = tempfile::tempdir().unwrap();
         let with_data = ClusterIdentity::open(other.path()).unwrap();
-        let refused = with_data.admit(Some(&id), false).unwrap_err();
+        let refused = with_data.admit(Some(&id), || false).unwrap_err();
         assert!(refused.contains("wipe this node's data dir"), "{refused}");
         let joiner = ClusterIdentity::open(other.path()).unwrap();
-        assert!(joiner.admit(Some("not hex"), true).is_err());
-        assert!(joiner.admit(Some(&id), true).is_ok(), "a pristine node takes it");
+        assert!(joiner.admit(Some("not hex"), || true).is_err());
+        assert!(joiner.admit(Some(&id), || true).is_ok(), "a pristine node takes it");
         assert_eq!(ClusterIdentity::open(other.path()).unwrap().current(), Some(id), "durably");
     }
 }

@@ -4,7 +4,7 @@
 //! The node's log keeps everything it holds (what it committed, and entries it had that were
 //! not yet committed, which its first leadership commits); after it comes one membership entry
 //! with this node alone as a voter, in a term above any the node saw. The data dir gets a new
-//! cluster identity ([`crate::raft::identity`]): members of the cluster before the recovery are
+//! cluster identity (`raft/identity.rs`): members of the cluster before the recovery are
 //! refused if they come back, with a message that says why, and nodes added later take the new
 //! identity when they join.
 
