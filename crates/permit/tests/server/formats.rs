@@ -61,9 +61,9 @@ async fn a_data_dir_and_a_backup_of_the_previous_build_are_read_and_move_to_the_
     let mut server = Server::start_in(&data, "127.0.0.1:0", &["--snapshot-logs", "10"]);
     let api = Api::new(&server);
     assert_the_fixture_state(&api, true).await;
-    // Its cluster is raised to version 2 (one member, this build); tokens go on from 8.
+    // Its cluster is raised to this build's version (one member); tokens go on from 8.
     let raised = eventually(Duration::from_secs(10), async || {
-        api.get("/v1/cluster").await.body["feature_version"] == 2
+        api.get("/v1/cluster").await.body["feature_version"] == permit_core::FEATURE_VERSION
     })
     .await;
     assert!(raised, "{}", api.get("/v1/cluster").await.body);
@@ -81,7 +81,7 @@ async fn a_data_dir_and_a_backup_of_the_previous_build_are_read_and_move_to_the_
     server.restart();
     let api = Api::new(&server);
     assert_the_fixture_state(&api, true).await;
-    assert_eq!(api.get("/v1/cluster").await.body["feature_version"], 2);
+    assert_eq!(api.get("/v1/cluster").await.body["feature_version"], permit_core::FEATURE_VERSION);
 
     // The backup restores into a new cluster.
     let backup = fixtures().join("d9fc6e4-backup.bin").display().to_string();
