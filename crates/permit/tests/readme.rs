@@ -180,6 +180,17 @@ impl Tour {
                 command.env_remove(name);
             }
         }
+        // Ctrl-C and Ctrl-\ as a terminal's shell leaves them: a test run started in the
+        // background of a shell without job control inherits SIGINT and SIGQUIT ignored, and a
+        // command with no handler of its own (`permit events`) would then ignore Ctrl-C.
+        // SAFETY: between fork and exec only `signal`, which is async-signal-safe, is called.
+        unsafe {
+            command.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
         command
             .env("PATH", path)
             .env("PERMIT_SERVER", &self.server.url)
