@@ -182,6 +182,27 @@ async fn segment_log_refuses_a_whole_entry_it_cannot_decode() {
     let message = refused.to_string();
     assert!(message.contains("entry 4") && message.contains("a newer build wrote it"), "{message}");
     assert_eq!(written_len(&segment), written, "nothing was truncated");
+
+    // After a raise of the cluster's version above this build's, the refusal names the
+    // version to run.
+    let (_dir, path, mut log) = fresh_segment_log();
+    append(&mut log, (1..=3).map(|i| blank(1, i)).collect()).await;
+    drop(log);
+    let segment = only_segment(&path);
+    let newer = permit_core::FEATURE_VERSION + 1;
+    let raise = permit_core::Batch {
+        now_ms: 0,
+        commands: vec![permit_core::Command::SetClusterVersion { version: newer }],
+    };
+    let raised: Entry<TypeConfig> = Entry { log_id: log_id(1, 1, 4), payload: EntryPayload::Normal(raise) };
+    write_record_after_the_last(&segment, &raised);
+    let batch = permit_core::Batch { now_ms: 0, commands: vec![permit_core::Command::ExpireHolds] };
+    let entry: Entry<TypeConfig> = Entry { log_id: log_id(1, 1, 5), payload: EntryPayload::Normal(batch) };
+    let mut body = permit_server::raft::log::codec::encode(&entry);
+    *body.last_mut().expect("encoded") = 0x7f;
+    write_body_after_the_last(&segment, &body);
+    let message = SegmentLog::open(&path).err().expect("refused").to_string();
+    assert!(message.contains(&format!("a build that speaks version {newer} or newer")), "{message}");
 }
 
 /// A second opener of the same log (another server on the data dir) is refused, typed.

@@ -58,6 +58,10 @@ impl Inner {
             _lock: lock,
         };
         let mut previous: Option<u64> = None;
+        // The highest feature version the entries read so far need: a raise
+        // (`SetClusterVersion`) comes before every entry of its version, so an entry that does
+        // not decode after one is named with the version to run.
+        let mut needs = 1;
         for (n, &seq) in seqs.iter().enumerate() {
             let path = segment_path(dir, seq);
             let file = disk.open(&path, Open::Existing)?;
@@ -76,7 +80,7 @@ impl Inner {
                                 // segment that awaits deletion) are not decoded in full.
                                 let index = match peek_index(body) {
                                     Ok(index) => index,
-                                    Err(e) => return Err(undecodable(&path, at, None, &e)),
+                                    Err(e) => return Err(undecodable(&path, at, None, needs, &e)),
                                 };
                                 // Each entry follows the previous one, except across a
                                 // purge: a follower that installs a snapshot beyond its log's
@@ -102,8 +106,11 @@ impl Inner {
                                     let entry = match decode::<Entry<TypeConfig>>(body) {
                                         Ok(entry) if entry.log_id.index == index => entry,
                                         Ok(_) => break Some(format!("inconsistent entry at offset {at}")),
-                                        Err(e) => return Err(undecodable(&path, at, Some(index), &e)),
+                                        Err(e) => return Err(undecodable(&path, at, Some(index), needs, &e)),
                                     };
+                                    if let openraft::EntryPayload::Normal(batch) = &entry.payload {
+                                        needs = needs.max(batch.feature_version());
+                                    }
                                     inner.entries.insert(index, (entry, seq, at as u64));
                                 }
                             }
@@ -247,18 +254,26 @@ fn undecodable(
     path: &std::path::Path,
     at: usize,
     index: Option<u64>,
+    needs: u32,
     error: &std::io::Error,
 ) -> std::io::Error {
     let entry = index.map_or_else(|| "an entry".to_owned(), |index| format!("entry {index}"));
+    let speaks = crate::raft::version::speaks();
+    let run = if needs > speaks {
+        format!(
+            "the log raised the cluster to feature version {needs} before it, and this build speaks \
+             {speaks}: start this node with a build that speaks version {needs} or newer"
+        )
+    } else {
+        format!(
+            "a newer build wrote it (this one speaks feature version {speaks}), or the disk \
+             corrupted it: start this node with the newest build that ran on it"
+        )
+    };
     LogError::Corrupt {
         path: path.to_owned(),
         offset: at as u64,
-        why: format!(
-            "{entry} was written whole (its checksum matches) but does not decode ({error}): a newer \
-             build wrote it (this one speaks feature version {}), or the disk corrupted it; start \
-             this node with the newest build that ran on it",
-            crate::raft::version::speaks()
-        ),
+        why: format!("{entry} was written whole (its checksum matches) but does not decode ({error}); {run}"),
     }
     .into()
 }
