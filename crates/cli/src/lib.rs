@@ -105,7 +105,7 @@ Exit codes:
          only when it printed why on stderr)
 
 If permit itself is killed (even with SIGKILL), the command and its process group are killed;
-if permit is stopped (SIGSTOP) or hangs, a watchdog kills them at the session's deadline.";
+if permit is stopped (SIGSTOP) or hangs, a watchdog kills them just before the session's deadline.";
 
 /// The exit codes of `permit elect`, printed at the end of its `--help`.
 pub const EXIT_CODES_ELECT: &str = "\
@@ -131,7 +131,7 @@ Exit codes:
          only when it printed why on stderr)
 
 If permit itself is killed (even with SIGKILL), the command and its process group are killed;
-if permit is stopped (SIGSTOP) or hangs, a watchdog kills them at the session's deadline.";
+if permit is stopped (SIGSTOP) or hangs, a watchdog kills them just before the session's deadline.";
 
 /// The exit codes of `permit lock`, printed at the end of its `--help`.
 pub const EXIT_CODES_LOCK: &str = "\

@@ -280,6 +280,13 @@ async fn on_lasting_thread<T: Send + 'static>(
     answer.await.map_err(|_| io::Error::other("the spawner thread dropped the work"))?
 }
 
+/// How long before the hold's local deadline the [`Watchdog`] kills the command. The next
+/// holder's command can start within milliseconds of the server's expiry, while the watchdog,
+/// woken from `poll` at the deadline on a busy machine (or a thawing VM), can be scheduled tens
+/// of milliseconds late: killing this much earlier keeps the command dead before the lease ends.
+/// Far below a renewal's lead (a keepalive every third of the TTL moves the deadline on).
+const WATCHDOG_LEAD_MS: i64 = 200;
+
 /// How often [`Running::supervise`] passes the hold's deadline on to the [`Watchdog`]: often
 /// enough that a renewal reaches it long before the old deadline (a third of the TTL at least).
 const REARM_EVERY: Duration = Duration::from_millis(100);
@@ -289,7 +296,8 @@ const REARM_EVERY: Duration = Duration::from_millis(100);
 /// command (its process group) when the deadline passes. `permit` moves the deadline on after
 /// each acknowledged keepalive by writing it to a pipe ([`Watchdog::rearm`]); when `permit` is
 /// stopped (SIGSTOP, a frozen VM that thaws for the watchdog first, a hung runtime), the
-/// deadline stays where it was and the command dies at it, before the server can expire the
+/// deadline stays where it was and the command dies just before it ([`WATCHDOG_LEAD_MS`]),
+/// before the server can expire the
 /// session and grant the hold to someone else (the local deadline is never later than the
 /// server's). Writing `0`, or closing the pipe, ends the watchdog without killing anything
 /// (the command ended; if `permit` died, the [`Guard`] and the parent-death signal act).
@@ -329,7 +337,7 @@ impl Watchdog {
         use std::os::fd::AsRawFd;
         let (reader, pipe) = std::io::pipe()?;
         let (read_fd, write_fd) = (reader.as_raw_fd(), pipe.as_raw_fd());
-        let first = instant_ms(deadline).max(1);
+        let first = (instant_ms(deadline) - WATCHDOG_LEAD_MS).max(1);
         // SAFETY: the child runs only `watch`, which makes async-signal-safe calls and never
         // returns (it ends with _exit); the parent goes on as usual.
         let pid = unsafe { libc::fork() };
@@ -346,7 +354,7 @@ impl Watchdog {
 
     /// Moves the deadline to `deadline` (only later: a deadline never moves back).
     fn rearm(&mut self, deadline: Instant) {
-        let at = instant_ms(deadline).max(1);
+        let at = (instant_ms(deadline) - WATCHDOG_LEAD_MS).max(1);
         if at > self.armed {
             use std::io::Write;
             // 8 bytes are below PIPE_BUF: the write is atomic, never half-read.
