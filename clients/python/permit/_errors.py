@@ -219,6 +219,12 @@ CODES: Dict[str, Type[PermitError]] = {
     "feature_unavailable": Conflict,
     "wrong_cluster": Conflict,
     "not_leader": Conflict,
+    "queue_not_found": NotFound,
+    "queue_busy": Conflict,
+    "queue_full": Conflict,
+    "payload_too_large": InvalidRequest,
+    "claim_lost": Conflict,
+    "item_not_found": NotFound,
 }
 
 

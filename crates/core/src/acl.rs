@@ -78,12 +78,33 @@ pub enum Resource {
     Acl,
     /// Membership, cluster status, debug routes, metrics and backups (the name is always `""`).
     Cluster,
+    /// Work queues, by name.
+    Queue,
 }
 
 impl Resource {
     /// Every resource, in a fixed order.
-    pub const ALL: [Resource; 5] =
-        [Resource::Semaphore, Resource::Election, Resource::Session, Resource::Acl, Resource::Cluster];
+    pub const ALL: [Resource; 6] = [
+        Resource::Semaphore,
+        Resource::Election,
+        Resource::Session,
+        Resource::Acl,
+        Resource::Cluster,
+        Resource::Queue,
+    ];
+
+    /// The cluster feature version in which the resource appeared: a token with a rule on it
+    /// can be written only from that version on.
+    pub fn feature_version(self) -> u32 {
+        match self {
+            Resource::Semaphore
+            | Resource::Election
+            | Resource::Session
+            | Resource::Acl
+            | Resource::Cluster => 1,
+            Resource::Queue => 4,
+        }
+    }
 
     /// The resource's name on the wire.
     pub fn as_str(self) -> &'static str {
@@ -93,6 +114,7 @@ impl Resource {
             Resource::Session => "session",
             Resource::Acl => "acl",
             Resource::Cluster => "cluster",
+            Resource::Queue => "queue",
         }
     }
 }
@@ -144,6 +166,12 @@ pub struct Token {
 }
 
 impl Token {
+    /// The cluster feature version a command carrying this token needs: the newest resource
+    /// its rules name (1 for none).
+    pub fn feature_version(&self) -> u32 {
+        self.rules.iter().map(|rule| rule.resource.feature_version()).max().unwrap_or(1)
+    }
+
     /// The access this token has to `name` of `resource`: the access of the matching rule with
     /// the longest prefix, or `None`.
     ///
@@ -175,10 +203,14 @@ impl Token {
     }
 }
 
-/// The root token's rules: admin on every name of every resource.
+/// The rules stored with the root token: admin on every name of every resource of feature
+/// version 1. The root token is allowed everything by its id, also on resources added later, so
+/// that a root made before them needs no new rule, and its bootstrap stays a command that every
+/// build decodes.
 pub fn root_rules() -> Vec<Rule> {
     Resource::ALL
         .iter()
+        .filter(|resource| resource.feature_version() == 1)
         .map(|&resource| Rule { resource, prefix: String::new(), access: Access::Admin })
         .collect()
 }
@@ -421,9 +453,11 @@ mod tests {
     }
 
     #[test]
-    fn root_is_admin_of_everything() {
+    fn root_rules_are_admin_of_every_resource_of_version_1() {
+        // Resources added later are the root's by its id (the server's authorization), not
+        // by a stored rule that older builds could not decode.
         let root = token(root_rules());
-        for resource in Resource::ALL {
+        for resource in Resource::ALL.into_iter().filter(|resource| resource.feature_version() == 1) {
             assert!(root.allows(resource, "", Access::Admin));
             assert!(root.allows(resource, "any.name", Access::Admin));
         }

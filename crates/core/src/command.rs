@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::queue::{NewItem, QueueSettings};
 use crate::{Key, Name, SessionId, Token, TokenId};
 
 /// The commands of one log entry, applied in order, with the proposing leader's clock.
@@ -162,6 +163,90 @@ pub enum Command {
         /// The new value (at most [`crate::limits::ELECTION_VALUE_BYTES_MAX`] bytes).
         value: String,
     },
+    /// Creates a queue or changes its settings.
+    PutQueue {
+        /// The queue.
+        name: Name,
+        /// Its settings; each `None` keeps the current value (or the default, for a new queue).
+        settings: QueueSettings,
+        /// The token on whose behalf, and its cap of objects (`None` with auth off).
+        creator: Option<Creator>,
+    },
+    /// Deletes a queue that holds no item and no blocked claim.
+    DeleteQueue {
+        /// The queue.
+        name: Name,
+    },
+    /// Appends items to a queue, in order, creating the queue with the defaults if needed. All
+    /// or nothing: a full queue takes none.
+    Push {
+        /// The queue.
+        queue: Name,
+        /// The items (1..=[`crate::limits::QUEUE_PUSH_ITEMS_MAX`]).
+        items: Vec<NewItem>,
+        /// The token on whose behalf, and its cap of objects (`None` with auth off).
+        creator: Option<Creator>,
+    },
+    /// Claims up to `max` due items for `session`, in `seq` order; with none due and
+    /// `wait_ms > 0`, queues the claim behind earlier blocked ones until items come or `wait_ms`
+    /// of leader time passes. The same `request` again answers the same claim.
+    Claim {
+        /// The queue.
+        queue: Name,
+        /// The claiming session.
+        session: SessionId,
+        /// The claim request's id: unique per session (a client's retry sends the same).
+        request: u64,
+        /// Most items to claim.
+        max: u32,
+        /// How long to stay queued for items, in leader ms.
+        wait_ms: u64,
+    },
+    /// Ends a blocked claim (its client stopped waiting); items it took before stay claimed.
+    CancelClaim {
+        /// The queue.
+        queue: Name,
+        /// The claiming session.
+        session: SessionId,
+        /// The claim request.
+        request: u64,
+    },
+    /// Settles a claimed item as done: it is gone.
+    Ack {
+        /// The queue.
+        queue: Name,
+        /// The item.
+        id: u64,
+        /// The session that claimed it.
+        session: SessionId,
+        /// The claim's fencing token.
+        token: u64,
+    },
+    /// Settles a claimed item as failed: pending again in its `seq` place (after `delay_ms`),
+    /// or dead-lettered after `max_attempts` claims.
+    Nack {
+        /// The queue.
+        queue: Name,
+        /// The item.
+        id: u64,
+        /// The session that claimed it.
+        session: SessionId,
+        /// The claim's fencing token.
+        token: u64,
+        /// Keep it out of claims this long, in leader ms.
+        delay_ms: u64,
+        /// Why, kept as the item's `last_error`.
+        error: Option<String>,
+    },
+    /// Removes one item, whatever its state (an admin's cleanup); a claim of it ends.
+    RemoveItem {
+        /// The queue.
+        queue: Name,
+        /// The item.
+        id: u64,
+    },
+    /// Moves delayed items whose time came to pending and hands them to blocked claims.
+    PromoteDueItems,
 }
 
 /// The feature version this build's commands speak: the highest [`Command::feature_version`].
@@ -170,7 +255,9 @@ pub enum Command {
 /// - 2: [`Command::Revoke`] (older than versioning, but a member that reports no version may be
 ///   older than it too) and [`Command::SetClusterVersion`].
 /// - 3: [`Command::Proclaim`].
-pub const FEATURE_VERSION: u32 = 3;
+/// - 4: work queues ([`Command::PutQueue`] to [`Command::PromoteDueItems`], and tokens with
+///   rules on [`crate::Resource::Queue`]).
+pub const FEATURE_VERSION: u32 = 4;
 
 impl Command {
     /// The cluster feature version a command needs: the version in which it appeared. A new
@@ -187,14 +274,26 @@ impl Command {
             | Command::Release { .. }
             | Command::ExpireHolds
             | Command::CreateOwnedSession { .. }
-            | Command::CreateToken { .. }
             | Command::DeleteToken { .. }
             | Command::AcquireEphemeral(_)
             | Command::PutSemaphoreBy { .. }
-            | Command::AcquireBy { .. }
-            | Command::SetTokenSalt { .. } => 1,
+            | Command::AcquireBy { .. } => 1,
+            // A token may carry rules on resources newer than the command.
+            Command::CreateToken { token, .. } | Command::SetTokenSalt { root: Some(token), .. } => {
+                token.feature_version()
+            }
+            Command::SetTokenSalt { root: None, .. } => 1,
             Command::Revoke { .. } | Command::SetClusterVersion { .. } => 2,
             Command::Proclaim { .. } => 3,
+            Command::PutQueue { .. }
+            | Command::DeleteQueue { .. }
+            | Command::Push { .. }
+            | Command::Claim { .. }
+            | Command::CancelClaim { .. }
+            | Command::Ack { .. }
+            | Command::Nack { .. }
+            | Command::RemoveItem { .. }
+            | Command::PromoteDueItems => 4,
         }
     }
 }

@@ -16,6 +16,7 @@ mod hex;
 pub mod limits;
 mod name;
 mod outcome;
+mod queue;
 mod semaphore;
 mod session;
 mod snapshot;
@@ -29,6 +30,11 @@ pub use acl::{
 pub use command::{Acquire, Batch, Command, Creator, FEATURE_VERSION};
 pub use name::{InvalidName, Key, Kind, Name};
 pub use outcome::{Effect, Event, EventKind, Field, Limit, Outcome, Refusal, WaitEndReason};
+pub use queue::{
+    validate_claim, validate_nack, validate_push, validate_queue_settings, Claim, ClaimedItem, Claimer, Item,
+    ItemState, NewItem, PushedItem, Queue, QueueCounts, QueueSettings, Settled, DEAD_LETTER_SUFFIX,
+    QUEUE_MAX_ATTEMPTS_DEFAULT, QUEUE_MAX_ITEMS_DEFAULT,
+};
 pub use semaphore::{Hold, Semaphore, Waiter};
 pub use session::{InvalidSessionId, KeySet, Session, SessionId};
 pub use snapshot::{SnapshotError, SnapshotView, SNAPSHOT_FORMAT_VERSION};

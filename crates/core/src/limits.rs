@@ -42,6 +42,33 @@ pub const TOKEN_RULES_MAX: usize = 64;
 /// Longest token name, in bytes.
 pub const TOKEN_NAME_BYTES_MAX: usize = 128;
 
+/// Most queues that may exist at once.
+pub const QUEUES_MAX: usize = 100_000;
+/// Largest `max_items` of a queue.
+pub const QUEUE_ITEMS_MAX: u64 = 10_000_000;
+/// Most items in all queues together. Bounds memory: an item costs its payload plus about
+/// 200 bytes.
+pub const ITEMS_MAX: u64 = 20_000_000;
+/// Largest `max_attempts` of a queue.
+pub const QUEUE_MAX_ATTEMPTS_MAX: u32 = 1000;
+/// Largest payload of one item, in bytes of JSON text.
+pub const QUEUE_PAYLOAD_BYTES_MAX: usize = 64 * 1024;
+/// Most items in one push (one log entry).
+pub const QUEUE_PUSH_ITEMS_MAX: usize = 1000;
+/// Most items one claim hands out.
+pub const QUEUE_CLAIM_ITEMS_MAX: u32 = 1000;
+/// Longest deduplication key of an item, in bytes.
+pub const QUEUE_ITEM_KEY_BYTES_MAX: usize = 128;
+/// Longest `error` of a nack, in bytes.
+pub const QUEUE_ERROR_BYTES_MAX: usize = 1024;
+/// Longest delay of a push or nack, and longest `wait_ms` a claim carries, in milliseconds (one
+/// week).
+pub const QUEUE_DELAY_MS_MAX: u64 = 604_800_000;
+/// Most items one session may have claimed from one queue at once.
+pub const CLAIMS_PER_SESSION_MAX: usize = 10_000;
+/// Most delayed items one `PromoteDueItems` command moves; the driver proposes again for the rest.
+pub const PROMOTE_ITEMS_PER_COMMAND_MAX: usize = 4096;
+
 /// Most sessions one `ExpireSessions` command may name, so one log entry stays small.
 pub const EXPIRE_SESSIONS_PER_COMMAND_MAX: usize = 1024;
 /// Most holds one `ExpireHolds` command releases; the expiry driver proposes again for the rest.

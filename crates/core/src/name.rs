@@ -89,17 +89,19 @@ impl fmt::Debug for Name {
     }
 }
 
-/// The two kinds of object that hold permits. They live in separate namespaces: a semaphore and
-/// an election may share a name.
+/// The kinds of named object. They live in separate namespaces: a semaphore, an election and a
+/// queue may share a name.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
 pub enum Kind {
     /// A counting semaphore with a capacity set by clients.
     Semaphore,
     /// A leader election: a capacity-1 semaphore whose hold carries the leader's value.
     Election,
+    /// A work queue (it holds items, not permits: it is never in a session's holds or waits).
+    Queue,
 }
 
-/// Identifies one semaphore or election.
+/// Identifies one semaphore, election or queue.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
 pub struct Key {
     /// Which namespace.
@@ -118,6 +120,11 @@ impl Key {
     pub fn election(name: Name) -> Key {
         Key { kind: Kind::Election, name }
     }
+
+    /// The key of the queue called `name`.
+    pub fn queue(name: Name) -> Key {
+        Key { kind: Kind::Queue, name }
+    }
 }
 
 impl fmt::Display for Key {
@@ -125,6 +132,7 @@ impl fmt::Display for Key {
         match self.kind {
             Kind::Semaphore => write!(f, "semaphore {}", self.name),
             Kind::Election => write!(f, "election {}", self.name),
+            Kind::Queue => write!(f, "queue {}", self.name),
         }
     }
 }

@@ -2,7 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Key, SessionId};
+use crate::queue::{ClaimedItem, PushedItem, Settled};
+use crate::{Key, Name, SessionId};
 
 /// The result of one command, returned to the client that proposed it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,6 +67,41 @@ pub enum Outcome {
         token: u64,
         /// Leader time at which the leadership began (its tenure is unchanged).
         granted_at_ms: u64,
+    },
+    /// The queue exists now with the settings.
+    QueuePut {
+        /// It did not exist before.
+        created: bool,
+    },
+    /// The queue is gone.
+    QueueDeleted,
+    /// The items are in the queue (or were: duplicates).
+    Pushed {
+        /// One per pushed item, in order.
+        items: Vec<PushedItem>,
+    },
+    /// The session claimed these items (none: nothing was due, and the claim did not wait).
+    Claimed {
+        /// The items, in `seq` order.
+        items: Vec<ClaimedItem>,
+    },
+    /// The claim waits for items behind earlier blocked claims.
+    ClaimWaiting,
+    /// The blocked claim is over (or was already).
+    ClaimCancelled,
+    /// The item is done and gone.
+    Acked,
+    /// The item's claim ended; it went here.
+    Nacked {
+        /// Where it went.
+        settled: Settled,
+    },
+    /// The item is gone.
+    ItemRemoved,
+    /// This many delayed items became pending.
+    ItemsPromoted {
+        /// Items moved.
+        promoted: u64,
     },
 }
 
@@ -134,6 +170,30 @@ pub enum Refusal {
     /// A proclaim by a session that does not lead the election (another does, or none).
     #[error("the session does not lead this election")]
     NotLeader,
+    /// The queue does not exist.
+    #[error("queue not found")]
+    QueueNotFound,
+    /// The queue holds items or blocked claims and cannot be deleted.
+    #[error("the queue holds items or blocked claims")]
+    QueueBusy,
+    /// The queue holds `max_items` items.
+    #[error("the queue is full: it holds its max_items ({max_items})")]
+    QueueFull {
+        /// The queue's `max_items`.
+        max_items: u64,
+    },
+    /// An item's payload is larger than [`crate::limits::QUEUE_PAYLOAD_BYTES_MAX`].
+    #[error("a payload of {bytes} bytes is larger than 65536")]
+    PayloadTooLarge {
+        /// The payload's size.
+        bytes: u64,
+    },
+    /// The session and token do not own a claim of the item (any more).
+    #[error("this session and token do not hold a claim of the item: it ended, or was never theirs")]
+    ClaimLost,
+    /// The queue has no item with this id.
+    #[error("item not found")]
+    ItemNotFound,
 }
 
 /// Request fields that can be out of range.
@@ -155,6 +215,26 @@ pub enum Field {
     TokenName,
     /// `rules` of an access token.
     Rules,
+    /// `max_attempts` of a queue.
+    MaxAttempts,
+    /// `max_items` of a queue.
+    MaxItems,
+    /// `dead_letter` of a queue.
+    DeadLetter,
+    /// `items` of a push.
+    Items,
+    /// `payload` of an item.
+    Payload,
+    /// `delay_ms` of a push or nack.
+    DelayMs,
+    /// `key` of an item.
+    ItemKey,
+    /// `max` of a claim.
+    Max,
+    /// `wait_ms` of a claim.
+    WaitMs,
+    /// `error` of a nack.
+    Error,
 }
 
 impl Field {
@@ -169,6 +249,16 @@ impl Field {
             Field::Value => "value",
             Field::TokenName => "name",
             Field::Rules => "rules",
+            Field::MaxAttempts => "max_attempts",
+            Field::MaxItems => "max_items",
+            Field::DeadLetter => "dead_letter",
+            Field::Items => "items",
+            Field::Payload => "payload",
+            Field::DelayMs => "delay_ms",
+            Field::ItemKey => "key",
+            Field::Max => "max",
+            Field::WaitMs => "wait_ms",
+            Field::Error => "error",
         }
     }
 }
@@ -201,8 +291,17 @@ pub enum Limit {
     #[error("this token has as many live sessions as it may")]
     SessionsPerToken,
     /// The per-token object cap the server carried in the command (`--objects-per-token-max`).
-    #[error("this token has created as many semaphores and elections as it may")]
+    #[error("this token has created as many semaphores, elections and queues as it may")]
     ObjectsPerToken,
+    /// [`crate::limits::QUEUES_MAX`].
+    #[error("too many queues")]
+    Queues,
+    /// [`crate::limits::ITEMS_MAX`].
+    #[error("too many items in all queues")]
+    Items,
+    /// [`crate::limits::CLAIMS_PER_SESSION_MAX`].
+    #[error("this session has claimed as many items of this queue as it may")]
+    ClaimsPerSession,
 }
 
 /// A change the shell must react to: wake a long-poll, arm an expiry timer.
@@ -252,6 +351,11 @@ pub enum Effect {
         /// The object.
         key: Key,
     },
+    /// A delayed item is due at this leader time (the promotion timer may need re-arming).
+    ItemDueSet {
+        /// Leader time of the earliest due item.
+        due_ms: u64,
+    },
 }
 
 /// What happened, for observers. The shell numbers events and adds the log index and leader
@@ -283,11 +387,21 @@ pub enum EventKind {
     /// An election's leader published a new value ([`crate::Command::Proclaim`]); the leader,
     /// its token and its tenure are unchanged.
     Proclaimed,
+    /// An item entered a queue by a push.
+    Pushed,
+    /// An item was claimed.
+    Claimed,
+    /// A claimed item was acked: it is gone.
+    Acked,
+    /// A claim ended without an ack: nacked, or its session ended.
+    Nacked,
+    /// An item claimed `max_attempts` times moved to its dead-letter queue.
+    Dead,
 }
 
 impl EventKind {
     /// Every kind, in documentation order.
-    pub const ALL: [EventKind; 12] = [
+    pub const ALL: [EventKind; 17] = [
         EventKind::SessionCreated,
         EventKind::SessionExpired,
         EventKind::SessionClosed,
@@ -300,6 +414,11 @@ impl EventKind {
         EventKind::CapacityChanged,
         EventKind::LeaderChanged,
         EventKind::Proclaimed,
+        EventKind::Pushed,
+        EventKind::Claimed,
+        EventKind::Acked,
+        EventKind::Nacked,
+        EventKind::Dead,
     ];
 
     /// The kind's name on the wire.
@@ -317,6 +436,11 @@ impl EventKind {
             EventKind::CapacityChanged => "capacity_changed",
             EventKind::LeaderChanged => "leader_changed",
             EventKind::Proclaimed => "proclaimed",
+            EventKind::Pushed => "pushed",
+            EventKind::Claimed => "claimed",
+            EventKind::Acked => "acked",
+            EventKind::Nacked => "nacked",
+            EventKind::Dead => "dead",
         }
     }
 
@@ -383,6 +507,18 @@ pub struct Event {
     pub held_ms: Option<u64>,
     /// `granted`: whether the grant went to a queued waiter (rather than at once).
     pub from_queue: bool,
+    /// Queue events: the item's id.
+    pub item: Option<u64>,
+    /// `claimed`, `acked`, `nacked`, `dead`: the item's claims so far.
+    pub attempt: Option<u32>,
+    /// `nacked`, `dead`: why the last claim ended.
+    pub error: Option<String>,
+    /// `pushed`: the item's delay, when it has one.
+    pub delay_ms: Option<u64>,
+    /// `dead`: the dead-letter queue it moved to.
+    pub dead_letter: Option<Name>,
+    /// `claimed`: how long the item had been in the queue, in leader ms.
+    pub waited_ms: Option<u64>,
 }
 
 impl Event {
@@ -401,6 +537,12 @@ impl Event {
             reason: None,
             held_ms: None,
             from_queue: false,
+            item: None,
+            attempt: None,
+            error: None,
+            delay_ms: None,
+            dead_letter: None,
+            waited_ms: None,
         }
     }
 }

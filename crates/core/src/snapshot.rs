@@ -8,10 +8,11 @@ use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::queue::{Queue, QueueRecord};
 use crate::semaphore::Semaphore;
 use crate::session::{KeySet, Session};
 use crate::verify::InvariantViolation;
-use crate::{Key, SessionId, State, Token, TokenId};
+use crate::{Key, Name, SessionId, State, Token, TokenId};
 
 /// The first byte of every snapshot. Bump it when the layout changes and keep a decoder for
 /// every older version that may sit on a disk.
@@ -20,7 +21,15 @@ use crate::{Key, SessionId, State, Token, TokenId};
 /// written as version 3, which builds from before versioning read: a leader that sends a
 /// snapshot to such a member during a rolling upgrade sends bytes it can decode, and a node
 /// rolled back to such a build reads its own snapshots.
-pub const SNAPSHOT_FORMAT_VERSION: u8 = 4;
+///
+/// Version 5 adds the queues and the last item id. It is written only for a cluster version of
+/// 4 or more (queues exist only from there), so every member of a cluster that can receive it
+/// reads it; below that, version 4 (or 3) as before.
+pub const SNAPSHOT_FORMAT_VERSION: u8 = 5;
+/// The format of a state whose cluster version is 2 or 3.
+const SNAPSHOT_FORMAT_V4: u8 = 4;
+/// The first cluster version whose snapshots are written in format 5.
+const QUEUES_CLUSTER_VERSION: u32 = 4;
 /// The format of a state whose cluster version is 1 (see [`SNAPSHOT_FORMAT_VERSION`]).
 const SNAPSHOT_FORMAT_V3: u8 = 3;
 
@@ -59,6 +68,8 @@ pub struct SnapshotView {
     creators: OrdMap<Key, TokenId>,
     token_salt: Option<[u8; 32]>,
     cluster_version: u32,
+    queues: OrdMap<Name, Arc<Queue>>,
+    last_item: u64,
 }
 
 /// A map serialized as a map in key order, exactly as serde serializes a `BTreeMap`: postcard
@@ -84,6 +95,60 @@ impl Serialize for ObjectsInOrder<'_> {
         let mut map = serializer.serialize_map(Some(self.0.len()))?;
         for (key, object) in self.0 {
             map.serialize_entry(key, &**object)?;
+        }
+        map.end()
+    }
+}
+
+/// The queues in name order, each as a [`QueueRecord`] would serialize (its settings, its items
+/// in id order, its claimers), read from the queue without copying it.
+struct QueuesInOrder<'a>(&'a OrdMap<Name, Arc<Queue>>);
+
+impl Serialize for QueuesInOrder<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (name, queue) in self.0 {
+            map.serialize_entry(name, &QueueRef(queue))?;
+        }
+        map.end()
+    }
+}
+
+/// The encoder's view of one queue (for the test that holds it to [`QueueRecord`]'s layout).
+#[cfg(test)]
+pub(crate) fn queue_ref(queue: &Queue) -> impl Serialize + '_ {
+    QueueRef(queue)
+}
+
+/// One queue, laid out as [`QueueRecord`].
+struct QueueRef<'a>(&'a Queue);
+
+impl Serialize for QueueRef<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        let queue = self.0;
+        // A struct is its fields in order, as a tuple is (postcard writes nothing between).
+        let mut fields = serializer.serialize_tuple(8)?;
+        fields.serialize_element(&queue.max_attempts)?;
+        fields.serialize_element(&queue.dead_letter)?;
+        fields.serialize_element(&queue.max_items)?;
+        fields.serialize_element(&queue.created_index)?;
+        fields.serialize_element(&queue.modified_index)?;
+        fields.serialize_element(&queue.next_seq)?;
+        fields.serialize_element(&ItemsInOrder(queue))?;
+        fields.serialize_element(&queue.claimers)?;
+        fields.end()
+    }
+}
+
+/// A queue's items in id order, as a map.
+struct ItemsInOrder<'a>(&'a Queue);
+
+impl Serialize for ItemsInOrder<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.items.len()))?;
+        for (id, item) in self.0.items() {
+            map.serialize_entry(&id, item)?;
         }
         map.end()
     }
@@ -137,10 +202,20 @@ impl SnapshotView {
             return postcard::to_extend(&view, vec![SNAPSHOT_FORMAT_V3])
                 .expect("encoding to memory cannot fail");
         }
-        // Version 4: version 3's fields, then the cluster version (a tuple is its fields in
-        // order, with nothing between them).
-        postcard::to_extend(&(view, self.cluster_version), vec![SNAPSHOT_FORMAT_VERSION])
-            .expect("encoding to memory cannot fail")
+        if self.cluster_version < QUEUES_CLUSTER_VERSION {
+            assert!(self.queues.is_empty() && self.last_item == 0, "queues below cluster version 4");
+            // Version 4: version 3's fields, then the cluster version (a tuple is its fields in
+            // order, with nothing between them).
+            return postcard::to_extend(&(view, self.cluster_version), vec![SNAPSHOT_FORMAT_V4])
+                .expect("encoding to memory cannot fail");
+        }
+        // Version 5: version 4's fields, then the queues and the last item id.
+        let queues = QueuesInOrder(&self.queues);
+        postcard::to_extend(
+            &(view, self.cluster_version, queues, self.last_item),
+            vec![SNAPSHOT_FORMAT_VERSION],
+        )
+        .expect("encoding to memory cannot fail")
     }
 
     /// Log index of the last batch applied to the state the view was taken from.
@@ -224,6 +299,8 @@ impl State {
             creators: self.creators.clone(),
             token_salt: self.token_salt,
             cluster_version: self.cluster_version,
+            queues: self.queues.clone(),
+            last_item: self.last_item,
         }
     }
 
@@ -282,6 +359,8 @@ impl State {
     fn decode_unchecked(bytes: &[u8]) -> Result<State, SnapshotError> {
         let (&version, body) = bytes.split_first().ok_or(SnapshotError::UnsupportedVersion(0))?;
         let mut cluster_version = 0;
+        let mut queues: Vec<(Name, QueueRecord)> = Vec::new();
+        let mut last_item = 0;
         let ((sessions, sessions_per_owner), v3) = match version {
             1 => {
                 let (sessions, rest) = postcard::from_bytes::<SnapshotV1>(body)?.upgrade();
@@ -292,16 +371,30 @@ impl State {
                 (sessions, rest.upgrade())
             }
             SNAPSHOT_FORMAT_V3 => decode_streamed::<SnapshotV3Rest>(body)?,
-            SNAPSHOT_FORMAT_VERSION => {
+            SNAPSHOT_FORMAT_V4 => {
                 let (sessions, SnapshotV4Rest(rest, version)) = decode_streamed::<SnapshotV4Rest>(body)?;
-                if version <= 1 {
-                    // Written only for a raised version: a 0 or 1 here is not a snapshot we wrote.
+                if !(2..QUEUES_CLUSTER_VERSION).contains(&version) {
+                    // Written only for these versions: another one is not a snapshot we wrote.
                     return Err(InvariantViolation(format!(
                         "cluster version {version} in a version 4 snapshot"
                     ))
                     .into());
                 }
                 cluster_version = version;
+                (sessions, rest)
+            }
+            SNAPSHOT_FORMAT_VERSION => {
+                let (sessions, SnapshotV5Rest(rest, version, queue_records, items)) =
+                    decode_streamed::<SnapshotV5Rest>(body)?;
+                if version < QUEUES_CLUSTER_VERSION {
+                    return Err(InvariantViolation(format!(
+                        "cluster version {version} in a version 5 snapshot"
+                    ))
+                    .into());
+                }
+                cluster_version = version;
+                queues = queue_records;
+                last_item = items;
                 (sessions, rest)
             }
             other => return Err(SnapshotError::UnsupportedVersion(other)),
@@ -325,7 +418,27 @@ impl State {
             created_by: Default::default(),
             token_salt: v3.token_salt,
             cluster_version,
+            queues: Default::default(),
+            last_item,
+            queued_items: 0,
+            items_due: Default::default(),
+            queue_sessions: Default::default(),
         };
+        if let Some(pair) = queues.windows(2).find(|pair| pair[0].0 >= pair[1].0) {
+            return Err(
+                InvariantViolation(format!("queue {} out of order in the snapshot", pair[1].0)).into()
+            );
+        }
+        for (name, record) in queues {
+            if record.items.windows(2).any(|pair| pair[0].0 >= pair[1].0) {
+                return Err(
+                    InvariantViolation(format!("queue {name}: items out of order in the snapshot")).into()
+                );
+            }
+            let queue = record.into_queue();
+            state.index_queue(&name, &queue);
+            state.queues.insert(name, Arc::new(queue));
+        }
         if let Some(pair) = v3.ephemeral.windows(2).find(|pair| pair[0] >= pair[1]) {
             return Err(
                 InvariantViolation(format!("ephemeral {} out of order in the snapshot", pair[1])).into()
@@ -413,6 +526,11 @@ fn build_sessions(
 /// Version 4 after the sessions: version 3's, then the cluster's feature version.
 #[derive(Deserialize)]
 struct SnapshotV4Rest(SnapshotV3Rest, u32);
+
+/// Version 5 after the sessions: version 4's fields, then the queues (in name order) and the
+/// last item id.
+#[derive(Deserialize)]
+struct SnapshotV5Rest(SnapshotV3Rest, u32, Vec<(Name, QueueRecord)>, u64);
 
 /// Decodes version 2, 3 or 4 (whose fields after the sessions are `Rest`) with the sessions
 /// streamed to a second thread in chunks, which builds their persistent map while this one goes
@@ -681,7 +799,7 @@ mod tests {
         state.apply(2, 1, &raise(2), &mut Vec::new());
         assert_eq!(state.cluster_version(), 2);
         let v4 = state.encode_snapshot();
-        assert_eq!(v4[0], SNAPSHOT_FORMAT_VERSION);
+        assert_eq!(v4[0], SNAPSHOT_FORMAT_V4);
         let decoded = State::decode_snapshot(&v4).unwrap();
         assert_eq!(decoded, state);
         assert_eq!(decoded.cluster_version(), 2);
@@ -693,6 +811,15 @@ mod tests {
         let mut again = state.clone();
         again.apply(3, 1, &raise(1), &mut Vec::new());
         assert_eq!(again.cluster_version(), 2);
+        // From version 4 on (queues), format 5; a format 4 snapshot claiming version 4 is not
+        // one this build wrote.
+        state.apply(4, 1, &raise(4), &mut Vec::new());
+        let v5 = state.encode_snapshot();
+        assert_eq!(v5[0], SNAPSHOT_FORMAT_VERSION);
+        assert_eq!(State::decode_snapshot(&v5).unwrap(), state);
+        let mut v4_claiming_4 = v4.clone();
+        *v4_claiming_4.last_mut().unwrap() = 4;
+        assert!(matches!(State::decode_snapshot(&v4_claiming_4), Err(SnapshotError::Inconsistent(_))));
     }
 
     #[test]

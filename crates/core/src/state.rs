@@ -9,6 +9,7 @@ use imbl::{OrdMap, OrdSet};
 use crate::command::{Acquire, Batch, Command, Creator};
 use crate::limits::*;
 use crate::outcome::{Effect, Event, EventKind, Field, Limit, Outcome, Refusal, WaitEndReason};
+use crate::queue::Queue;
 use crate::semaphore::{Hold, Semaphore, Waiter};
 use crate::session::{KeySet, Session};
 use crate::{Key, Kind, Name, SessionId, Token, TokenId};
@@ -80,6 +81,18 @@ pub struct State {
     /// The cluster's feature version ([`Command::SetClusterVersion`]); 0 until the first raise,
     /// which reads as version 1 (see [`State::cluster_version`]).
     pub(crate) cluster_version: u32,
+    /// Work queues by name.
+    pub(crate) queues: OrdMap<Name, Arc<Queue>>,
+    /// The largest item id issued so far; ids are global, so an item keeps its id when it is
+    /// dead-lettered.
+    pub(crate) last_item: u64,
+    /// Derived: items in all queues.
+    pub(crate) queued_items: u64,
+    /// Derived index of delayed items: (due time, queue, item).
+    pub(crate) items_due: BTreeSet<(u64, Name, u64)>,
+    /// Derived index: the queues in which each session has claimed items or a blocked claim
+    /// (sessions with none are absent).
+    pub(crate) queue_sessions: BTreeMap<SessionId, BTreeSet<Name>>,
 }
 
 /// Debug builds check every invariant ([`State::verify`]) after a batch; the check walks the
@@ -119,7 +132,7 @@ impl State {
 
     /// What a [`State::verify`] walks, roughly: sessions, objects and tokens.
     fn verify_size(&self) -> usize {
-        self.sessions.len() + self.objects.len() + self.tokens.len()
+        self.sessions.len() + self.objects.len() + self.tokens.len() + self.queued_items as usize
     }
 
     /// Records that the log entry at `index` carried no batch (a Raft blank or membership entry).
@@ -190,6 +203,27 @@ impl State {
                 Ok(Outcome::ClusterVersionSet { version: self.cluster_version() })
             }
             Command::Proclaim { key, session, value } => self.proclaim(index, key, *session, value, effects),
+            Command::PutQueue { name, settings, creator } => {
+                self.put_queue(index, name, settings, creator.as_ref(), effects)
+            }
+            Command::DeleteQueue { name } => self.delete_queue(name, effects),
+            Command::Push { queue, items, creator } => {
+                self.push(index, queue, items, creator.as_ref(), effects)
+            }
+            Command::Claim { queue, session, request, max, wait_ms } => {
+                self.claim(index, queue, *session, *request, *max, *wait_ms, effects)
+            }
+            Command::CancelClaim { queue, session, request } => {
+                self.cancel_claim(index, queue, *session, *request, effects)
+            }
+            Command::Ack { queue, id, session, token } => {
+                self.ack(index, queue, *id, *session, *token, effects)
+            }
+            Command::Nack { queue, id, session, token, delay_ms, error } => {
+                self.nack(index, queue, *id, *session, *token, *delay_ms, error.as_deref(), effects)
+            }
+            Command::RemoveItem { queue, id } => self.remove_queued_item(index, queue, *id, effects),
+            Command::PromoteDueItems => Ok(self.promote_due_items(index, effects)),
         };
         result.unwrap_or_else(Outcome::Refused)
     }
@@ -298,6 +332,7 @@ impl State {
         for key in session.waits.iter().chain(&session.holds) {
             self.drop_idle_election(key, effects);
         }
+        self.end_queue_session(index, id, effects);
         effects.push(Effect::SessionRemoved { id });
         let mut event =
             Event::new(if expired { EventKind::SessionExpired } else { EventKind::SessionClosed });
@@ -392,6 +427,9 @@ impl State {
             (Some(object), _) => object.capacity,
             (None, Kind::Election) => 1,
             (None, Kind::Semaphore) => acquire.capacity.ok_or(Refusal::SemaphoreNotFound)?,
+            (None, Kind::Queue) => {
+                return Err(out_of_range(Field::Permits, "a queue's items are claimed, not acquired".into()))
+            }
         };
         if let Some(object) = self.objects.get(key) {
             if let Some(hold) = object.holders.get(&acquire.session) {
@@ -650,6 +688,13 @@ impl State {
     pub(crate) fn remove_object(&mut self, key: &Key, effects: &mut Vec<Effect>) {
         self.objects.remove(key);
         self.ephemeral.remove(key);
+        self.forget_creator(key);
+        effects.push(Effect::ObjectRemoved { key: key.clone() });
+        effects.push(Effect::ObjectChanged { key: key.clone() });
+    }
+
+    /// Removes the record of who created `key`, as it is deleted.
+    pub(crate) fn forget_creator(&mut self, key: &Key) {
         if let Some(token) = self.creators.remove(key) {
             let created = self.created_by.get_mut(&token).expect("a creator's objects are indexed");
             created.remove(key);
@@ -657,15 +702,13 @@ impl State {
                 self.created_by.remove(&token);
             }
         }
-        effects.push(Effect::ObjectRemoved { key: key.clone() });
-        effects.push(Effect::ObjectChanged { key: key.clone() });
     }
 
     /// Refuses to create an object on behalf of a token that is gone, or that has created its
     /// cap of objects that still exist. No creator (auth off): nothing to check. The root token
     /// before its bootstrap (the configured root secret already acts as root then) creates
     /// freely, and [`State::record_creator`] records nothing for it.
-    fn check_creator(&self, creator: Option<&Creator>) -> Result<(), Refusal> {
+    pub(crate) fn check_creator(&self, creator: Option<&Creator>) -> Result<(), Refusal> {
         let Some(creator) = creator else { return Ok(()) };
         if self.root_before_bootstrap(creator.token) {
             return Ok(());
@@ -685,7 +728,7 @@ impl State {
     }
 
     /// Records that `creator` made the object `key`, just inserted.
-    fn record_creator(&mut self, key: &Key, creator: Option<&Creator>) {
+    pub(crate) fn record_creator(&mut self, key: &Key, creator: Option<&Creator>) {
         if let Some(creator) = creator.filter(|creator| !self.root_before_bootstrap(creator.token)) {
             self.creators.insert(key.clone(), creator.token);
             self.created_by.entry(creator.token).or_default().insert(key.clone());
@@ -893,7 +936,7 @@ impl State {
     }
 }
 
-fn emit(effects: &mut Vec<Effect>, event: Event) {
+pub(crate) fn emit(effects: &mut Vec<Effect>, event: Event) {
     effects.push(Effect::Event(Box::new(event)));
 }
 

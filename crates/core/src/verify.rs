@@ -63,7 +63,8 @@ impl State {
                 ensure!(!object.fits(head.permits), "{key}: head waiter fits but was not granted");
             }
         }
-        // Tokens are global: every hold's token is distinct.
+        self.verify_queues(&mut tokens)?;
+        // Tokens are global: every hold's and claim's token is distinct.
         tokens.sort_unstable();
         ensure!(tokens.windows(2).all(|w| w[0] < w[1]), "a token is held twice");
         ensure!(deadlines == self.hold_deadlines, "hold deadline index out of date");
@@ -102,6 +103,68 @@ impl State {
         self.verify_tokens()
     }
 
+    /// Every queue's indexes match its items; every claim and blocked claim belongs to a live
+    /// session; no item is pending while a claimer that could take it waits; the state's queue
+    /// indexes match. Adds the claims' tokens to `tokens`.
+    fn verify_queues(&self, tokens: &mut Vec<u64>) -> Result<(), InvariantViolation> {
+        let mut items = 0u64;
+        let mut due = BTreeSet::new();
+        let mut sessions = std::collections::BTreeMap::<_, BTreeSet<_>>::new();
+        for (name, queue) in &self.queues {
+            let mut rebuilt = (**queue).clone();
+            rebuilt.reindex();
+            ensure!(rebuilt == **queue, "queue {name}: an index is out of date");
+            ensure!(queue.modified_index <= self.applied_index, "queue {name}: modified in the future");
+            ensure!(queue.dead_letter.as_ref() != Some(name), "queue {name}: its own dead-letter queue");
+            let mut seqs = BTreeSet::new();
+            for (id, item) in queue.items() {
+                ensure!(id >= 1 && id <= self.last_item, "queue {name}: item {id} from the future");
+                ensure!(
+                    item.seq >= 1 && item.seq < queue.next_seq,
+                    "queue {name}: item {id} has seq {} from the future",
+                    item.seq
+                );
+                ensure!(seqs.insert(item.seq), "queue {name}: seq {} twice", item.seq);
+                match item.state {
+                    crate::ItemState::Claimed(claim) => {
+                        ensure!(
+                            self.sessions.contains_key(&claim.session),
+                            "queue {name}: item {id} claimed by a gone session"
+                        );
+                        ensure!(
+                            claim.token <= self.last_token,
+                            "queue {name}: item {id} has a token from the future"
+                        );
+                        ensure!(item.attempt >= 1, "queue {name}: item {id} claimed with no attempt");
+                        tokens.push(claim.token);
+                        sessions.entry(claim.session).or_default().insert(name.clone());
+                    }
+                    crate::ItemState::Delayed { until_ms } => {
+                        due.insert((until_ms, name.clone(), id));
+                    }
+                    crate::ItemState::Pending => {}
+                }
+            }
+            for claimer in queue.claimers() {
+                ensure!(
+                    self.sessions.contains_key(&claimer.session),
+                    "queue {name}: a gone session's claim waits"
+                );
+                sessions.entry(claimer.session).or_default().insert(name.clone());
+                let live = claimer.until_ms > self.now_ms;
+                ensure!(
+                    !live || queue.counts().pending == 0,
+                    "queue {name}: items pending while a claim waits"
+                );
+            }
+            items += queue.len();
+        }
+        ensure!(items == self.queued_items, "queued item count out of date");
+        ensure!(due == self.items_due, "due item index out of date");
+        ensure!(sessions == self.queue_sessions, "session queue index out of date");
+        Ok(())
+    }
+
     /// Every session's owner is a live token, and the derived token indexes match.
     fn verify_tokens(&self) -> Result<(), InvariantViolation> {
         let mut per_owner = std::collections::BTreeMap::new();
@@ -115,7 +178,11 @@ impl State {
         ensure!(self.token_ids_by_secret.len() == self.tokens.len(), "two tokens share a secret");
         let mut created_by = std::collections::BTreeMap::<_, BTreeSet<_>>::new();
         for (key, token) in &self.creators {
-            ensure!(self.objects.contains_key(key), "{key}: a creator recorded for an object that is gone");
+            let exists = match key.kind {
+                Kind::Queue => self.queues.contains_key(&key.name),
+                Kind::Semaphore | Kind::Election => self.objects.contains_key(key),
+            };
+            ensure!(exists, "{key}: a creator recorded for an object that is gone");
             ensure!(self.tokens.contains_key(token), "{key}: created by a deleted token {token}");
             created_by.entry(*token).or_default().insert(key.clone());
         }

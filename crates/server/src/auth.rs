@@ -62,7 +62,7 @@ pub enum Need {
 pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> {
     use Access::{Admin, Read, Write};
     use Need::{Authenticated, Global, InBody, Named, Open};
-    use Resource::{Acl, Cluster, Election, Semaphore};
+    use Resource::{Acl, Cluster, Election, Queue, Semaphore};
     let need = match (method.as_str(), route) {
         ("GET", "/v1/health" | "/v1/health/live" | "/v1/openapi.json") => Open,
         // The dashboard's page and assets hold no data; every call it makes needs its token.
@@ -89,6 +89,17 @@ pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> 
             "/v1/elections/{name}/campaign" | "/v1/elections/{name}/proclaim" | "/v1/elections/{name}/resign",
         ) => Named(Election, Write),
         ("POST", "/v1/elections/{name}/revoke") => Named(Election, Admin),
+        ("GET", "/v1/queues") => Authenticated,
+        ("GET", "/v1/queues/{name}" | "/v1/queues/{name}/items") => Named(Queue, Read),
+        ("PUT" | "DELETE", "/v1/queues/{name}") => Named(Queue, Admin),
+        (
+            "POST",
+            "/v1/queues/{name}/items"
+            | "/v1/queues/{name}/claim"
+            | "/v1/queues/{name}/items/{id}/ack"
+            | "/v1/queues/{name}/items/{id}/nack",
+        ) => Named(Queue, Write),
+        ("DELETE", "/v1/queues/{name}/items/{id}") => Named(Queue, Admin),
         ("GET", "/v1/cluster") => Global(Cluster, Read),
         // Filtered per event: read access to each semaphore, election or session name.
         ("GET", "/v1/events") => Authenticated,
@@ -105,12 +116,25 @@ pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> 
     Some(need)
 }
 
+/// The ACL resource that governs objects of `kind`.
+pub(crate) fn resource_of(kind: Kind) -> Resource {
+    match kind {
+        Kind::Semaphore => Resource::Semaphore,
+        Kind::Election => Resource::Election,
+        Kind::Queue => Resource::Queue,
+    }
+}
+
 impl Caller {
     /// Whether the caller has `access` to `name` of `resource`.
     pub(crate) fn can(&self, resource: Resource, name: &str, access: Access) -> bool {
         match self {
             Caller::Anyone => true,
-            Caller::Token { token, .. } => token.allows(resource, name, access),
+            // The root token may do everything, also on resources newer than its stored rules
+            // (`permit_core::root_rules`).
+            Caller::Token { id, token } => {
+                *id == permit_core::ROOT_TOKEN_ID || token.allows(resource, name, access)
+            }
         }
     }
 
@@ -132,13 +156,9 @@ impl Caller {
         }
     }
 
-    /// Whether the caller may read the object `key` (semaphore or election read access).
+    /// Whether the caller may read the object `key` (semaphore, election or queue read access).
     pub(crate) fn reads(&self, key: &Key) -> bool {
-        let resource = match key.kind {
-            Kind::Semaphore => Resource::Semaphore,
-            Kind::Election => Resource::Election,
-        };
-        self.can(resource, key.name.as_str(), Access::Read)
+        self.can(resource_of(key.kind), key.name.as_str(), Access::Read)
     }
 
     /// Whether the caller may see a session owned by `owner` and named `name` (in session

@@ -87,6 +87,15 @@ impl From<Refusal> for ApiError {
             Refusal::TokenExists => ErrorCode::Internal,
             Refusal::FeatureUnavailable { .. } => ErrorCode::FeatureUnavailable,
             Refusal::NotLeader => ErrorCode::NotLeader,
+            Refusal::QueueNotFound => ErrorCode::QueueNotFound,
+            Refusal::QueueBusy => ErrorCode::QueueBusy,
+            Refusal::QueueFull { .. } => ErrorCode::QueueFull,
+            Refusal::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            Refusal::ClaimLost => ErrorCode::ClaimLost,
+            Refusal::ItemNotFound => ErrorCode::ItemNotFound,
+            Refusal::LimitExceeded(Limit::Queues | Limit::Items | Limit::ClaimsPerSession) => {
+                ErrorCode::LimitExceeded
+            }
         };
         ApiError::new(code, message)
     }

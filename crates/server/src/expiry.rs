@@ -1,5 +1,6 @@
-//! The expiry driver: on the leader, proposes `ExpireSessions` when a session's deadline passes
-//! and `ExpireHolds` when a hold's `max_hold_ms` runs out.
+//! The expiry driver: on the leader, proposes `ExpireSessions` when a session's deadline passes,
+//! `ExpireHolds` when a hold's `max_hold_ms` runs out, and `PromoteDueItems` when a delayed queue
+//! item comes due.
 //!
 //! The timer is armed at the earliest deadline (not a coarse poll), so expiry fires within a few
 //! milliseconds of it, plus one commit.
@@ -81,7 +82,8 @@ impl ExpiryDriver {
         let replica = self.replica.write();
         let session = replica.lessor.next_deadline();
         let hold = replica.state.next_hold_deadline_ms().map(|ms| self.clock.instant_of(ms));
-        session.into_iter().chain(hold).min()
+        let item = replica.state.next_item_due_ms().map(|ms| self.clock.instant_of(ms));
+        session.into_iter().chain(hold).chain(item).min()
     }
 
     /// Proposes the expiries that are due; false when it proposed nothing.
@@ -89,7 +91,7 @@ impl ExpiryDriver {
         // The decision belongs to this leadership: if the command is written in another term
         // (it waited in the proposer's queue across a re-election), it does nothing.
         let Some(decided_term) = self.leading.borrow().map(|barrier| barrier.term) else { return false };
-        let (sessions, holds_due) = {
+        let (sessions, holds_due, items_due) = {
             let mut replica = self.replica.write();
             if replica.lessor.promoted_term() != Some(decided_term) {
                 return false;
@@ -97,7 +99,8 @@ impl ExpiryDriver {
             let sessions = replica.lessor.take_expired(Instant::now(), EXPIRE_SESSIONS_PER_COMMAND_MAX);
             let now_ms = self.clock.now_ms(replica.state.now_ms());
             let holds_due = replica.state.next_hold_deadline_ms().is_some_and(|at| at <= now_ms);
-            (sessions, holds_due)
+            let items_due = replica.state.next_item_due_ms().is_some_and(|at| at <= now_ms);
+            (sessions, holds_due, items_due)
         };
         if !sessions.is_empty() {
             tracing::debug!(count = sessions.len(), "expiring sessions");
@@ -122,6 +125,17 @@ impl ExpiryDriver {
                 }
             }
         }
-        !sessions.is_empty() || holds_due
+        if items_due {
+            // Delayed items exist only from cluster version 4 on, so the command is never gated.
+            match self.proposer.propose(Command::PromoteDueItems).await {
+                Ok(Outcome::ItemsPromoted { .. }) => {}
+                Ok(other) => tracing::error!(?other, "unexpected outcome of PromoteDueItems"),
+                Err(error) => {
+                    tracing::warn!(%error, "could not propose the promotion of due items");
+                    tokio::time::sleep(RETRY_DELAY).await;
+                }
+            }
+        }
+        !sessions.is_empty() || holds_due || items_due
     }
 }

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use permit_core::{Event, EventKind, Kind, Resource, TokenId};
+use permit_core::{Event, EventKind, Resource, TokenId};
 use tokio::sync::Notify;
 
 /// Where one stream is woken.
@@ -99,13 +99,7 @@ impl Subscription {
 /// The resource and name an event is filed under: its object, or its session's name.
 fn filed_under(event: &Event) -> (Resource, &str) {
     match &event.key {
-        Some(key) => {
-            let resource = match key.kind {
-                Kind::Semaphore => Resource::Semaphore,
-                Kind::Election => Resource::Election,
-            };
-            (resource, key.name.as_str())
-        }
+        Some(key) => (crate::auth::resource_of(key.kind), key.name.as_str()),
         None => (Resource::Session, event.session_name.as_deref().unwrap_or("")),
     }
 }
@@ -208,7 +202,7 @@ impl Drop for Subscription {
 
 #[cfg(test)]
 mod tests {
-    use permit_core::{Key, Name, SessionId};
+    use permit_core::{Key, Kind, Name, SessionId};
 
     use super::*;
 

@@ -476,6 +476,7 @@ impl Metrics {
         match kind {
             Kind::Semaphore => &self.semaphore,
             Kind::Election => &self.election,
+            Kind::Queue => unreachable!("queues have no permit series (the observer tracks them apart)"),
         }
     }
 
@@ -505,6 +506,7 @@ impl Metrics {
         match kind {
             Kind::Semaphore => &self.gauges.semaphores,
             Kind::Election => &self.gauges.elections,
+            Kind::Queue => unreachable!("queues have no permit series (the observer tracks them apart)"),
         }
     }
 

@@ -149,6 +149,7 @@ fn object_labels(kind: Kind, name: &str) -> Labels {
     let label = match kind {
         Kind::Semaphore => "semaphore",
         Kind::Election => "election",
+        Kind::Queue => "queue",
     };
     vec![(label.to_owned(), name.to_owned())]
 }
@@ -333,7 +334,7 @@ impl Observer {
                         self.metrics.try_acquire_refused(key.kind, &tracked.labels);
                     }
                 }
-                Effect::ObjectRemoved { key } => self.untrack(&mut tracker, key),
+                Effect::ObjectRemoved { key } if key.kind != Kind::Queue => self.untrack(&mut tracker, key),
                 _ => {}
             }
         }
@@ -363,7 +364,7 @@ impl Observer {
             EventKind::SessionClosed => m.session_ended(false),
             _ => {}
         }
-        let Some(key) = &event.key else { return };
+        let Some(key) = event.key.as_ref().filter(|key| key.kind != Kind::Queue) else { return };
         if event.kind == EventKind::CapacityChanged {
             let capacity = event.capacity.unwrap_or(0);
             if let Some(tracked) = tracker.objects.get_mut(key) {
@@ -529,8 +530,16 @@ fn render(seq: u64, index: u64, now_ms: u64, event: &Event) -> String {
     #[derive(serde::Serialize)]
     struct Json<'a> {
         #[serde(skip_serializing_if = "Option::is_none")]
+        attempt: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         capacity: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        dead_letter: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<&'a str>,
         index: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        item: Option<String>,
         kind: &'static str,
         #[serde(skip_serializing_if = "Option::is_none")]
         name: Option<&'a str>,
@@ -553,14 +562,19 @@ fn render(seq: u64, index: u64, now_ms: u64, event: &Event) -> String {
     }
 
     let json = Json {
+        attempt: event.attempt,
         capacity: event.capacity,
+        dead_letter: event.dead_letter.as_ref().map(|name| name.as_str()),
+        error: event.error.as_deref(),
         index,
+        item: event.item.map(|id| id.to_string()),
         kind: event.kind.as_str(),
         name: event.key.as_ref().map(|key| key.name.as_str()),
         now_ms,
         object_kind: event.key.as_ref().map(|key| match key.kind {
             Kind::Semaphore => "semaphore",
             Kind::Election => "election",
+            Kind::Queue => "queue",
         }),
         permits: event.permits,
         reason: event.reason.map(|reason| reason.as_str()),

@@ -33,11 +33,16 @@ fn the_spec_declares_the_enforced_limits() {
     assert_eq!(max_length("CreateSessionRequest", "name"), Some(SESSION_NAME_BYTES_MAX as u64));
     assert_eq!(max_length("CampaignRequest", "value"), Some(ELECTION_VALUE_BYTES_MAX as u64));
     assert_eq!(max_length("ProclaimRequest", "value"), Some(ELECTION_VALUE_BYTES_MAX as u64));
+    assert_eq!(range("PutQueueRequest", "max_attempts"), (Some(1), Some(QUEUE_MAX_ATTEMPTS_MAX as u64)));
+    assert_eq!(range("PutQueueRequest", "max_items"), (Some(1), Some(QUEUE_ITEMS_MAX)));
+    assert_eq!(range("ClaimRequest", "max"), (Some(1), Some(QUEUE_CLAIM_ITEMS_MAX as u64)));
+    assert_eq!(range("NackRequest", "delay_ms"), (Some(0), Some(QUEUE_DELAY_MS_MAX)));
     let mut names = 0;
     for (path, item) in spec["paths"].as_object().unwrap() {
         for (method, operation) in item.as_object().unwrap() {
             for parameter in operation["parameters"].as_array().into_iter().flatten() {
-                let session_page = path == "/v1/sessions" && parameter["name"] == "after";
+                let session_page = (path == "/v1/sessions" || path == "/v1/queues/{name}/items")
+                    && parameter["name"] == "after";
                 if (parameter["name"] == "name" || parameter["name"] == "after") && !session_page {
                     let schema = &parameter["schema"];
                     assert_eq!(schema["maxLength"].as_u64(), Some(NAME_BYTES_MAX as u64), "{method} {path}");
@@ -56,7 +61,7 @@ fn the_spec_declares_the_enforced_limits() {
         }
     }
     assert_eq!(
-        names, 15,
-        "thirteen `{{name}}` path parameters and the `after` of the semaphore and election lists"
+        names, 25,
+        "twenty-two `{{name}}` path parameters and the `after` of the semaphore, election and queue lists"
     );
 }

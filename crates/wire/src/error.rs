@@ -148,6 +148,19 @@ error_codes! {
     /// A proclaim (or a campaign that changes the value) by a session that does not lead the
     /// election: another session leads, or none does. Nothing changed.
     NotLeader = "not_leader", 409;
+    /// The queue does not exist (a push creates it; other calls do not).
+    QueueNotFound = "queue_not_found", 404;
+    /// The queue still holds items or blocked claimers and cannot be deleted.
+    QueueBusy = "queue_busy", 409;
+    /// The queue holds `max_items` items: the push added nothing.
+    QueueFull = "queue_full", 409;
+    /// An item's payload is larger than 64 KiB encoded: the push added nothing.
+    PayloadTooLarge = "payload_too_large", 413;
+    /// The session or token no longer owns the item's claim (the claim ended: its session
+    /// ended, it was acked or nacked, or it was claimed again since): nothing changed.
+    ClaimLost = "claim_lost", 409;
+    /// The queue has no item with this id (never pushed, acked, dead-lettered or removed).
+    ItemNotFound = "item_not_found", 404;
 }
 
 #[cfg(feature = "openapi")]
@@ -194,7 +207,8 @@ mod tests {
         wait_cancelled limit_exceeded no_leader shutting_down internal timeout already_initialized \
         membership_change_in_progress leader_unreachable unauthenticated permission_denied \
         token_not_found storage_error tls_required misdirected_request body_timeout \
-        feature_unavailable wrong_cluster not_leader";
+        feature_unavailable wrong_cluster not_leader queue_not_found queue_busy queue_full \
+        payload_too_large claim_lost item_not_found";
 
     #[test]
     fn error_codes_match_the_published_list() {

@@ -6,8 +6,10 @@
 #![deny(missing_docs)]
 
 mod error;
+mod queues;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+pub use queues::*;
 
 use serde::{Deserialize, Serialize};
 
@@ -870,6 +872,8 @@ pub enum AclResource {
     Acl,
     /// Membership, cluster status, debug routes and metrics (prefix `""`).
     Cluster,
+    /// Work queues, by name.
+    Queue,
 }
 
 /// How much an access rule grants; each level includes the ones before it.

@@ -70,6 +70,11 @@ async fn a_cluster_refuses_a_newer_feature_until_every_member_speaks_it_and_neve
         200
     );
     assert_eq!(api.get("/v1/elections/e").await.body["leader"]["value"], "a");
+    // Queues need version 4: refused the same way, and no queue appears.
+    let push = || api.post("/v1/queues/jobs/items", json!({ "payload": 1 }));
+    let refused = push().await;
+    assert_eq!((refused.status, refused.code()), (409, "feature_unavailable"), "{refused:?}");
+    assert_eq!(api.get("/v1/queues/jobs").await.code(), "queue_not_found");
 
     // Node 3 upgraded (restarted without the injection): the leader raises the version.
     cluster.nodes[2].restart();
@@ -82,6 +87,7 @@ async fn a_cluster_refuses_a_newer_feature_until_every_member_speaks_it_and_neve
     assert!(api.holders("db").await.is_empty());
     let proclaimed = api.post("/v1/elections/e/proclaim", json!({ "session": session, "value": "b" })).await;
     assert_eq!((proclaimed.status, proclaimed.body["value"].as_str()), (200, Some("b")), "{proclaimed:?}");
+    assert_eq!(push().await.status, 201);
 
     // A member that speaks less than the cluster's version is not added.
     let secret = cluster.secret_file.display().to_string();

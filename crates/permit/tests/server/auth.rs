@@ -73,14 +73,20 @@ fn routes(spec: &Value) -> Vec<(String, String, String)> {
 async fn every_route_answers_each_kind_of_caller_as_its_rule_says() {
     let (server, _temp) = secured(&[]).await;
     let root = Api::with_token(&server.url, ROOT);
-    let (reader, _) =
-        token(&root, "reader", &["semaphore:=read", "election:=read", "session:=read", "cluster:=read"])
-            .await;
+    let (reader, _) = token(
+        &root,
+        "reader",
+        &["semaphore:=read", "election:=read", "session:=read", "cluster:=read", "queue:=read"],
+    )
+    .await;
     let (writer, _) =
         token(&root, "writer", &["semaphore:=write", "election:=write", "session:=write"]).await;
-    let (admin, _) =
-        token(&root, "admin", &["semaphore:=admin", "election:=admin", "session:=admin", "cluster:=admin"])
-            .await;
+    let (admin, _) = token(
+        &root,
+        "admin",
+        &["semaphore:=admin", "election:=admin", "session:=admin", "cluster:=admin", "queue:=admin"],
+    )
+    .await;
     let callers = [
         Caller { label: "no token", api: Api::at(&server.url), access: None },
         Caller { label: "unknown token", api: Api::with_token(&server.url, "not-a-token"), access: None },

@@ -125,6 +125,7 @@ fn rule_from_wire(rule: &AclRule) -> Rule {
         AclResource::Session => Resource::Session,
         AclResource::Acl => Resource::Acl,
         AclResource::Cluster => Resource::Cluster,
+        AclResource::Queue => Resource::Queue,
     };
     let access = match rule.access {
         AclAccess::Read => Access::Read,
@@ -141,6 +142,7 @@ fn rule_to_wire(rule: &Rule) -> AclRule {
         Resource::Session => AclResource::Session,
         Resource::Acl => AclResource::Acl,
         Resource::Cluster => AclResource::Cluster,
+        Resource::Queue => AclResource::Queue,
     };
     let access = match rule.access {
         Access::Read => AclAccess::Read,

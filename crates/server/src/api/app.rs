@@ -252,6 +252,12 @@ impl App {
         crate::raft::state_machine::backup(&self.replica().read())
     }
 
+    /// A new claim request id (below 2^53, as clients pick theirs), from this node's id source.
+    pub(crate) fn new_claim_request_id(&self) -> u64 {
+        let bytes = self.ids.draw();
+        u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) & permit_wire::CLAIM_REQUEST_ID_MAX
+    }
+
     /// A new session id, from this node's id source (random, or seeded in a simulation).
     pub(crate) fn new_session_id(&self) -> permit_core::SessionId {
         permit_core::SessionId::from_bytes(self.ids.draw())

@@ -34,8 +34,13 @@ impl Caller {
         let Some(creator) = self.creator(app) else { return Ok(()) };
         let capped = {
             let replica = app.replica().read();
-            replica.state.object(key).is_none()
-                && replica.state.objects_created_by(creator.token) >= creator.objects_max
+            let exists = match key.kind {
+                permit_core::Kind::Queue => replica.state.queue(&key.name).is_some(),
+                permit_core::Kind::Semaphore | permit_core::Kind::Election => {
+                    replica.state.object(key).is_some()
+                }
+            };
+            !exists && replica.state.objects_created_by(creator.token) >= creator.objects_max
         };
         if capped {
             return Err(slowly(objects_cap_refusal()).await);

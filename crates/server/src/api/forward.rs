@@ -167,7 +167,7 @@ fn forwards_long_poll(path: &str, body: &[u8]) -> bool {
     if query.split('&').any(|pair| pair.starts_with("index=")) {
         return true;
     }
-    (path.ends_with("/acquire") || path.ends_with("/campaign"))
+    (path.ends_with("/acquire") || path.ends_with("/campaign") || path.ends_with("/claim"))
         && serde_json::from_slice::<serde_json::Value>(body)
             .ok()
             .and_then(|body| body.get("wait_ms")?.as_u64())
@@ -231,19 +231,32 @@ fn stamp(app: &App, headers: &mut HeaderMap) {
     }
 }
 
+/// The largest body the route of `parts` takes: a push's, or every other route's.
+fn body_limit(parts: &axum::http::request::Parts) -> usize {
+    let push = parts.method == axum::http::Method::POST
+        && parts
+            .extensions
+            .get::<MatchedPath>()
+            .is_some_and(|route| route.as_str() == "/v1/queues/{name}/items");
+    if push {
+        permit_wire::QUEUE_PUSH_BODY_BYTES_MAX
+    } else {
+        BODY_BYTES_MAX
+    }
+}
+
 async fn proxy(app: &App, leader: u64, addr: &str, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let body = match axum::body::to_bytes(body, BODY_BYTES_MAX).await {
+    // The route's own limit (a push's is larger), as the handler would apply it.
+    let limit = body_limit(&parts);
+    let body = match axum::body::to_bytes(body, limit).await {
         Ok(body) => body,
         Err(error) if crate::listener::is_body_timeout(&error) => {
             return ApiError::body_timeout().into_response()
         }
         Err(_) => {
-            return ApiError::new(
-                ErrorCode::BodyTooLarge,
-                format!("bodies are at most {BODY_BYTES_MAX} bytes"),
-            )
-            .into_response()
+            return ApiError::new(ErrorCode::BodyTooLarge, format!("bodies are at most {limit} bytes here"))
+                .into_response()
         }
     };
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());

@@ -12,6 +12,7 @@ mod forward;
 mod grant;
 mod long_poll;
 pub mod openapi;
+mod queues;
 mod raft;
 mod semaphores;
 mod sessions;
@@ -57,6 +58,18 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/elections/{name}/proclaim", post(elections::proclaim))
         .route("/v1/elections/{name}/resign", post(elections::resign))
         .route("/v1/elections/{name}/revoke", post(elections::revoke))
+        .route("/v1/queues", get(queues::list))
+        .route("/v1/queues/{name}", get(queues::get).put(queues::put).delete(queues::delete))
+        .route(
+            "/v1/queues/{name}/items",
+            post(queues::push)
+                .layer(DefaultBodyLimit::max(permit_wire::QUEUE_PUSH_BODY_BYTES_MAX))
+                .get(queues::items),
+        )
+        .route("/v1/queues/{name}/claim", post(queues::claim))
+        .route("/v1/queues/{name}/items/{id}", axum::routing::delete(queues::remove_item))
+        .route("/v1/queues/{name}/items/{id}/ack", post(queues::ack))
+        .route("/v1/queues/{name}/items/{id}/nack", post(queues::nack))
         .route("/v1/acl/tokens", post(acl::create).get(acl::list))
         .route("/v1/acl/tokens/self", get(acl::current))
         .route("/v1/acl/tokens/{id}", axum::routing::delete(acl::delete))

@@ -8,7 +8,7 @@ use utoipa::openapi::schema::{Object, Schema};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{acl, cluster, elections, events, semaphores, sessions, system};
+use super::{acl, cluster, elections, events, queues, semaphores, sessions, system};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -35,6 +35,8 @@ nodes may send its requests there, saving the hop a follower forwards them over.
         semaphores::list, semaphores::put, semaphores::get, semaphores::delete,
         semaphores::acquire, semaphores::release, semaphores::validate, semaphores::revoke, semaphores::history,
         elections::list, elections::campaign, elections::proclaim, elections::get, elections::resign, elections::revoke,
+        queues::list, queues::put, queues::get, queues::delete, queues::push, queues::items, queues::claim,
+        queues::ack, queues::nack, queues::remove_item,
         acl::create, acl::list, acl::current, acl::delete,
         cluster::status, cluster::snapshot, cluster::init, cluster::add, cluster::remove,
         system::health, system::live, system::metrics, system::digest, events::events,
@@ -46,6 +48,9 @@ nodes may send its requests there, saving the hop a follower forwards them over.
         (name = "sessions", description = "Client liveness: a session's holds and waits end when it expires or closes."),
         (name = "semaphores", description = "Named counting semaphores with strict FIFO weighted queues and fencing tokens."),
         (name = "elections", description = "Leader election on a capacity-1 semaphore whose hold carries a value."),
+        (name = "queues", description = "Durable work queues: items handed out in order, each claim a lease of the \
+claiming session with a fencing token; at-least-once, with dead-lettering after `max_attempts` claims. Needs cluster \
+feature version 4."),
         (name = "cluster", description = "Raft membership: status, init, add and remove nodes. Any node answers; \
 followers forward writes and linearizable reads to the leader."),
         (name = "system", description = "Health and metrics."),
@@ -176,8 +181,13 @@ impl Modify for NameParameters {
                 for parameter in operation.parameters.iter_mut().flatten() {
                     let is_name = match parameter.parameter_in {
                         ParameterIn::Path => parameter.name == "name",
-                        // The session list pages by session id, not by name.
-                        ParameterIn::Query => parameter.name == "after" && path != "/v1/sessions",
+                        // The session list pages by session id and the item list by item id,
+                        // not by name.
+                        ParameterIn::Query => {
+                            parameter.name == "after"
+                                && path != "/v1/sessions"
+                                && path != "/v1/queues/{name}/items"
+                        }
                         _ => false,
                     };
                     if let (true, Some(RefOr::T(Schema::Object(schema)))) =

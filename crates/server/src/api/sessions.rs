@@ -197,8 +197,10 @@ pub(crate) async fn get(
     // objects the caller may read (their names and fencing tokens are the object's data).
     caller.owns_or(&replica.state, id, Access::Admin)?;
     let session = replica.state.session(id).ok_or_else(ApiError::session_not_found)?;
+    // A session's holds and waits are on semaphores and elections only (queue claims are
+    // the queue's items, listed there).
     let kind = |kind: Kind| match kind {
-        Kind::Semaphore => ObjectKind::Semaphore,
+        Kind::Semaphore | Kind::Queue => ObjectKind::Semaphore,
         Kind::Election => ObjectKind::Election,
     };
     let holds = session

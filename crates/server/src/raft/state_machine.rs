@@ -249,9 +249,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         self.notifier.dispatch(&effects);
         self.notifier.revoke(&revoked);
-        let rearm = effects
-            .iter()
-            .any(|e| matches!(e, Effect::SessionCreated { .. } | Effect::HoldDeadlineSet { .. }));
+        let rearm = effects.iter().any(|e| {
+            matches!(
+                e,
+                Effect::SessionCreated { .. } | Effect::HoldDeadlineSet { .. } | Effect::ItemDueSet { .. }
+            )
+        });
         if rearm {
             self.expiry_wake.notify_one();
         }

@@ -1,0 +1,289 @@
+//! Work queues over HTTP against a real server: push, claim, ack and nack; blocked claims served
+//! first come first served the moment an item arrives; claims that end with their session;
+//! dead-lettering; durability across a kill -9; bad input; per-prefix access.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::auth::{secured, token, ROOT};
+use crate::common::{eventually, Server};
+use crate::Api;
+
+async fn push(api: &Api, queue: &str, body: Value) -> crate::Answer {
+    api.post(&format!("/v1/queues/{queue}/items"), body).await
+}
+
+async fn claim(api: &Api, queue: &str, session: &str, max: u32, wait_ms: u64) -> Vec<Value> {
+    let answer = api
+        .post(
+            &format!("/v1/queues/{queue}/claim"),
+            json!({ "session": session, "max": max, "wait_ms": wait_ms }),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    answer.body["items"].as_array().cloned().unwrap()
+}
+
+async fn settle(
+    api: &Api,
+    queue: &str,
+    verb: &str,
+    item: &Value,
+    session: &str,
+    extra: Value,
+) -> crate::Answer {
+    let id = item["id"].as_str().unwrap();
+    let mut body = json!({ "session": session, "token": item["token"] });
+    body.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
+    api.post(&format!("/v1/queues/{queue}/items/{id}/{verb}"), body).await
+}
+
+async fn queue(api: &Api, name: &str) -> Value {
+    api.get(&format!("/v1/queues/{name}")).await.body
+}
+
+#[tokio::test]
+async fn items_are_claimed_in_order_acked_once_and_nacked_back_into_their_place() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    let (a, b) = (api.session(10_000).await, api.session(10_000).await);
+    let pushed = push(
+        &api,
+        "jobs",
+        json!({ "items": [{ "payload": { "n": 1 } }, { "payload": [2] }, { "payload": null }] }),
+    )
+    .await;
+    assert_eq!(pushed.status, 201, "{pushed:?}");
+    let seqs: Vec<u64> =
+        pushed.body["items"].as_array().unwrap().iter().map(|i| i["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "seq grows: {seqs:?}");
+
+    let first = claim(&api, "jobs", &a, 2, 0).await;
+    assert_eq!(
+        first.iter().map(|i| i["payload"].clone()).collect::<Vec<_>>(),
+        [json!({ "n": 1 }), json!([2])]
+    );
+    assert_eq!(first[0]["attempt"], 1);
+    let (t0, t1) = (first[0]["token"].as_u64().unwrap(), first[1]["token"].as_u64().unwrap());
+    assert!(t0 < t1, "tokens grow");
+    // Tokens come from the counter of semaphore grants.
+    api.semaphore("s", 1).await;
+    let grant = api.acquire("s", json!({ "session": b })).await;
+    assert!(grant.body["token"].as_u64().unwrap() > t1, "{grant:?}");
+
+    let view = queue(&api, "jobs").await;
+    assert_eq!((view["pending"].as_u64(), view["claimed"].as_u64()), (Some(1), Some(2)), "{view}");
+
+    // Another session cannot settle a's claim, and a stale token cannot either.
+    let stolen = settle(&api, "jobs", "ack", &first[0], &b, json!({})).await;
+    assert_eq!((stolen.status, stolen.code()), (409, "claim_lost"), "{stolen:?}");
+    assert_eq!(settle(&api, "jobs", "ack", &first[0], &a, json!({})).await.status, 200);
+    let again = settle(&api, "jobs", "ack", &first[0], &a, json!({})).await;
+    assert_eq!((again.status, again.code()), (409, "claim_lost"), "acked once: {again:?}");
+
+    // A nack puts the item back in its seq place: ahead of the third item.
+    let nacked = settle(&api, "jobs", "nack", &first[1], &a, json!({ "error": "flaky" })).await;
+    assert_eq!((nacked.status, nacked.body["state"].as_str()), (200, Some("pending")), "{nacked:?}");
+    let next = claim(&api, "jobs", &b, 1, 0).await;
+    assert_eq!((next[0]["id"].clone(), next[0]["attempt"].as_u64()), (first[1]["id"].clone(), Some(2)));
+    assert!(next[0]["token"].as_u64().unwrap() > t1);
+    let listed = api.get("/v1/queues/jobs/items?state=claimed").await;
+    let items = listed.body["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{listed:?}");
+    assert_eq!(
+        (items[0]["session"].as_str(), items[0]["last_error"].as_str()),
+        (Some(b.as_str()), Some("flaky"))
+    );
+}
+
+#[tokio::test]
+async fn blocked_claims_are_served_first_come_first_served_the_moment_an_item_arrives() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    let created = api.send("PUT", "/v1/queues/work", Some(json!({}))).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let (a, b) = (api.session(10_000).await, api.session(10_000).await);
+    let first = tokio::spawn({
+        let (api, a) = (api.clone(), a.clone());
+        async move { claim(&api, "work", &a, 1, 20_000).await }
+    });
+    let queued =
+        eventually(Duration::from_secs(5), async || queue(&api, "work").await["claimers"] == 1).await;
+    assert!(queued, "the first claim waits");
+    let second = tokio::spawn({
+        let (api, b) = (api.clone(), b.clone());
+        async move { claim(&api, "work", &b, 1, 20_000).await }
+    });
+    let queued =
+        eventually(Duration::from_secs(5), async || queue(&api, "work").await["claimers"] == 2).await;
+    assert!(queued, "the second claim waits behind it");
+    let started = std::time::Instant::now();
+    push(&api, "work", json!({ "payload": "one" })).await;
+    let got = tokio::time::timeout(Duration::from_secs(5), first).await.expect("answered").unwrap();
+    assert_eq!(got[0]["payload"], "one");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "pushed at once, not polled: {:?}",
+        started.elapsed()
+    );
+    assert!(!second.is_finished(), "the second claim still waits");
+    push(&api, "work", json!({ "payload": "two" })).await;
+    let got = tokio::time::timeout(Duration::from_secs(5), second).await.expect("answered").unwrap();
+    assert_eq!(got[0]["payload"], "two");
+
+    // A claim that times out takes nothing and leaves no blocked claim behind.
+    assert!(claim(&api, "work", &a, 1, 200).await.is_empty());
+    assert_eq!(queue(&api, "work").await["claimers"], 0);
+    push(&api, "work", json!({ "payload": "three" })).await;
+    assert_eq!(queue(&api, "work").await["pending"], 1, "nobody took it");
+}
+
+#[tokio::test]
+async fn a_dead_session_s_claims_are_pending_again_and_the_last_attempt_is_dead_lettered() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    let put = api.send("PUT", "/v1/queues/jobs", Some(json!({ "max_attempts": 2 }))).await;
+    assert_eq!((put.status, put.body["dead_letter"].as_str()), (201, Some("jobs.dead")), "{put:?}");
+    push(&api, "jobs", json!({ "payload": { "job": 7 } })).await;
+    let short = api.session(500).await;
+    let got = claim(&api, "jobs", &short, 1, 0).await;
+    assert_eq!(got[0]["attempt"], 1);
+    // The session is not kept alive: it expires, and the item is pending again.
+    let back = eventually(Duration::from_secs(5), async || queue(&api, "jobs").await["pending"] == 1).await;
+    assert!(back, "pending again when the claiming session expired: {}", queue(&api, "jobs").await);
+    let late = settle(&api, "jobs", "ack", &got[0], &short, json!({})).await;
+    assert!(matches!(late.code(), "session_not_found" | "claim_lost"), "{late:?}");
+
+    let worker = api.session(10_000).await;
+    let again = claim(&api, "jobs", &worker, 1, 0).await;
+    assert_eq!(again[0]["attempt"], 2);
+    let dead = settle(&api, "jobs", "nack", &again[0], &worker, json!({ "error": "bad input" })).await;
+    assert_eq!(dead.body["state"], "dead", "{dead:?}");
+    assert_eq!(queue(&api, "jobs").await["pending"], 0);
+    let letters = api.get("/v1/queues/jobs.dead/items").await;
+    let item = &letters.body["items"][0];
+    assert_eq!(
+        (item["id"].clone(), item["attempt"].as_u64()),
+        (again[0]["id"].clone(), Some(2)),
+        "{letters:?}"
+    );
+    assert_eq!(
+        (item["payload"].clone(), item["last_error"].as_str()),
+        (json!({ "job": 7 }), Some("bad input"))
+    );
+    assert!(queue(&api, "jobs.dead").await["dead_letter"].is_null(), "the end of the line");
+}
+
+#[tokio::test]
+async fn claims_and_items_survive_a_kill_9_with_their_tokens() {
+    let mut server = Server::start();
+    let api = Api::new(&server);
+    let session = api.session(30_000).await;
+    push(&api, "jobs", json!({ "items": [{ "payload": 1 }, { "payload": 2, "delay_ms": 600_000 }, { "payload": 3, "key": "k" }] })).await;
+    let got = claim(&api, "jobs", &session, 1, 0).await;
+    let before = queue(&api, "jobs").await;
+    server.kill9();
+    server.restart();
+    let api = Api::new(&server);
+    let after = queue(&api, "jobs").await;
+    for field in ["pending", "claimed", "delayed"] {
+        assert_eq!(after[field], before[field], "{field}: {before} then {after}");
+    }
+    // The claim is the session's still, with the same token: the ack settles it.
+    let acked = eventually(Duration::from_secs(10), async || {
+        settle(&api, "jobs", "ack", &got[0], &session, json!({})).await.status == 200
+    })
+    .await;
+    assert!(acked, "the claim survived the restart");
+    let duplicate = push(&api, "jobs", json!({ "payload": 4, "key": "k" })).await;
+    assert_eq!((duplicate.status, duplicate.body["items"][0]["duplicate"].as_bool()), (200, Some(true)));
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    let session = api.session(10_000).await;
+    api.send("PUT", "/v1/queues/small", Some(json!({ "max_items": 2 }))).await;
+    let big = "x".repeat(64 * 1024);
+    let cases = [
+        (push(&api, "small", json!({ "payload": big })).await, 413, "payload_too_large"),
+        (
+            push(&api, "small", json!({ "items": [{ "payload": 1 }, { "payload": 2 }, { "payload": 3 }] }))
+                .await,
+            409,
+            "queue_full",
+        ),
+        (push(&api, "small", json!({})).await, 400, "invalid_argument"),
+        (push(&api, "small", json!({ "payload": 1, "items": [] })).await, 400, "invalid_argument"),
+        (
+            push(&api, "small", json!({ "payload": 1, "delay_ms": 700_000_000 })).await,
+            400,
+            "invalid_argument",
+        ),
+        (push(&api, "small", json!({ "payload": 1, "colour": "red" })).await, 422, "invalid_body"),
+        (push(&api, "bad/name", json!({ "payload": 1 })).await, 404, "not_found"),
+        (
+            api.post("/v1/queues/small/claim", json!({ "session": session, "max": 0 })).await,
+            400,
+            "invalid_argument",
+        ),
+        (api.post("/v1/queues/none/claim", json!({ "session": session })).await, 404, "queue_not_found"),
+        (
+            api.post("/v1/queues/small/items/9/ack", json!({ "session": session, "token": 1 })).await,
+            409,
+            "claim_lost",
+        ),
+        (
+            api.post("/v1/queues/small/items/x/ack", json!({ "session": session, "token": 1 })).await,
+            404,
+            "item_not_found",
+        ),
+        (
+            api.send("PUT", "/v1/queues/small", Some(json!({ "max_attempts": 0 }))).await,
+            400,
+            "invalid_argument",
+        ),
+        (
+            api.send("PUT", "/v1/queues/small", Some(json!({ "dead_letter": "small" }))).await,
+            400,
+            "invalid_argument",
+        ),
+        (api.get("/v1/queues/none").await, 404, "queue_not_found"),
+    ];
+    for (answer, status, code) in &cases {
+        assert_eq!((answer.status, answer.code()), (*status, *code), "{answer:?}");
+    }
+    let view = queue(&api, "small").await;
+    assert_eq!((view["pending"].as_u64(), view["max_attempts"].as_u64()), (Some(0), Some(5)), "{view}");
+    // A whole push of 1000 items of 2 KiB, beyond the 64 KiB of other bodies, is taken.
+    let items: Vec<Value> = (0..1000).map(|n| json!({ "payload": format!("{n:02048}") })).collect();
+    let many = push(&api, "bulk", json!({ "items": items })).await;
+    assert_eq!((many.status, many.body["items"].as_array().map(Vec::len)), (201, Some(1000)));
+    // Busy: a queue with items is not deleted; an empty one is.
+    let busy = api.send("DELETE", "/v1/queues/bulk", None).await;
+    assert_eq!((busy.status, busy.code()), (409, "queue_busy"));
+    assert_eq!(api.send("DELETE", "/v1/queues/small", None).await.status, 204);
+}
+
+#[tokio::test]
+async fn queue_rules_grant_by_prefix_and_root_reaches_queues_without_a_rule() {
+    let (server, _temp) = secured(&[]).await;
+    let root = Api::with_token(&server.url, ROOT);
+    let (secret, _) = token(&root, "worker", &["queue:jobs.=write", "session:=write"]).await;
+    let worker = Api::with_token(&server.url, &secret);
+    let session = worker.session(10_000).await;
+    assert_eq!(push(&worker, "jobs.a", json!({ "payload": 1 })).await.status, 201);
+    assert_eq!(claim(&worker, "jobs.a", &session, 1, 0).await.len(), 1);
+    let other = push(&worker, "billing", json!({ "payload": 1 })).await;
+    assert_eq!((other.status, other.code()), (403, "permission_denied"), "{other:?}");
+    let configure = worker.send("PUT", "/v1/queues/jobs.a", Some(json!({ "max_attempts": 3 }))).await;
+    assert_eq!((configure.status, configure.code()), (403, "permission_denied"), "admin only: {configure:?}");
+    // The root token's stored rules predate queues; it may do everything by its id.
+    assert_eq!(root.send("PUT", "/v1/queues/billing", Some(json!({}))).await.status, 201);
+    let listed = worker.get("/v1/queues").await;
+    let names: Vec<&str> =
+        listed.body["queues"].as_array().unwrap().iter().filter_map(|q| q["name"].as_str()).collect();
+    assert_eq!(names, ["jobs.a"], "a list shows only what the caller may read");
+}
