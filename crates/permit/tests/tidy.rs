@@ -24,7 +24,7 @@ const RULES: &[Rule] = &[
         permit_deps: &[],
         outside: Outside::Only(&["serde", "postcard", "thiserror", "imbl"]),
     },
-    Rule { dir: "wire", permit_deps: &[], outside: Outside::Only(&["serde", "utoipa"]) },
+    Rule { dir: "wire", permit_deps: &[], outside: Outside::Only(&["serde", "serde_json", "utoipa"]) },
     Rule { dir: "server", permit_deps: &["permit-core", "permit-wire"], outside: Outside::Never(&["clap"]) },
     Rule {
         dir: "client",
