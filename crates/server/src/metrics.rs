@@ -141,6 +141,82 @@ impl ObjectFamilies {
     }
 }
 
+/// The labelled families of queues (label `queue`).
+#[derive(Clone)]
+pub(crate) struct QueueFamilies {
+    /// Items by `state` (pending, delayed, claimed).
+    items: Family<Labels, Gauge>,
+    /// Blocked claims.
+    claimers: Family<Labels, Gauge>,
+    /// How long the next item to be claimed has been in the queue.
+    oldest_pending_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
+    /// Items by `event` (pushed, claimed, acked, nacked, dead).
+    events: Family<Labels, Counter>,
+    /// Time from entering the queue to each claim.
+    claim_wait_seconds: Family<Labels, Histogram>,
+    /// Time from claim to ack.
+    processing_seconds: Family<Labels, Histogram>,
+}
+
+/// The item states of `permit_queue_items`, in the order of [`QueueGauges::items`].
+pub(crate) const QUEUE_ITEM_STATES: [&str; 3] = ["pending", "delayed", "claimed"];
+
+/// The gauges of one queue series, looked up once.
+#[derive(Clone)]
+pub(crate) struct QueueGauges {
+    /// Items by state, in the order of [`QUEUE_ITEM_STATES`].
+    pub(crate) items: [Gauge; 3],
+    /// Blocked claims.
+    pub(crate) claimers: Gauge,
+}
+
+impl QueueFamilies {
+    fn new() -> QueueFamilies {
+        let seconds = || Histogram::new(OBJECT_SECONDS_BUCKETS);
+        QueueFamilies {
+            items: Family::default(),
+            claimers: Family::default(),
+            oldest_pending_seconds: Family::default(),
+            events: Family::default(),
+            claim_wait_seconds: Family::new_with_constructor(seconds),
+            processing_seconds: Family::new_with_constructor(seconds),
+        }
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "queue_items",
+            "Items per queue and state (pending, delayed, claimed)",
+            self.items.clone(),
+        );
+        registry.register(
+            "queue_claimers",
+            "Claims blocked waiting for an item, per queue",
+            self.claimers.clone(),
+        );
+        registry.register(
+            "queue_oldest_pending_seconds",
+            "How long the next item to be claimed has been in each queue (0 with none pending)",
+            self.oldest_pending_seconds.clone(),
+        );
+        registry.register(
+            "queue_events",
+            "Items per queue by event: pushed, claimed, acked, nacked (a claim that ended without an ack), dead",
+            self.events.clone(),
+        );
+        registry.register(
+            "queue_claim_wait_seconds",
+            "Time from an item entering the queue to each claim of it (leader time)",
+            self.claim_wait_seconds.clone(),
+        );
+        registry.register(
+            "queue_processing_seconds",
+            "Time from a claim to its ack (leader time)",
+            self.processing_seconds.clone(),
+        );
+    }
+}
+
 /// The methods HTTP defines; a request's `method` label is one of these or `OTHER`.
 const STANDARD_METHODS: [&str; 9] =
     ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"];
@@ -182,6 +258,7 @@ pub struct Metrics {
     routes: std::sync::Mutex<std::collections::HashMap<String, RouteSeries>>,
     semaphore: ObjectFamilies,
     election: ObjectFamilies,
+    queue: QueueFamilies,
     /// ReadIndex rounds (quorum confirmations) run for linearizable reads and keepalives.
     pub(crate) read_rounds: Counter,
     /// Linearizable reads and keepalives that waited for a ReadIndex round.
@@ -211,6 +288,8 @@ pub(crate) struct StateGauges {
     pub(crate) semaphores: Gauge,
     /// Elections with a leader or candidates.
     pub(crate) elections: Gauge,
+    /// Queues.
+    pub(crate) queues: Gauge,
     /// Holds over all objects.
     pub(crate) holds: Gauge,
     /// Waiters over all objects.
@@ -355,6 +434,9 @@ impl Metrics {
         registry.register("sessions", "Live sessions", g.sessions.clone());
         registry.register("semaphores", "Semaphores", g.semaphores.clone());
         registry.register("elections", "Elections with a leader or candidates", g.elections.clone());
+        registry.register("queues", "Work queues", g.queues.clone());
+        let queue = QueueFamilies::new();
+        queue.register(&mut registry);
         registry.register("holds", "Holds over all semaphores and elections", g.holds.clone());
         registry.register("waiters", "Queued acquires over all semaphores and elections", g.waiters.clone());
         registry.register("last_token", "Largest fencing token issued", g.last_token.clone());
@@ -397,6 +479,7 @@ impl Metrics {
             routes: Default::default(),
             semaphore,
             election,
+            queue,
             read_rounds,
             read_barrier_waits,
             peer_rpcs_sent,
@@ -600,6 +683,59 @@ impl Metrics {
         let histogram = series.hold_seconds[slot]
             .get_or_insert_with(|| f.hold_seconds.get_or_create(&hold_labels(labels, how)).clone());
         histogram.observe(held);
+    }
+
+    /// The gauges of the queue series `labels` (created at zero if new).
+    pub(crate) fn queue_series(&self, labels: &Labels) -> QueueGauges {
+        let q = &self.queue;
+        let item = |state: &str| {
+            let mut with = labels.clone();
+            with.push(("state".to_owned(), state.to_owned()));
+            q.items.get_or_create(&with).clone()
+        };
+        QueueGauges { items: QUEUE_ITEM_STATES.map(item), claimers: q.claimers.get_or_create(labels).clone() }
+    }
+
+    /// Counts a queue event (`pushed`, `claimed`, `acked`, `nacked`, `dead`) of the series
+    /// `labels`, with the claim's wait or the processing time when it has one, in seconds.
+    pub(crate) fn queue_event(&self, labels: &Labels, kind: EventKind, seconds: Option<f64>) {
+        let q = &self.queue;
+        let mut with = labels.clone();
+        with.push(("event".to_owned(), kind.as_str().to_owned()));
+        q.events.get_or_create(&with).inc();
+        match (kind, seconds) {
+            (EventKind::Claimed, Some(seconds)) => {
+                q.claim_wait_seconds.get_or_create(labels).observe(seconds)
+            }
+            (EventKind::Acked, Some(seconds)) => q.processing_seconds.get_or_create(labels).observe(seconds),
+            _ => {}
+        }
+    }
+
+    /// Sets how long the next item to be claimed has waited in the queue series `labels`.
+    pub(crate) fn queue_oldest_pending(&self, labels: &Labels, seconds: f64) {
+        self.queue.oldest_pending_seconds.get_or_create(labels).set(seconds);
+    }
+
+    /// Drops every series of a queue (it was deleted, or the gauges are rebuilt).
+    pub(crate) fn forget_queue(&self, labels: &Labels) {
+        let q = &self.queue;
+        for state in QUEUE_ITEM_STATES {
+            let mut with = labels.clone();
+            with.push(("state".to_owned(), state.to_owned()));
+            q.items.remove(&with);
+        }
+        for kind in
+            [EventKind::Pushed, EventKind::Claimed, EventKind::Acked, EventKind::Nacked, EventKind::Dead]
+        {
+            let mut with = labels.clone();
+            with.push(("event".to_owned(), kind.as_str().to_owned()));
+            q.events.remove(&with);
+        }
+        q.claimers.remove(labels);
+        q.oldest_pending_seconds.remove(labels);
+        q.claim_wait_seconds.remove(labels);
+        q.processing_seconds.remove(labels);
     }
 
     /// Counts an election's change of leader.

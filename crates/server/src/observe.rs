@@ -11,11 +11,11 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use permit_core::{Effect, Event, EventKind, Key, Kind, SessionId, State};
+use permit_core::{Effect, Event, EventKind, Key, Kind, Name, QueueCounts, SessionId, State};
 
 use crate::fanout::Fanout;
 use crate::history::{History, Second};
-use crate::metrics::{ClockGauges, Labels, Metrics, ObjectCounts, ObjectGauges};
+use crate::metrics::{ClockGauges, Labels, Metrics, ObjectCounts, ObjectGauges, QueueGauges};
 
 /// Events kept for resuming streams (`Last-Event-ID`).
 pub const EVENT_RING_LEN: usize = 10_000;
@@ -144,6 +144,11 @@ impl EventRing {
     }
 }
 
+/// The label set of a queue's series: `queue="name"`.
+fn queue_labels(name: &str) -> Labels {
+    vec![("queue".to_owned(), name.to_owned())]
+}
+
 /// The label set of an object's series: `semaphore="name"` or `election="name"`.
 fn object_labels(kind: Kind, name: &str) -> Labels {
     let label = match kind {
@@ -182,11 +187,30 @@ struct Tracked {
 #[derive(Default)]
 struct Tracker {
     objects: HashMap<Key, Tracked>,
+    /// Queues, with their own budget of `names_max` series.
+    queues: HashMap<Name, TrackedQueue>,
+    /// Queues with a series of their own.
+    own_queues: usize,
     /// Objects with a series of their own.
     own: usize,
     next_wait: u64,
     /// Waiters of overflow objects, in queue order (for the overflow's oldest waiter).
     overflow_queue: BTreeMap<u64, Instant>,
+}
+
+/// What this node tracks of one queue for its metrics.
+struct TrackedQueue {
+    /// Its series' labels (its own, or the overflow label).
+    labels: Labels,
+    /// Its series' gauges.
+    gauges: QueueGauges,
+    /// Whether the series is its own.
+    own: bool,
+    /// Its counts as the gauges last took them in (an overflow series sums several queues, so
+    /// the gauges move by differences).
+    counts: QueueCounts,
+    /// Since when, on this node's clock, the next item to be claimed has been in the queue.
+    oldest_since: Option<Instant>,
 }
 
 /// The event ring and the incrementally kept metrics of one node.
@@ -231,6 +255,7 @@ impl Observer {
     pub(crate) fn reset(&self, state: &State) {
         let mut tracker = self.tracker();
         let m = &self.metrics;
+        self.forget_queues(&mut tracker);
         for tracked in tracker.objects.values() {
             m.forget_object(&tracked.labels);
         }
@@ -277,6 +302,9 @@ impl Observer {
                     }
                 }
             }
+        }
+        for (name, _) in state.queues_after(None) {
+            self.track_queue(&mut tracker, state, name);
         }
         m.set_totals(state.session_count() as i64);
     }
@@ -452,10 +480,107 @@ impl Observer {
         }
     }
 
+    /// Takes in the queues that the log entry just applied to `state` changed (its effects):
+    /// their gauges move to the queues' counts, and queue events count. O(queues changed).
+    pub(crate) fn on_queues(&self, state: &State, effects: &[Effect]) {
+        let mut tracker = self.tracker();
+        for effect in effects {
+            match effect {
+                Effect::ObjectChanged { key } if key.kind == Kind::Queue => {
+                    self.track_queue(&mut tracker, state, &key.name);
+                }
+                Effect::ObjectRemoved { key } if key.kind == Kind::Queue => {
+                    self.untrack_queue(&mut tracker, &key.name);
+                }
+                Effect::Event(event) => {
+                    let Some(key) = event.key.as_ref().filter(|key| key.kind == Kind::Queue) else {
+                        continue;
+                    };
+                    self.track_queue(&mut tracker, state, &key.name);
+                    let Some(tracked) = tracker.queues.get(&key.name) else { continue };
+                    let seconds = match event.kind {
+                        EventKind::Claimed => event.waited_ms,
+                        EventKind::Acked => event.held_ms,
+                        _ => None,
+                    };
+                    self.metrics.queue_event(
+                        &tracked.labels,
+                        event.kind,
+                        seconds.map(|ms| ms as f64 / 1000.0),
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Moves the gauges of queue `name` to its counts in `state` (tracking it if new).
+    fn track_queue(&self, tracker: &mut Tracker, state: &State, name: &Name) {
+        let Some(queue) = state.queue(name) else { return };
+        if !tracker.queues.contains_key(name) {
+            let own = tracker.own_queues < self.names_max;
+            tracker.own_queues += usize::from(own);
+            let labels = queue_labels(if own { name.as_str() } else { OVERFLOW_LABEL });
+            let gauges = self.metrics.queue_series(&labels);
+            self.metrics.gauges.queues.inc();
+            let tracked =
+                TrackedQueue { labels, gauges, own, counts: QueueCounts::default(), oldest_since: None };
+            tracker.queues.insert(name.clone(), tracked);
+        }
+        let tracked = tracker.queues.get_mut(name).expect("tracked above");
+        let counts = queue.counts();
+        let before = [tracked.counts.pending, tracked.counts.delayed, tracked.counts.claimed];
+        let after = [counts.pending, counts.delayed, counts.claimed];
+        for ((gauge, before), after) in tracked.gauges.items.iter().zip(before).zip(after) {
+            gauge.inc_by(after as i64 - before as i64);
+        }
+        tracked.gauges.claimers.inc_by(counts.claimers as i64 - tracked.counts.claimers as i64);
+        tracked.counts = counts;
+        let age_ms = queue.first_pending().map(|item| state.now_ms().saturating_sub(item.entered_ms));
+        tracked.oldest_since = age_ms
+            .map(|ms| Instant::now().checked_sub(Duration::from_millis(ms)).unwrap_or_else(Instant::now));
+    }
+
+    fn untrack_queue(&self, tracker: &mut Tracker, name: &Name) {
+        let Some(tracked) = tracker.queues.remove(name) else { return };
+        self.metrics.gauges.queues.dec();
+        if tracked.own {
+            tracker.own_queues -= 1;
+            self.metrics.forget_queue(&tracked.labels);
+        } else {
+            let before = [tracked.counts.pending, tracked.counts.delayed, tracked.counts.claimed];
+            for (gauge, before) in tracked.gauges.items.iter().zip(before) {
+                gauge.dec_by(before as i64);
+            }
+            tracked.gauges.claimers.dec_by(tracked.counts.claimers as i64);
+        }
+    }
+
+    /// Drops every queue series (the first half of [`Observer::reset`]).
+    fn forget_queues(&self, tracker: &mut Tracker) {
+        let names: Vec<Name> = tracker.queues.keys().cloned().collect();
+        for name in &names {
+            self.untrack_queue(tracker, name);
+        }
+        self.metrics.forget_queue(&queue_labels(OVERFLOW_LABEL));
+    }
+
     /// Refreshes the gauges that depend on the clock (oldest waiter, leader tenure): O(series).
     pub(crate) fn refresh(&self) {
         let mut tracker = self.tracker();
         let now = Instant::now();
+        let mut overflow_oldest: Option<f64> = None;
+        for tracked in tracker.queues.values() {
+            let oldest = tracked.oldest_since.map_or(0.0, |since| (now - since).as_secs_f64());
+            if tracked.own {
+                self.metrics.queue_oldest_pending(&tracked.labels, oldest);
+            } else {
+                overflow_oldest = Some(overflow_oldest.unwrap_or(0.0).max(oldest));
+            }
+        }
+        if let Some(oldest) = overflow_oldest {
+            self.metrics.queue_oldest_pending(&queue_labels(OVERFLOW_LABEL), oldest);
+        }
         let mut overflow_has = [false, false];
         for (key, tracked) in &mut tracker.objects {
             if !tracked.own {

@@ -287,3 +287,57 @@ async fn queue_rules_grant_by_prefix_and_root_reaches_queues_without_a_rule() {
         listed.body["queues"].as_array().unwrap().iter().filter_map(|q| q["name"].as_str()).collect();
     assert_eq!(names, ["jobs.a"], "a list shows only what the caller may read");
 }
+
+#[tokio::test]
+async fn metrics_and_the_event_stream_follow_every_item() {
+    use crate::observability::{sample, Sse};
+    let server = Server::start();
+    let api = Api::new(&server);
+    let mut events = Sse::open(&api, "/v1/events?kinds=pushed,claimed,acked,nacked,dead", None).await;
+    let session = api.session(10_000).await;
+    api.send("PUT", "/v1/queues/m", Some(json!({ "max_attempts": 1 }))).await;
+    push(
+        &api,
+        "m",
+        json!({ "items": [{ "payload": 1 }, { "payload": 2 }, { "payload": 3, "delay_ms": 600_000 }] }),
+    )
+    .await;
+    let got = claim(&api, "m", &session, 2, 0).await;
+    assert_eq!(settle(&api, "m", "ack", &got[0], &session, json!({})).await.status, 200);
+    assert_eq!(
+        settle(&api, "m", "nack", &got[1], &session, json!({ "error": "no" })).await.body["state"],
+        "dead"
+    );
+
+    let gauge = |state: &'static str| {
+        let api = api.clone();
+        async move { sample(&api, &format!("permit_queue_items{{queue=\"m\",state=\"{state}\"}}")).await }
+    };
+    assert_eq!(
+        (gauge("pending").await, gauge("delayed").await, gauge("claimed").await),
+        (Some(0.0), Some(1.0), Some(0.0))
+    );
+    let dead = sample(&api, "permit_queue_items{queue=\"m.dead\",state=\"pending\"}").await;
+    assert_eq!(dead, Some(1.0), "the dead letter is pending in m.dead");
+    for (event, count) in [("pushed", 3.0), ("claimed", 2.0), ("acked", 1.0), ("nacked", 1.0), ("dead", 1.0)]
+    {
+        let series = format!("permit_queue_events_total{{queue=\"m\",event=\"{event}\"}}");
+        assert_eq!(sample(&api, &series).await, Some(count), "{series}");
+    }
+    assert_eq!(sample(&api, "permit_queue_processing_seconds_count{queue=\"m\"}").await, Some(1.0));
+    assert_eq!(sample(&api, "permit_queues").await, Some(2.0));
+
+    let frames = events.until("dead", Duration::from_secs(5)).await;
+    let kinds: Vec<&str> = frames.iter().map(|f| f.event.as_str()).collect();
+    assert_eq!(kinds, ["pushed", "pushed", "pushed", "claimed", "claimed", "acked", "nacked", "dead"]);
+    let acked = &frames[5].data;
+    assert_eq!((acked["object_kind"].as_str(), acked["name"].as_str()), (Some("queue"), Some("m")));
+    assert_eq!(
+        (acked["item"].clone(), acked["token"].clone()),
+        (got[0]["id"].clone(), got[0]["token"].clone())
+    );
+    assert_eq!(
+        (frames[7].data["dead_letter"].as_str(), frames[7].data["error"].as_str()),
+        (Some("m.dead"), Some("no"))
+    );
+}

@@ -102,9 +102,13 @@ impl Filter {
                 }
                 continue;
             }
-            for resource in [Resource::Semaphore, Resource::Election] {
+            for resource in [Resource::Semaphore, Resource::Election, Resource::Queue] {
                 match &self.caller {
                     Caller::Anyone => sight.prefixes.push((kind, resource, self.prefix.clone())),
+                    // The root token reads everything, also resources newer than its rules.
+                    Caller::Token { id, .. } if *id == permit_core::ROOT_TOKEN_ID => {
+                        sight.prefixes.push((kind, resource, self.prefix.clone()))
+                    }
                     Caller::Token { token, .. } => {
                         // Every rule grants at least read. A name must start with the stream's
                         // prefix and the rule's: with the longer one, when it extends the other.

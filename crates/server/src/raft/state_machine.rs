@@ -226,6 +226,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         revoked.extend(deleted_tokens(&batch, &outcomes));
                         replies.push(outcomes);
                         self.observer.on_entry(index, replica.state.now_ms(), &effects[first..]);
+                        self.observer.on_queues(&replica.state, &effects[first..]);
                     }
                     EntryPayload::Blank => {
                         replica.state.skip(index);
