@@ -65,14 +65,13 @@ const (
 type Option func(*config)
 
 type config struct {
-	token        *string
-	caFile       *string
-	certFile     string
-	keyFile      string
-	certGiven    bool
-	timeout      time.Duration
-	httpClient   *http.Client
-	sessionsDone bool
+	token      *string
+	caFile     *string
+	certFile   string
+	keyFile    string
+	certGiven  bool
+	timeout    time.Duration
+	httpClient *http.Client
 }
 
 // WithAuthToken sends token as "Authorization: Bearer" on every request (servers run with
