@@ -16,6 +16,26 @@ const (
 	outagePauseMax = time.Second
 )
 
+// object is a kind of object a session waits its turn for, and the routes of that wait: every
+// wait (a semaphore's acquire, an election's campaign) and the guard it grants go through
+// waitTurn and guard with one of these. A queue's claim is one more entry.
+type object struct {
+	collection string // the path segment after /v1/
+	noun       string // for messages
+	wait       string // the long-poll that queues and grants
+	end        string // gives a hold back or a wait up
+}
+
+var (
+	semaphores = &object{collection: "semaphores", noun: "semaphore", wait: "acquire", end: "release"}
+	elections  = &object{collection: "elections", noun: "election", wait: "campaign", end: "resign"}
+)
+
+// path is the route of action on the object named name.
+func (o *object) path(name, action string) string {
+	return "/v1/" + o.collection + "/" + segment(name) + "/" + action
+}
+
 // AcquireOption configures an acquire (see Session.Acquire).
 type AcquireOption func(*acquireConfig)
 
@@ -80,11 +100,11 @@ func (s *Session) acquire(ctx context.Context, name string, tryOnce bool, opts [
 		Permits uint64 `json:"permits"`
 		Token   uint64 `json:"token"`
 	}
-	notBefore, err := s.waitTurn(ctx, "semaphores", name, tryOnce, body, &granted)
+	notBefore, err := s.waitTurn(ctx, semaphores, name, tryOnce, body, &granted)
 	if err != nil {
 		return nil, err
 	}
-	h := &Hold{guard: newGuard(s, "semaphores", name, granted.Token), permits: granted.Permits}
+	h := &Hold{guard: newGuard(s, semaphores, name, granted.Token), permits: granted.Permits}
 	s.adopt(&h.guard)
 	if cfg.maxHold != 0 {
 		// The server granted after the request that got the grant (or the last one answered
@@ -104,17 +124,17 @@ func (s *Session) Campaign(ctx context.Context, election, value string) (*Leader
 	var granted struct {
 		Token uint64 `json:"token"`
 	}
-	if _, err := s.waitTurn(ctx, "elections", election, false, body, &granted); err != nil {
+	if _, err := s.waitTurn(ctx, elections, election, false, body, &granted); err != nil {
 		return nil, err
 	}
-	l := &Leadership{guard: newGuard(s, "elections", election, granted.Token), value: value}
+	l := &Leadership{guard: newGuard(s, elections, election, granted.Token), value: value}
 	s.adopt(&l.guard)
 	return l, nil
 }
 
 // waitTurn claims kind/name for this session and waits for the grant (see waitGrant); the
 // claim is given back when nothing was granted.
-func (s *Session) waitTurn(ctx context.Context, kind, name string, tryOnce bool, body func(time.Duration) any, out any) (time.Time, error) {
+func (s *Session) waitTurn(ctx context.Context, kind *object, name string, tryOnce bool, body func(time.Duration) any, out any) (time.Time, error) {
 	if err := s.check(); err != nil {
 		return time.Time{}, err
 	}
@@ -128,15 +148,11 @@ func (s *Session) waitTurn(ctx context.Context, kind, name string, tryOnce bool,
 	return notBefore, err
 }
 
-// waitGrant repeats the long-poll POST /v1/{kind}/{name}/{acquire,campaign} until it is
-// granted (200), returning the earliest instant the grant can have happened. Any way out
-// other than a grant or a refusal gives the queue place up on the server first.
-func (s *Session) waitGrant(ctx context.Context, kind, name string, tryOnce bool, body func(time.Duration) any, out any) (time.Time, error) {
-	action := "acquire"
-	if kind == "elections" {
-		action = "campaign"
-	}
-	path := "/v1/" + kind + "/" + segment(name) + "/" + action
+// waitGrant repeats the long-poll POST /v1/{kind}/{name}/{wait} until it is granted (200),
+// returning the earliest instant the grant can have happened. Any way out other than a grant
+// or a refusal gives the queue place up on the server first.
+func (s *Session) waitGrant(ctx context.Context, kind *object, name string, tryOnce bool, body func(time.Duration) any, out any) (time.Time, error) {
+	path := kind.path(name, kind.wait)
 	// The long-polls end when the session is lost, not only when ctx does.
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -160,7 +176,7 @@ func (s *Session) waitGrant(ctx context.Context, kind, name string, tryOnce bool
 				return time.Time{}, s.Err()
 			case ctx.Err() != nil:
 				s.giveUp(kind, name)
-				return time.Time{}, contextError(ctx, fmt.Sprintf("waiting for %s %s", kind[:len(kind)-1], name))
+				return time.Time{}, contextError(ctx, fmt.Sprintf("waiting for %s %s", kind.noun, name))
 			case hasCode(err, "session_not_found"):
 				s.lose(err.(*Error))
 				return time.Time{}, err
@@ -191,14 +207,14 @@ func (s *Session) waitGrant(ctx context.Context, kind, name string, tryOnce bool
 		// 202: still queued when the wait ended; the place is kept.
 		if tryOnce {
 			s.giveUp(kind, name)
-			return time.Time{}, newError("unavailable", 409, "%s %s: not granted at once", kind[:len(kind)-1], name)
+			return time.Time{}, newError("unavailable", 409, "%s %s: not granted at once", kind.noun, name)
 		}
 		if err := s.check(); err != nil {
 			return time.Time{}, err
 		}
 		if ctx.Err() != nil {
 			s.giveUp(kind, name)
-			return time.Time{}, contextError(ctx, fmt.Sprintf("waiting for %s %s", kind[:len(kind)-1], name))
+			return time.Time{}, contextError(ctx, fmt.Sprintf("waiting for %s %s", kind.noun, name))
 		}
 		lastWaiting = sent
 	}
@@ -218,19 +234,15 @@ func (s *Session) waitSlice(ctx context.Context, tryOnce bool) time.Duration {
 	return maxDuration(chunk, time.Millisecond)
 }
 
-// giveUp cancels the session's wait for kind/name on the server (a release or resign also
-// ends a grant that raced with it), bounded by the client's timeout, whatever ctx did.
-func (s *Session) giveUp(kind, name string) {
+// giveUp cancels the session's wait for kind/name on the server (its end route also ends a
+// grant that raced with it), bounded by the client's timeout, whatever ctx did.
+func (s *Session) giveUp(kind *object, name string) {
 	if s.Err() != nil {
 		return // the server dropped the wait with the session
 	}
-	action := "release"
-	if kind == "elections" {
-		action = "resign"
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.client.timeout)
 	defer cancel()
-	_, err := s.client.do(ctx, call{method: "POST", path: "/v1/" + kind + "/" + segment(name) + "/" + action, body: map[string]string{"session": s.id}})
+	_, err := s.client.do(ctx, call{method: "POST", path: kind.path(name, kind.end), body: map[string]string{"session": s.id}})
 	if e, ok := err.(*Error); ok && e.Code == "session_not_found" {
 		s.lose(e)
 	}
@@ -247,7 +259,7 @@ func maxDuration(a, b time.Duration) time.Duration {
 // the release.
 type guard struct {
 	session *Session
-	kind    string // "semaphores" or "elections"
+	kind    *object
 	name    string
 	token   uint64
 
@@ -259,7 +271,7 @@ type guard struct {
 	timer    *time.Timer
 }
 
-func newGuard(s *Session, kind, name string, token uint64) guard {
+func newGuard(s *Session, kind *object, name string, token uint64) guard {
 	return guard{session: s, kind: kind, name: name, token: token, lost: make(chan struct{})}
 }
 
@@ -324,11 +336,7 @@ func (g *guard) release(ctx context.Context) error {
 	if wasLost || s.Err() != nil {
 		return nil
 	}
-	action := "release"
-	if g.kind == "elections" {
-		action = "resign"
-	}
-	_, err := s.client.do(ctx, call{method: "POST", path: "/v1/" + g.kind + "/" + segment(g.name) + "/" + action, body: map[string]string{"session": s.id}})
+	_, err := s.client.do(ctx, call{method: "POST", path: g.kind.path(g.name, g.kind.end), body: map[string]string{"session": s.id}})
 	if e, ok := err.(*Error); ok && e.Code == "session_not_found" {
 		s.lose(e)
 		return nil
@@ -414,7 +422,7 @@ func (l *Leadership) Proclaim(ctx context.Context, value string) error {
 	}
 	s := l.session
 	var view Leader
-	got, callErr := s.client.do(ctx, call{method: "POST", path: "/v1/elections/" + segment(l.name) + "/proclaim", body: map[string]string{"session": s.id, "value": value}})
+	got, callErr := s.client.do(ctx, call{method: "POST", path: elections.path(l.name, "proclaim"), body: map[string]string{"session": s.id, "value": value}})
 	if callErr != nil {
 		if e, ok := callErr.(*Error); ok && e.Code == "session_not_found" {
 			s.lose(e)

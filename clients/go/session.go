@@ -349,20 +349,20 @@ func minTime(a, b time.Time) time.Time {
 // claim marks kind/name as held or awaited by this session, or fails with already_held: the
 // server answers a repeated acquire with the grant the session has, so a second guard would
 // share the first one's hold and its Release would free the hold the first still guards.
-func (s *Session) claim(kind, name string) error {
+func (s *Session) claim(kind *object, name string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	key := kind + "/" + name
+	key := kind.collection + "/" + name
 	if _, ok := s.claims[key]; ok {
-		return newError("already_held", 0, "session %s already holds or is acquiring %s %s; use the guard you have, or another session", s.id, kind[:len(kind)-1], name)
+		return newError("already_held", 0, "session %s already holds or is acquiring %s %s; use the guard you have, or another session", s.id, kind.noun, name)
 	}
 	s.claims[key] = struct{}{}
 	return nil
 }
 
-func (s *Session) unclaim(kind, name string) {
+func (s *Session) unclaim(kind *object, name string) {
 	s.mu.Lock()
-	delete(s.claims, kind+"/"+name)
+	delete(s.claims, kind.collection+"/"+name)
 	s.mu.Unlock()
 }
 
