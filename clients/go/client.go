@@ -78,9 +78,8 @@ type config struct {
 // --auth need one). Without it the client reads PERMIT_AUTH_TOKEN.
 func WithAuthToken(token string) Option { return func(c *config) { c.token = &token } }
 
-// WithCAFile trusts the PEM certificates in path (a private CA) for https:// endpoints, in
-// addition to nothing else. Without it the client reads PERMIT_CA_FILE, else it trusts the
-// system's roots.
+// WithCAFile trusts only the PEM certificates in path (a private CA) for https:// endpoints.
+// Without it the client reads PERMIT_CA_FILE, else it trusts the system's roots.
 func WithCAFile(path string) Option { return func(c *config) { c.caFile = &path } }
 
 // WithClientCert presents the PEM certificate and key in certFile and keyFile to servers that
@@ -118,6 +117,7 @@ type Client struct {
 	mu       sync.Mutex
 	sessions map[*Session]struct{}
 	closed   bool
+	done     chan struct{} // closed by Close: ends the client's watches
 }
 
 func env(name string) string { return os.Getenv(name) }
@@ -151,7 +151,7 @@ func NewClient(endpoints []string, opts ...Option) (*Client, error) {
 	if cfg.token != nil {
 		token = *cfg.token
 	}
-	c := &Client{endpoints: urls, token: token, timeout: cfg.timeout, sessions: map[*Session]struct{}{}}
+	c := &Client{endpoints: urls, token: token, timeout: cfg.timeout, sessions: map[*Session]struct{}{}, done: make(chan struct{})}
 	if cfg.httpClient != nil {
 		c.http = cfg.httpClient
 	} else {
@@ -252,6 +252,9 @@ func (c *Client) Endpoints() []string { return append([]string(nil), c.endpoints
 // Calls after Close fail.
 func (c *Client) Close() error {
 	c.mu.Lock()
+	if !c.closed {
+		close(c.done)
+	}
 	c.closed = true
 	sessions := make([]*Session, 0, len(c.sessions))
 	for s := range c.sessions {

@@ -587,3 +587,45 @@ func TestEndpointsAreNormalizedAndChecked(t *testing.T) {
 		}
 	}
 }
+
+// Closing the client ends its watches at once, and its sessions on the server.
+func TestCloseEndsWatchesAndSessions(t *testing.T) {
+	t.Parallel()
+	ctx := bounded(t, 10*time.Second)
+	c, err := permit.NewClient([]string{shared.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSession(t, ctx, c)
+	name := newName(t)
+	h, err := s.Acquire(ctx, name, permit.Capacity(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaders := c.ObserveLeader(ctx, name)
+	<-leaders
+	c.Close()
+	select {
+	case _, open := <-leaders:
+		if open {
+			t.Fatal("a leader change was observed")
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the watch outlived the client")
+	}
+	if !isClosed(s.Done()) || !isClosed(h.Lost()) {
+		t.Fatal("the client's session is still open")
+	}
+	other := newClient(t, []string{shared.URL})
+	if info, err := other.Semaphore(ctx, name); err == nil {
+		t.Fatalf("the closed session's ephemeral semaphore is still there: %+v", info)
+	}
+	if _, err := c.NewSession(ctx); !hasClientClosed(err) {
+		t.Fatalf("a closed client made a session: %v", err)
+	}
+}
+
+func hasClientClosed(err error) bool {
+	var e *permit.Error
+	return errors.As(err, &e) && e.Code == "client_closed"
+}

@@ -110,6 +110,16 @@ func (c *Client) ObserveLeader(ctx context.Context, election string) <-chan Lead
 
 func (c *Client) observe(ctx context.Context, election string, out chan Leader) {
 	defer close(out)
+	// The blocking read in flight ends with the client too.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-c.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	path := "/v1/elections/" + segment(election)
 	var index uint64
 	first := true

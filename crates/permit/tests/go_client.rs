@@ -2,7 +2,7 @@
 //! `go test -race ./...` passes) against the `permit` binary built from this commit.
 //!
 //! The client uses the standard library only: `go` never needs the network (`GOPROXY=off`
-//! makes sure of it). Without a Go of at least 1.19 the test says why and passes, unless
+//! makes sure of it); its build cache is `target/go-cache`. Without a Go of at least 1.19 the test says why and passes, unless
 //! `PERMIT_REQUIRE_GO=1` (CI), where that is a failure.
 
 use std::path::{Path, PathBuf};
@@ -16,9 +16,14 @@ fn client_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients/go").canonicalize().expect("clients/go")
 }
 
-/// `go` with an environment that keeps it offline and independent of the caller's settings.
+/// `go` with an environment that keeps it offline and independent of the caller's settings. Its
+/// build cache is `target/go-cache` in the repository (ignored by git, and no need for a home
+/// directory), unless the caller sets `GOCACHE`.
 fn go(dir: &Path) -> Command {
     let mut command = Command::new("go");
+    if std::env::var_os("GOCACHE").is_none() {
+        command.env("GOCACHE", Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/go-cache"));
+    }
     command
         .current_dir(dir)
         .env("GOPROXY", "off")
