@@ -261,11 +261,18 @@ func (c *Client) Close() error {
 		sessions = append(sessions, s)
 	}
 	c.mu.Unlock()
+	// At once, so that an unreachable server costs one timeout, not one per session.
+	var wg sync.WaitGroup
 	for _, s := range sessions {
-		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-		_ = s.Close(ctx)
-		cancel()
+		wg.Add(1)
+		go func(s *Session) {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+			defer cancel()
+			_ = s.Close(ctx)
+		}(s)
 	}
+	wg.Wait()
 	c.http.CloseIdleConnections()
 	return nil
 }

@@ -117,7 +117,7 @@ func (b *batcher) keepalive(s *Session, timeout, wait time.Duration) (renewal, e
 			return a.renewal, a.err
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(s.life, timeout)
 	defer cancel()
 	sent := time.Now()
 	got, err := b.client.do(ctx, call{method: "POST", path: "/v1/sessions/" + s.id + "/keepalive", policy: onePass, timeout: timeout})

@@ -25,7 +25,7 @@ func run(m *testing.M) int {
 		return 2
 	}
 	defer os.RemoveAll(dir)
-	shared, err = startServer(filepath.Join(dir, "data"))
+	shared, err = startServer(filepath.Join(dir, "data"), nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

@@ -46,9 +46,10 @@ type server struct {
 	log  *os.File
 }
 
-// startServer starts `permit serve --listen 127.0.0.1:0 --data-dir dir extra...` and reads the
-// address it bound from its first line, "permit listening on URL".
-func startServer(dir string, extra ...string) (*server, error) {
+// startServer starts `permit serve --listen 127.0.0.1:0 --data-dir dir extra...` (with env
+// added to this process's environment) and reads the address it bound from its first line,
+// "permit listening on URL".
+func startServer(dir string, env []string, extra ...string) (*server, error) {
 	bin, err := permitBin()
 	if err != nil {
 		return nil, err
@@ -62,7 +63,7 @@ func startServer(dir string, extra ...string) (*server, error) {
 	}
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dir}, extra...)
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "RUST_LOG=warn,openraft=off")
+	cmd.Env = append(append(os.Environ(), "RUST_LOG=warn,openraft=off"), env...)
 	cmd.Stderr = logFile
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -101,7 +102,7 @@ func startServer(dir string, extra ...string) (*server, error) {
 // newServer is startServer in t's temp dir, killed when t ends.
 func newServer(t testing.TB, extra ...string) *server {
 	t.Helper()
-	s, err := startServer(filepath.Join(t.TempDir(), "data"), extra...)
+	s, err := startServer(filepath.Join(t.TempDir(), "data"), nil, extra...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +185,7 @@ func newCluster(t testing.TB) *cluster {
 	results := make(chan started, 3)
 	for i := 1; i <= 3; i++ {
 		go func(i int) {
-			s, err := startServer(filepath.Join(dir, fmt.Sprintf("n%d", i)), "--id", fmt.Sprint(i), "--join", "--cluster-secret-file", secret)
+			s, err := startServer(filepath.Join(dir, fmt.Sprintf("n%d", i)), nil, "--id", fmt.Sprint(i), "--join", "--cluster-secret-file", secret)
 			results <- started{i, s, err}
 		}(i)
 	}

@@ -60,7 +60,9 @@ type Session struct {
 
 	done     chan struct{} // closed when lost or closed
 	stop     chan struct{} // closed to end the keepalive loop
-	wake     chan struct{} // pokes the keepalive loop: a batch departs
+	life     context.Context
+	endLife  context.CancelFunc // with stop: ends a keepalive request in flight
+	wake     chan struct{}      // pokes the keepalive loop: a batch departs
 	departed atomic.Bool
 	loopDone chan struct{}
 	stopOnce sync.Once
@@ -111,6 +113,7 @@ func (c *Client) NewSession(ctx context.Context, opts ...SessionOption) (*Sessio
 		wake:     make(chan struct{}, 1),
 		loopDone: make(chan struct{}),
 	}
+	s.life, s.endLife = context.WithCancel(context.Background())
 	c.mu.Lock()
 	closed := c.closed
 	if !closed {
@@ -189,7 +192,10 @@ func (s *Session) forget() {
 }
 
 func (s *Session) halt() {
-	s.stopOnce.Do(func() { close(s.stop) })
+	s.stopOnce.Do(func() {
+		close(s.stop)
+		s.endLife()
+	})
 }
 
 // takeGuards empties the session's guards (with s.mu held).
