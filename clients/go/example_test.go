@@ -366,3 +366,77 @@ func ExampleError() {
 	}
 	// Output: invalid_name 400 true
 }
+
+func ExampleSession_Close() {
+	ctx := context.Background()
+	client, _ := permit.NewClient(nil)
+	defer client.Close()
+	session, _ := client.NewSession(ctx)
+	hold, _ := session.Acquire(ctx, "example-close", permit.Capacity(1), permit.KeepSemaphore())
+
+	// Frees everything the session holds, at once (not after its TTL).
+	if err := session.Close(ctx); err != nil {
+		log.Fatal(err)
+	}
+	info, _ := client.Semaphore(ctx, "example-close")
+	fmt.Println(len(info.Holders), isClosedChan(hold.Lost()))
+	// Output: 0 true
+}
+
+func ExampleSession_Deadline() {
+	ctx := context.Background()
+	client, _ := permit.NewClient(nil)
+	defer client.Close()
+	session, _ := client.NewSession(ctx, permit.SessionTTL(10*time.Second))
+	defer session.Close(ctx)
+	// How long the holds are safe without another acknowledged keepalive.
+	left := time.Until(session.Deadline())
+	fmt.Println(left > 9*time.Second && left <= 10*time.Second)
+	// Output: true
+}
+
+func ExampleHold_Token() {
+	ctx := context.Background()
+	client, _ := permit.NewClient(nil)
+	defer client.Close()
+	session, _ := client.NewSession(ctx)
+	defer session.Close(ctx)
+
+	// Each grant's token is larger than every one before: a resource that remembers the largest
+	// it saw refuses a late write of an older holder.
+	first, _ := session.Acquire(ctx, "example-token", permit.Capacity(1))
+	first.Release(ctx)
+	second, _ := session.Acquire(ctx, "example-token", permit.Capacity(1))
+	defer second.Release(ctx)
+	fmt.Println(second.Token() > first.Token())
+	// Output: true
+}
+
+func ExampleMaxHold() {
+	ctx := context.Background()
+	client, _ := permit.NewClient(nil)
+	defer client.Close()
+	session, _ := client.NewSession(ctx)
+	defer session.Close(ctx)
+
+	// Two permits of a semaphore of 4 kept after its last user leaves, released by the server
+	// after a minute even if this process hangs with its session alive.
+	hold, err := session.Acquire(ctx, "example-options",
+		permit.Permits(2), permit.Capacity(4), permit.KeepSemaphore(), permit.MaxHold(time.Minute))
+	if err != nil {
+		log.Fatal(err)
+	}
+	hold.Release(ctx)
+	info, _ := client.Semaphore(ctx, "example-options")
+	fmt.Println(info.Capacity, info.Held)
+	// Output: 4 0
+}
+
+func isClosedChan(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
