@@ -13,6 +13,7 @@ mod api;
 mod auth;
 mod cpu;
 mod floors;
+mod golang;
 mod http1;
 mod keepalive;
 mod python;
@@ -44,12 +45,13 @@ struct Args {
     /// Length of each timed workload run.
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
-    /// Parts to run: floors,w1,tls,w2,w3,w4,python,redis,single,auth,cluster,scale,failover,
+    /// Parts to run: floors,w1,tls,w2,w3,w4,python,go,redis,single,auth,cluster,scale,failover,
     /// big,scrape,snap,keepalive,client (default: all but big, scrape, snap, keepalive and client).
     /// `client` runs the HTTP floor, W1 and W2 through each `--client`, alternating. `tls` runs W1 over HTTPS on a
     /// second node, alternating with plain HTTP runs. `python` runs the Python client's W1/W2
     /// driver (threads and asyncio) in alternation with the Rust driver's W1/W2 runs on the same
-    /// server. `redis` runs W1 and W2 against redis-server with appendfsync always, alternating
+    /// server; `go` does the same with the Go client's driver (`clients/go/cmd/permit-bench-go`,
+    /// built with `go build`). `redis` runs W1 and W2 against redis-server with appendfsync always, alternating
     /// with Permit runs; `single` runs W1 and W2 on a new single node of this build and of each
     /// `--compare-bin`, alternating. `snap` runs W1 while a node of `--snap-n` sessions snapshots.
     /// `keepalive` starts a 3-node cluster per `--keepalive-n` step and keeps that many sessions
@@ -66,6 +68,10 @@ struct Args {
     /// else `python3`); it needs httpx.
     #[arg(long)]
     python: Option<PathBuf>,
+    /// Go toolchain for the `go` part (default: `go` on the PATH), which builds the Go client's
+    /// driver.
+    #[arg(long)]
+    go: Option<PathBuf>,
     /// Sessions (each with one hold, over a tenth as many semaphores) in the `scrape` part's steps.
     #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
     scrape_n: Vec<usize>,
@@ -243,7 +249,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         client_rows(&mut report, &exe, &bin, work.path(), &args, duration).await?;
     }
 
-    if ["w1", "tls", "w2", "w3", "w4", "python", "redis"].iter().any(|part| wants(&args, part)) {
+    if ["w1", "tls", "w2", "w3", "w4", "python", "go", "redis"].iter().any(|part| wants(&args, part)) {
         let node = match &args.url {
             Some(_) => None,
             None => Some(ServerProcess::start(&bin, "127.0.0.1:0", &work.path().join("single"), &[])?),
@@ -303,6 +309,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         if wants(&args, "python") {
             python_rows(&mut report, &url, &args, duration).await?;
+        }
+        if wants(&args, "go") {
+            go_rows(&mut report, work.path(), &url, &args, duration).await?;
         }
         if wants(&args, "w4") {
             let ttl = Duration::from_secs(2);
@@ -422,8 +431,8 @@ async fn python_rows(report: &mut Report, url: &str, args: &Args, duration: Dura
     };
     let modes = ["threads", "asyncio"];
     let (mut rust_w1, mut rust_w1_rate, mut rust_w2, mut rust_w2_rate) = (vec![], vec![], vec![], vec![]);
-    let mut py_w1: Vec<Vec<python::PyRun>> = vec![vec![], vec![]];
-    let mut py_w2: Vec<Vec<python::PyRun>> = vec![vec![], vec![]];
+    let mut py_w1: Vec<Vec<python::DriverRun>> = vec![vec![], vec![]];
+    let mut py_w2: Vec<Vec<python::DriverRun>> = vec![vec![], vec![]];
     for run in 0..args.runs {
         let w1 = workloads::uncontended(url, &format!("pyr-w1-{run}"), duration).await?;
         rust_w1.push(w1.acquire.p50());
@@ -477,6 +486,60 @@ async fn python_rows(report: &mut Report, url: &str, args: &Args, duration: Dura
         );
         report.add(&format!("W2 wait p50, 32 {mode}, Python"), format!("{p50:.3} ms"), None);
     }
+    Ok(())
+}
+
+/// The Go client's W1 and W2 next to the Rust driver's, runs alternating on the same server so
+/// that the ratios compare like with like.
+async fn go_rows(
+    report: &mut Report,
+    work: &std::path::Path,
+    url: &str,
+    args: &Args,
+    duration: Duration,
+) -> anyhow::Result<()> {
+    let driver = match golang::Driver::build(args.go.as_deref(), work) {
+        Ok(driver) => driver,
+        Err(error) => {
+            println!("go: skipped ({error:#})");
+            return Ok(());
+        }
+    };
+    let (mut rust_w1, mut rust_w1_rate, mut rust_w2, mut rust_w2_rate) = (vec![], vec![], vec![], vec![]);
+    let (mut go_w1, mut go_w2) = (vec![], vec![]);
+    for run in 0..args.runs {
+        let w1 = workloads::uncontended(url, &format!("gor-w1-{run}"), duration).await?;
+        rust_w1.push(w1.acquire.p50());
+        rust_w1_rate.push(w1.cycles_per_second);
+        go_w1.push(driver.run(url, "w1", &format!("go-w1-{run}"), duration).await?);
+        let w2 = workloads::contended(
+            std::slice::from_ref(&url.to_owned()),
+            &format!("gor-w2-{run}"),
+            32,
+            duration,
+        )
+        .await?;
+        rust_w2.push(w2.wait.p50());
+        rust_w2_rate.push(w2.cycles_per_second);
+        go_w2.push(driver.run(url, "w2", &format!("go-w2-{run}"), duration).await?);
+    }
+    println!("Go client (single node, runs alternating with the Rust driver)");
+    let (r1, r1_rate) = (median(&rust_w1), median(&rust_w1_rate));
+    report.add("W1 acquire p50, Rust driver (same run as Go)", format!("{r1:.3} ms"), None);
+    report.add("W1 cycles, Rust driver (same run as Go)", format!("{r1_rate:.0} /s"), None);
+    let p50 = median(&go_w1.iter().map(|r| r.p50_ms).collect::<Vec<_>>());
+    let p99 = median(&go_w1.iter().map(|r| r.p99_ms).collect::<Vec<_>>());
+    let rate = median(&go_w1.iter().map(|r| r.cycles_per_second).collect::<Vec<_>>());
+    report.add("W1 acquire p50, Go", format!("{p50:.3} ms ({:.2}x)", p50 / r1), None);
+    report.add("W1 acquire p99, Go", format!("{p99:.3} ms"), None);
+    report.add("W1 cycles, Go", format!("{rate:.0} /s ({:.2}x)", rate / r1_rate), None);
+    let (r2, r2_rate) = (median(&rust_w2), median(&rust_w2_rate));
+    report.add("W2 cycles, 32 clients, Rust driver (same run as Go)", format!("{r2_rate:.0} /s"), None);
+    report.add("W2 wait p50, Rust driver (same run as Go)", format!("{r2:.3} ms"), None);
+    let rate = median(&go_w2.iter().map(|r| r.cycles_per_second).collect::<Vec<_>>());
+    let p50 = median(&go_w2.iter().map(|r| r.p50_ms).collect::<Vec<_>>());
+    report.add("W2 cycles, 32 goroutines, Go", format!("{rate:.0} /s ({:.2}x)", rate / r2_rate), None);
+    report.add("W2 wait p50, 32 goroutines, Go", format!("{p50:.3} ms"), None);
     Ok(())
 }
 

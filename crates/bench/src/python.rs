@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-/// The figures one driver run prints (milliseconds).
-pub struct PyRun {
+/// The figures one client driver run prints (milliseconds): the Python and Go drivers print the
+/// same JSON line.
+pub struct DriverRun {
     pub cycles_per_second: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
@@ -50,7 +51,7 @@ impl Driver {
         mode: &str,
         name: &str,
         duration: Duration,
-    ) -> anyhow::Result<PyRun> {
+    ) -> anyhow::Result<DriverRun> {
         let mut command = Command::new(&self.python);
         command
             .arg(&self.script)
@@ -63,14 +64,18 @@ impl Driver {
             "the Python driver failed ({workload} {mode}): {}",
             String::from_utf8_lossy(&output.stderr)
         );
-        let text = String::from_utf8_lossy(&output.stdout);
-        let line = text.lines().last().context("the Python driver printed nothing")?;
-        let figures: serde_json::Value = serde_json::from_str(line).context("the Python driver's JSON")?;
-        let number = |key: &str| figures[key].as_f64().with_context(|| format!("no {key} in {line}"));
-        Ok(PyRun {
-            cycles_per_second: number("cycles_per_second")?,
-            p50_ms: number("p50_ms")?,
-            p99_ms: number("p99_ms")?,
-        })
+        figures(&String::from_utf8_lossy(&output.stdout), "the Python driver")
     }
+}
+
+/// The figures of a driver's last output line (`{"cycles_per_second":..,"p50_ms":..,"p99_ms":..}`).
+pub fn figures(text: &str, who: &str) -> anyhow::Result<DriverRun> {
+    let line = text.lines().last().with_context(|| format!("{who} printed nothing"))?;
+    let figures: serde_json::Value = serde_json::from_str(line).with_context(|| format!("{who}'s JSON"))?;
+    let number = |key: &str| figures[key].as_f64().with_context(|| format!("no {key} in {line}"));
+    Ok(DriverRun {
+        cycles_per_second: number("cycles_per_second")?,
+        p50_ms: number("p50_ms")?,
+        p99_ms: number("p99_ms")?,
+    })
 }

@@ -11,6 +11,9 @@
 pub enum Need {
     /// python3 with the venv module, and pip access to PyPI (the Python client's suite).
     Python,
+    /// Go ≥ 1.19 with its race detector (the Go client's suite; standard library only, so no
+    /// module download).
+    Go,
     /// Chromium and ChromeDriver (the dashboard's browser test).
     Browser,
     /// libfaketime (the fault suite's clock scenarios).
@@ -32,6 +35,7 @@ impl Need {
     pub fn switch(self) -> &'static str {
         match self {
             Need::Python => "PERMIT_REQUIRE_PYTHON",
+            Need::Go => "PERMIT_REQUIRE_GO",
             Need::Browser => "PERMIT_REQUIRE_BROWSER",
             Need::Faketime => "PERMIT_REQUIRE_FAKETIME",
             Need::Tmpfs => "PERMIT_REQUIRE_TMPFS",
@@ -45,6 +49,7 @@ impl Need {
     pub fn remedy(self) -> &'static str {
         match self {
             Need::Python => "install python3 and its venv module (Debian: apt-get install python3-venv openssl), with access to PyPI",
+            Need::Go => "install Go 1.19 or newer as `go`, and a C compiler for its race detector (Debian: apt-get install golang-go gcc)",
             Need::Browser => "install Chromium and ChromeDriver (Debian: apt-get install chromium chromium-driver)",
             Need::Faketime => {
                 "install libfaketime (Debian: apt-get install faketime), or point PERMIT_LIBFAKETIME at libfaketime.so.1"

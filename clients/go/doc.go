@@ -1,0 +1,43 @@
+// Package permit is the Go client of Permit, the distributed semaphore service: fair (strict
+// FIFO), weighted, fenced, replicated semaphores, locks and leader elections over HTTP.
+// It uses the standard library only.
+//
+// A Client talks to one server or the nodes of a cluster. A Session is the client's liveness
+// on the server, kept alive in the background; its holds end with it:
+//
+//	client, err := permit.NewClient([]string{"http://10.0.0.1:7376", "http://10.0.0.2:7376"})
+//	session, err := client.NewSession(ctx, permit.SessionTTL(10*time.Second))
+//	defer session.Close(ctx)
+//	hold, err := session.Acquire(ctx, "db.orders", permit.Permits(2), permit.Capacity(8))
+//	defer hold.Release(ctx)
+//	write(hold.Token()) // the fencing token travels with every write it guards
+//
+// Every call that can block or do I/O takes a context first. Acquire and Campaign wait their
+// turn in FIFO order; the server pushes the grant (long-polls, no polling), and when the
+// context ends the queue place is given up on the server before the call returns.
+//
+// # Lease loss
+//
+// The session's goroutine sends a keepalive every TTL/3; the keepalives of all sessions of one
+// Client share batched requests. The session keeps a conservative local deadline, the send
+// time of the last acknowledged keepalive plus the TTL: the server keeps the session at least
+// that long. When that deadline passes, or the server says the session is gone, the session is
+// lost: Session.Done is closed, and the Lost channel of every Hold and Leadership it had
+// (Hold.Lost is also closed when its MaxHold passes). Stop touching the protected resource
+// then; a write that still arrives carries an old token, which Client.Validate refuses.
+//
+// # Failover and retries
+//
+// Requests go to the endpoint that answered last or that a successful answer named as the
+// leader. On connection errors and 503s they move to the next endpoint; idempotent calls are
+// retried with jittered, bounded backoff for a few seconds, which rides out a leader election;
+// a session creation is sent again only when it certainly did not reach a leader. A waiting
+// Acquire or Campaign keeps its queue place through an outage while its session lives.
+//
+// # Errors
+//
+// Every failed call returns an *Error with the server's Code, Status and Message (errors.As).
+// The sentinels (ErrUnavailable, ErrSessionLost, ErrNotFound, ErrPermissionDenied, ErrTimeout,
+// ErrNoLeader, ...) tell programs what kind of failure it was (errors.Is); an ended context's
+// error also unwraps to context.Canceled or context.DeadlineExceeded.
+package permit

@@ -1,0 +1,3 @@
+module permit.dev/go/permit
+
+go 1.19

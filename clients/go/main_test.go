@@ -1,0 +1,37 @@
+package permit_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// shared is the server of the tests that need nothing of their own (each uses names of its
+// own); the examples reach it through PERMIT_SERVER, which NewClient(nil) reads.
+var shared *server
+
+func TestMain(m *testing.M) {
+	if helper := os.Getenv(helperEnv); helper != "" {
+		os.Exit(runHelper(helper))
+	}
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "permit-go-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer os.RemoveAll(dir)
+	shared, err = startServer(filepath.Join(dir, "data"), nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer shared.kill()
+	os.Setenv("PERMIT_SERVER", shared.URL)
+	os.Unsetenv("PERMIT_AUTH_TOKEN")
+	return m.Run()
+}
