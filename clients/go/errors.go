@@ -127,6 +127,12 @@ var codes = map[string][]error{
 	"feature_unavailable":           {ErrConflict},
 	"wrong_cluster":                 {ErrConflict},
 	"not_leader":                    {ErrConflict},
+	"queue_not_found":               {ErrNotFound},
+	"queue_busy":                    {ErrConflict},
+	"queue_full":                    {ErrConflict},
+	"payload_too_large":             {ErrInvalidRequest},
+	"claim_lost":                    {ErrConflict},
+	"item_not_found":                {ErrNotFound},
 
 	// Found on this side.
 	"connection":        {ErrClusterUnavailable},
