@@ -13,6 +13,8 @@
   const SERIES_SECONDS = 900;
   const SPARK_SECONDS = 60;
   const NAMES_TRACKED_MAX = 500;
+  // Items listed on a queue's page (the first, in id order).
+  const QUEUE_ITEMS_SHOWN = 100;
   // Histories read for a list view, at most, and at most this many at a time.
   const LIST_HISTORIES_MAX = 100;
   const HISTORY_READS_IN_FLIGHT = 4;
@@ -34,6 +36,14 @@
       ['tenure', 'Tenure', (e) => (e.leader ? e.leader.held_ms || 0 : -1)],
       ['candidates', 'Candidates', (e) => e.candidates],
     ],
+    queues: [
+      ['name', 'Name', (q) => q.name],
+      ['pending', 'Pending', (q) => q.pending],
+      ['claimed', 'Claimed', (q) => q.claimed],
+      ['delayed', 'Delayed', (q) => q.delayed],
+      ['claimers', 'Waiting workers', (q) => q.claimers],
+      ['oldest', 'Oldest pending', (q) => q.oldest_pending_ms ?? -1],
+    ],
     sessions: [
       ['name', 'Name', (s) => s.name || ''],
       ['id', 'Id', (s) => s.id],
@@ -47,6 +57,7 @@
   const FILTERED = {
     semaphores: (s) => [s.name],
     elections: (e) => [e.name],
+    queues: (q) => [q.name],
     sessions: (s) => [s.name || '', s.id],
   };
 
@@ -154,6 +165,8 @@
   // What the token may do, as the server decides it: the matching rule with the longest prefix.
   function can(resource, name, access) {
     if (!S.auth) return true;
+    // The root token may do everything, also on resources newer than its stored rules.
+    if (S.root) return true;
     if (!S.rules) return false;
     let best = null;
     for (const rule of S.rules) {
@@ -390,7 +403,8 @@
     const view = parts[0] || 'semaphores';
     if (view === 'semaphore' && parts[1]) return { view, name: decodeURIComponent(parts.slice(1).join('/')) };
     if (view === 'session' && /^[0-9a-f]{32}$/.test(parts[1] || '')) return { view, id: parts[1] };
-    if (['semaphores', 'elections', 'sessions'].includes(view)) {
+    if (view === 'queue' && parts[1]) return { view, name: decodeURIComponent(parts.slice(1).join('/')) };
+    if (['semaphores', 'elections', 'queues', 'sessions'].includes(view)) {
       // `#/elections/NAME`: the list, filtered by that name.
       return { view, filter: parts[1] ? decodeURIComponent(parts.slice(1).join('/')) : null };
     }
@@ -412,6 +426,17 @@
     },
     async elections() {
       return api('GET', '/v1/elections?limit=1000');
+    },
+    async queues() {
+      return api('GET', '/v1/queues?limit=1000');
+    },
+    async queue(route) {
+      const name = encodeURIComponent(route.name);
+      const [queue, items] = await Promise.all([
+        api('GET', `/v1/queues/${name}`),
+        api('GET', `/v1/queues/${name}/items?limit=${QUEUE_ITEMS_SHOWN}`),
+      ]);
+      return { queue, items };
     },
     async sessions() {
       return api('GET', '/v1/sessions?limit=1000');
@@ -506,6 +531,8 @@
       semaphores: paintSemaphores,
       semaphore: paintSemaphore,
       elections: paintElections,
+      queues: paintQueues,
+      queue: paintQueue,
       sessions: paintSessions,
       session: paintSession,
     }[route.view];
@@ -680,6 +707,66 @@
     out.push(...listTable('semaphores', 'semaphores', rows, body.semaphores.length));
     if (body.next_after) out.push(h('p', { class: 'muted' }, 'Only the first 1000 are shown.'));
     return out;
+  }
+
+  function paintQueues(body, age) {
+    const out = [h('h1', {}, 'Queues')];
+    if (body.queues.length === 0) {
+      out.push(h('p', { class: 'muted', id: 'empty' }, 'No queues (or none this token may read).'));
+      return out;
+    }
+    const rows = sortedFiltered('queues', body.queues).map((q) =>
+      h('tr', { 'data-name': q.name },
+        td('Name', h('a', { href: `#/queue/${encodeURIComponent(q.name)}` }, q.name)),
+        td('Pending', q.pending, 'num'),
+        td('Claimed', q.claimed, 'num'),
+        td('Delayed', q.delayed, 'num'),
+        td('Waiting workers', q.claimers, 'num'),
+        td('Oldest pending', q.oldest_pending_ms === null ? '—' : duration(q.oldest_pending_ms + age), 'num')));
+    out.push(...listTable('queues', 'queues', rows, body.queues.length));
+    if (body.next_after) out.push(h('p', { class: 'muted' }, 'Only the first 1000 are shown.'));
+    return out;
+  }
+
+  function paintQueue(body, age) {
+    const { queue, items } = body;
+    const out = [
+      h('p', {}, h('a', { href: '#/queues' }, '← Queues')),
+      h('h1', {}, queue.name),
+      h('div', { class: 'grid', id: 'queue-stats' },
+        stat('Pending', queue.pending),
+        stat('Claimed', queue.claimed),
+        stat('Delayed', queue.delayed),
+        stat('Waiting workers', queue.claimers),
+        stat('Oldest pending', queue.oldest_pending_ms === null ? '—' : duration(queue.oldest_pending_ms + age)),
+        stat('Max attempts', queue.max_attempts),
+        stat('Dead letters to', queue.dead_letter || '— (kept here)'),
+        stat('Max items', queue.max_items)),
+      h('h2', {}, `Items${items.next_after ? ` (the first ${items.items.length})` : ` (${items.items.length})`}`),
+    ];
+    const rows = items.items.map((item) =>
+      h('tr', { 'data-item': item.id, 'data-state': item.state },
+        td('Id', h('code', {}, item.id)),
+        td('Seq', item.seq, 'num'),
+        td('State', h('span', { class: item.state === 'claimed' ? 'pill leader' : 'pill' }, item.state)),
+        td('Attempt', item.attempt, 'num'),
+        td('Claimed by', item.session ? sessionLink(item.session, null) : '—'),
+        td('Token', item.token ?? '—', 'num'),
+        td('Age', duration(item.age_ms + age), 'num'),
+        td('Last error', item.last_error || ''),
+        td('Payload', h('code', { class: 'payload' }, preview(item.payload)))));
+    out.push(rows.length
+      ? h('table', { class: 'responsive', id: 'items' },
+        h('thead', {}, h('tr', {}, ['Id', 'Seq', 'State', 'Attempt', 'Claimed by', 'Token', 'Age', 'Last error', 'Payload'].map((c) => h('th', {}, c)))),
+        h('tbody', {}, rows))
+      : h('p', { class: 'muted', id: 'items' }, 'The queue is empty.'));
+    return out;
+  }
+
+  // A payload's JSON, cut to a line.
+  function preview(payload) {
+    const text = JSON.stringify(payload);
+    return text.length > 120 ? `${text.slice(0, 119)}…` : text;
   }
 
   function chart(name) {
@@ -870,6 +957,7 @@
     for (const link of document.querySelectorAll('nav a')) {
       const active = link.dataset.view === route.view
         || (route.view === 'semaphore' && link.dataset.view === 'semaphores')
+        || (route.view === 'queue' && link.dataset.view === 'queues')
         || (route.view === 'session' && link.dataset.view === 'sessions');
       link.classList.toggle('active', active);
     }
@@ -897,6 +985,7 @@
       try {
         const self = await api('GET', '/v1/acl/tokens/self');
         S.rules = self.rules;
+        S.root = /^0+$/.test(self.id || '');
         S.whoami = self.name;
       } catch (error) {
         sessionStorage.removeItem(TOKEN_KEY);

@@ -38,6 +38,7 @@ const text = (id) => { const el = document.getElementById(id); return el ? el.te
 return {
   holders: rows('holders'), queue: rows('queue'), semaphores: rows('semaphores'),
   elections: rows('elections'), sessions: rows('sessions'), members: rows('members'),
+  items: rows('items'), queues: rows('queues'),
   capacity: text('capacity'), held: text('held'), error: text('view-error'),
   session_holds: rows('session-holds'), semaphore_name: text('semaphore-name'), session_name: text('session-name'),
   node: [text('node-id'), text('node-addr'), text('node-role')],
@@ -372,6 +373,34 @@ async fn the_dashboard_shows_live_state_and_admin_actions_to_those_allowed() {
         "admin actions shown to a reader: {now}"
     );
     browser.screenshot(&shots.join("semaphore-read-only.png")).await;
+
+    // The root token (whose stored rules predate queues) sees a queue's items live: a push and a
+    // claim made outside the page appear without a reload.
+    let pushed = root
+        .post("/v1/queues/jobs/items", json!({ "items": [{ "payload": { "n": 1 } }, { "payload": "two" }] }))
+        .await;
+    assert_eq!(pushed.status, 201, "{pushed:?}");
+    browser.click("#logout").await;
+    log_in(&browser, ROOT).await;
+    browser.goto(&format!("{}/ui#/queue/jobs", server.url)).await;
+    let items = |p: &Value| p["items"].as_array().cloned().unwrap_or_default();
+    let (shown, now) = until(&browser, SHOW_WITHIN, |p| items(p).len() == 2).await;
+    assert!(shown, "the queue's items are not shown: {now}");
+    let claimed = root.post("/v1/queues/jobs/claim", json!({ "session": worker[3], "max": 1 })).await;
+    assert_eq!(claimed.status, 200, "{claimed:?}");
+    let claimed_at = Instant::now();
+    let (shown, now) =
+        until(&browser, LIVE_WITHIN, |p| items(p).first().is_some_and(|row| row[2] == "claimed")).await;
+    assert!(shown, "the claim did not appear within {LIVE_WITHIN:?} ({:?}): {now}", claimed_at.elapsed());
+    assert_eq!(now["items"][0][8], "{\"n\":1}", "the payload is shown: {now}");
+    assert_eq!(now["items"][1][2], "pending");
+    browser.screenshot(&shots.join("queue.png")).await;
+    browser.goto(&format!("{}/ui#/queues", server.url)).await;
+    let (shown, now) = until(&browser, SHOW_WITHIN, |p| {
+        p["queues"].as_array().is_some_and(|rows| rows.len() == 1 && rows[0][1] == "1" && rows[0][2] == "1")
+    })
+    .await;
+    assert!(shown, "the queue list shows jobs with 1 pending and 1 claimed: {now}");
 
     // No console errors, no failed requests.
     let log = browser.log().await;
