@@ -723,8 +723,13 @@ impl State {
             return Err(Refusal::SessionNotFound);
         }
         let queue = self.queue(name).ok_or(Refusal::QueueNotFound)?;
-        // A retry of a claim that was answered, or still waits, gets that claim again.
+        // A retry of a claim that was answered, or still waits, gets that claim again; with
+        // `wait_ms` 0 it waits no more (a claim with 0 never waits).
         let (items, waiting) = self.claim_status(name, session, request);
+        if waiting && wait_ms == 0 {
+            self.cancel_claim(index, name, session, request, effects)?;
+            return Ok(Outcome::Claimed { items });
+        }
         if waiting {
             return Ok(Outcome::ClaimWaiting);
         }
@@ -1218,11 +1223,9 @@ mod tests {
         // A retry of the answered claim answers the same items, and claims nothing more.
         assert_eq!(claimed(claim(&mut state, "jobs", 1, 11, 1, 5_000)).len(), 1);
         assert_eq!(state.queue(&name("jobs")).unwrap().counts().claimed, 1);
-        // Cancelled, the second claim is gone and the next push stays pending.
-        apply_next(
-            &mut state,
-            vec![Command::CancelClaim { queue: name("jobs"), session: session(2), request: 12 }],
-        );
+        // Sent again with wait_ms 0, the second claim waits no more: it answers what it took.
+        assert_eq!(claimed(claim(&mut state, "jobs", 2, 12, 1, 0)), Vec::new());
+        assert!(!state.claim_status(&name("jobs"), session(2), 12).1);
         push(&mut state, "jobs", vec![item("\"b\"")]);
         assert_eq!(state.queue(&name("jobs")).unwrap().counts().pending, 1);
         state.verify().unwrap();

@@ -96,6 +96,7 @@ pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> 
             "POST",
             "/v1/queues/{name}/items"
             | "/v1/queues/{name}/claim"
+            | "/v1/queues/{name}/claim/cancel"
             | "/v1/queues/{name}/items/{id}/ack"
             | "/v1/queues/{name}/items/{id}/nack",
         ) => Named(Queue, Write),

@@ -61,7 +61,7 @@ fn the_spec_declares_the_enforced_limits() {
         }
     }
     assert_eq!(
-        names, 25,
-        "twenty-two `{{name}}` path parameters and the `after` of the semaphore, election and queue lists"
+        names, 26,
+        "twenty-three `{{name}}` path parameters and the `after` of the semaphore, election and queue lists"
     );
 }

@@ -176,6 +176,19 @@ pub struct ClaimRequest {
     pub request_id: Option<u64>,
 }
 
+/// `POST /v1/queues/{name}/claim/cancel`: ends a blocked claim by its `request_id`, without
+/// taking anything.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CancelClaimRequest {
+    /// The claiming session.
+    pub session: String,
+    /// The claim's `request_id`.
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 9007199254740991_u64))]
+    pub request_id: u64,
+}
+
 /// One claimed item.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]

@@ -132,6 +132,30 @@ async fn blocked_claims_are_served_first_come_first_served_the_moment_an_item_ar
     let got = tokio::time::timeout(Duration::from_secs(5), second).await.expect("answered").unwrap();
     assert_eq!(got[0]["payload"], "two");
 
+    // A blocked claim ends by its request_id, taking nothing; so does the same claim sent again
+    // with wait_ms 0 (the panic of a handler that expected it to wait).
+    for cancel in [true, false] {
+        let id = if cancel { 7 } else { 8 };
+        let body = json!({ "session": a, "wait_ms": 20_000, "request_id": id });
+        let waiting = tokio::spawn({
+            let api = api.clone();
+            async move { api.post("/v1/queues/work/claim", body).await }
+        });
+        let queued =
+            eventually(Duration::from_secs(5), async || queue(&api, "work").await["claimers"] == 1).await;
+        assert!(queued, "the claim waits");
+        let ended = if cancel {
+            api.post("/v1/queues/work/claim/cancel", json!({ "session": a, "request_id": id })).await
+        } else {
+            api.post("/v1/queues/work/claim", json!({ "session": a, "wait_ms": 0, "request_id": id })).await
+        };
+        assert_eq!((ended.status, ended.body["items"].as_array().map(Vec::len)), (200, Some(0)), "{ended:?}");
+        assert_eq!(queue(&api, "work").await["claimers"], 0);
+        let answered =
+            tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("answered").unwrap();
+        assert_eq!(answered.body["items"], json!([]), "{answered:?}");
+    }
+
     // A claim that times out takes nothing and leaves no blocked claim behind.
     assert!(claim(&api, "work", &a, 1, 200).await.is_empty());
     assert_eq!(queue(&api, "work").await["claimers"], 0);

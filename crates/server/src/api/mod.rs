@@ -67,6 +67,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
                 .get(queues::items),
         )
         .route("/v1/queues/{name}/claim", post(queues::claim))
+        .route("/v1/queues/{name}/claim/cancel", post(queues::cancel_claim))
         .route("/v1/queues/{name}/items/{id}", axum::routing::delete(queues::remove_item))
         .route("/v1/queues/{name}/items/{id}/ack", post(queues::ack))
         .route("/v1/queues/{name}/items/{id}/nack", post(queues::nack))

@@ -35,7 +35,7 @@ nodes may send its requests there, saving the hop a follower forwards them over.
         semaphores::list, semaphores::put, semaphores::get, semaphores::delete,
         semaphores::acquire, semaphores::release, semaphores::validate, semaphores::revoke, semaphores::history,
         elections::list, elections::campaign, elections::proclaim, elections::get, elections::resign, elections::revoke,
-        queues::list, queues::put, queues::get, queues::delete, queues::push, queues::items, queues::claim,
+        queues::list, queues::put, queues::get, queues::delete, queues::push, queues::items, queues::claim, queues::cancel_claim,
         queues::ack, queues::nack, queues::remove_item,
         acl::create, acl::list, acl::current, acl::delete,
         cluster::status, cluster::snapshot, cluster::init, cluster::add, cluster::remove,

@@ -16,8 +16,8 @@ use permit_core::{
     Resource, SessionId, Settled, State as CoreState,
 };
 use permit_wire::{
-    AckRequest, ClaimRequest, ClaimResponse, ErrorBody, ErrorCode, ItemList, ItemState, ItemView,
-    NackRequest, PushRequest, PushResponse, PushedItem, PutQueueRequest, QueueList, QueueView,
+    AckRequest, CancelClaimRequest, ClaimRequest, ClaimResponse, ErrorBody, ErrorCode, ItemList, ItemState,
+    ItemView, NackRequest, PushRequest, PushResponse, PushedItem, PutQueueRequest, QueueList, QueueView,
     SettleResponse, INDEX_HEADER,
 };
 use serde::Deserialize;
@@ -262,6 +262,33 @@ pub(crate) async fn claim(
     Ok(axum::Json(ClaimResponse { items: items.into_iter().map(claimed_item).collect() }))
 }
 
+/// End a blocked claim (a client that stops waiting), by its `request_id`: it takes nothing more,
+/// and the answer is what it took before (its items stay claimed; nack them to hand them back).
+/// A claim that no longer waits, or never did, is left as it is.
+#[utoipa::path(post, path = "/v1/queues/{name}/claim/cancel", tag = "queues", request_body = CancelClaimRequest,
+    params(("name" = String, Path, description = "Queue name")),
+    responses((status = 200, body = ClaimResponse, description = "What the claim took before it ended"),
+              (status = 403, body = ErrorBody, description = "`permission_denied`: the session is another token's"),
+              (status = 404, body = ErrorBody, description = "`queue_not_found`")))]
+pub(crate) async fn cancel_claim(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Json(request): Json<CancelClaimRequest>,
+) -> Result<axum::Json<ClaimResponse>, ApiError> {
+    let name = parse_name(&name)?;
+    let session = parse_session(&request.session)?;
+    caller.check_owns(&app, session)?;
+    let command = Command::CancelClaim { queue: name.clone(), session, request: request.request_id };
+    match app.propose(command).await? {
+        Outcome::ClaimCancelled => {}
+        Outcome::Refused(refusal) => return Err(refusal.into()),
+        other => return Err(ApiError::internal(other)),
+    }
+    let (items, _) = app.replica().read().state.claim_status(&name, session, request.request_id);
+    Ok(axum::Json(ClaimResponse { items: items.into_iter().map(claimed_item).collect() }))
+}
+
 fn claimed_item(item: ClaimedItem) -> permit_wire::ClaimedItem {
     permit_wire::ClaimedItem {
         id: item.id.to_string(),
@@ -298,7 +325,10 @@ async fn claim_items(
         Outcome::Refused(refusal) => return Err(refusal.into()),
         other => return Err(ApiError::internal(other)),
     }
-    let subscription = subscription.expect("only a claim with wait_ms waits");
+    let Some(subscription) = subscription else {
+        // The state machine never leaves a claim with `wait_ms` 0 waiting.
+        return Err(ApiError::internal("a claim without wait_ms was left waiting"));
+    };
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     let mut shutdown = app.shutdown.clone();
     loop {

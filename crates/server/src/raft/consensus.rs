@@ -34,6 +34,11 @@ use crate::failstop::{Cause, FailStop};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 
+/// How long a command that needs a newer feature version waits for the raise when no member is
+/// known to hold it back (the leader probes members at once as it takes over; a probe times out
+/// in half a second).
+const VERSION_RAISE_PATIENCE: Duration = Duration::from_secs(2);
+
 /// Longest wait for a quorum to confirm leadership before a linearizable read.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest wait for a new learner to catch up before it is promoted.
@@ -233,10 +238,31 @@ impl Consensus {
             let cluster = self.replica.read().state.cluster_version();
             if needs > cluster {
                 let older = self.versions.older_than(needs);
-                return Err(ProposeError::FeatureUnavailable { needs, cluster, older });
+                // No member is known to hold the version back: the raise is on its way (a new
+                // leader proposes it as it takes over, so a fresh node's first requests meet
+                // this). Wait for it a moment rather than refuse.
+                if !older.is_empty() || !self.version_raised_to(needs).await {
+                    let cluster = self.replica.read().state.cluster_version();
+                    let older = self.versions.older_than(needs);
+                    return Err(ProposeError::FeatureUnavailable { needs, cluster, older });
+                }
             }
         }
         self.proposer.propose(command).await
+    }
+
+    /// Whether the cluster's version reaches `needs` within [`VERSION_RAISE_PATIENCE`].
+    async fn version_raised_to(&self, needs: u32) -> bool {
+        let mut metrics = self.raft.metrics();
+        let deadline = tokio::time::Instant::now() + VERSION_RAISE_PATIENCE;
+        loop {
+            if self.replica.read().state.cluster_version() >= needs {
+                return true;
+            }
+            if !matches!(tokio::time::timeout_at(deadline, metrics.changed()).await, Ok(Ok(()))) {
+                return self.replica.read().state.cluster_version() >= needs;
+            }
+        }
     }
 
     /// What the leader knows of the members' feature versions (`raft::version`).
