@@ -2,6 +2,8 @@ package permit
 
 import (
 	"context"
+	cryptorand "crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -168,7 +170,9 @@ func (c *Client) push(ctx context.Context, queue string, body any, keyed bool) (
 // 503 answers the items the first one took, never more. When ctx ends the blocked claim is
 // given up on the server before Claim returns (items that raced with it are nacked back), and
 // the error unwraps to ctx's error (it matches ErrTimeout when the deadline passed). While the
-// cluster is unreachable the claim asks again until the session's local deadline.
+// cluster is unreachable the claim asks again until the session's local deadline. A queue that
+// does not exist is ErrNotFound (code queue_not_found): Push and PutQueue create queues, a
+// claim does not.
 func (s *Session) Claim(ctx context.Context, queue string, opts ...ClaimOption) ([]*Item, error) {
 	return s.claimItems(ctx, queue, false, opts)
 }
@@ -198,8 +202,15 @@ type claimAnswer struct {
 	Items []claimedItem `json:"items"`
 }
 
-// newRequestID is a claim's random request_id, in 1..2^53-1.
-func newRequestID() uint64 { return 1 + uint64(rand.Int63n(claimRequestIDMax)) }
+// newRequestID is a claim's random request_id, in 1..2^53-1: from crypto/rand, since
+// math/rand's global source starts from the same seed in every process before Go 1.20.
+func newRequestID() uint64 {
+	var b [8]byte
+	if _, err := cryptorand.Read(b[:]); err != nil {
+		return 1 + uint64(rand.Int63n(claimRequestIDMax))
+	}
+	return 1 + binary.LittleEndian.Uint64(b[:])%claimRequestIDMax
+}
 
 func (s *Session) claimItems(ctx context.Context, queue string, tryOnce bool, opts []ClaimOption) ([]*Item, error) {
 	cfg := claimConfig{max: 1}

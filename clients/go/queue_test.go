@@ -275,9 +275,10 @@ func TestALostSessionClosesItsItemsLostAndTheyArePendingAgain(t *testing.T) {
 }
 
 // lossyProxy forwards requests to target; it answers the first claim it forwards with a
-// dropped connection, and the second with a 503, after the server did the claim.
+// dropped connection and the third with a 503, and the first ack with a dropped connection,
+// after the server did them.
 func lossyProxy(t *testing.T, target string) (*httptest.Server, *atomic.Int32) {
-	var claims atomic.Int32
+	var claims, acks atomic.Int32
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		req, err := http.NewRequest(r.Method, target+r.URL.RequestURI(), bytes.NewReader(body))
@@ -302,6 +303,9 @@ func lossyProxy(t *testing.T, target string) (*httptest.Server, *atomic.Int32) {
 				return
 			}
 		}
+		if strings.HasSuffix(r.URL.Path, "/ack") && acks.Add(1) == 1 {
+			panic(http.ErrAbortHandler)
+		}
 		for k, v := range resp.Header {
 			w.Header()[k] = v
 		}
@@ -313,7 +317,8 @@ func lossyProxy(t *testing.T, target string) (*httptest.Server, *atomic.Int32) {
 }
 
 // A claim whose answer is lost (a dropped connection, a 503) is sent again with the same
-// request_id: it answers the items the first one took, and never takes more.
+// request_id: it answers the items the first one took, and never takes more. An ack whose
+// answer is lost is sent again, and its claim_lost is the first one's doing: the ack succeeds.
 func TestARetriedClaimAnswersTheSameItemsAndTakesNoMore(t *testing.T) {
 	t.Parallel()
 	ctx := bounded(t, 20*time.Second)
@@ -348,9 +353,12 @@ func TestARetriedClaimAnswersTheSameItemsAndTakesNoMore(t *testing.T) {
 		t.Fatalf("a retried claim took more than asked: %+v", info)
 	}
 	for _, it := range append(items, more...) {
-		if err := it.Ack(ctx); err != nil {
-			t.Fatal(err)
+		if err := it.Ack(ctx); err != nil || it.Err() != nil || !isClosed(it.Lost()) {
+			t.Fatalf("ack of %v: %v (%v)", it, err, it.Err())
 		}
+	}
+	if info := queueInfo(t, ctx, c, queue); info.Claimed != 0 || info.Pending != 1 {
+		t.Fatalf("after the acks: %+v", info)
 	}
 }
 
