@@ -362,15 +362,17 @@ func (it *Item) Lost() <-chan struct{} { return it.lost }
 func (it *Item) Err() error { return it.errNow() }
 
 // Ack settles the item as done: it is gone for good. ErrClaimLost when the claim ended first
-// (nothing changed: the item is, or will be, claimed again). When an answer was lost and the
-// repeat meets claim_lost, the first one applied, and Ack returns nil.
+// (nothing changed: the item is, or will be, claimed again). An ack whose answer was lost is
+// sent again, and the repeat meets claim_lost when the first attempt did ack the item: after
+// a lost answer, ErrClaimLost means maybe acked (its message says so). Either way the item is
+// no longer this worker's; a sink that checks tokens applies no work twice.
 func (it *Item) Ack(ctx context.Context) error {
 	return it.settle(ctx, "ack", map[string]any{})
 }
 
 // Nack hands the item back: it is pending again in its seq place (after Delay), or moves to
 // the dead-letter queue when it was claimed max_attempts times; Reason is kept with it.
-// ErrClaimLost when the claim ended first.
+// ErrClaimLost when the claim ended first (after a lost answer: maybe nacked, as for Ack).
 func (it *Item) Nack(ctx context.Context, opts ...NackOption) error {
 	var cfg nackConfig
 	for _, opt := range opts {
@@ -395,7 +397,11 @@ func (it *Item) settle(ctx context.Context, verb string, body map[string]any) er
 	case released:
 		return newError("claim_lost", 0, "item %s of queue %s: already acked or nacked", it.id, it.name)
 	case ended:
-		return newError("claim_lost", 0, "item %s of queue %s: the claim ended: %v", it.id, it.name, lostErr)
+		why := it.session.Err() // closed with its session
+		if lostErr != nil {
+			why = lostErr
+		}
+		return newError("claim_lost", 0, "item %s of queue %s: the claim ended: %v", it.id, it.name, why)
 	}
 	s := it.session
 	body["session"] = s.id
@@ -406,7 +412,7 @@ func (it *Item) settle(ctx context.Context, verb string, body map[string]any) er
 	var e *Error
 	errors.As(err, &e)
 	switch {
-	case err == nil || (resent && e != nil && e.Code == "claim_lost"):
+	case err == nil:
 		it.mu.Lock()
 		it.released = true
 		it.mu.Unlock()
@@ -416,6 +422,10 @@ func (it *Item) settle(ctx context.Context, verb string, body map[string]any) er
 	case e != nil && e.Code == "session_not_found":
 		s.lose(e)
 	case e != nil && e.Code == "claim_lost":
+		if resent {
+			e = &Error{Code: e.Code, Status: e.Status, Message: fmt.Sprintf("%s (the first %s's answer was lost: it may have %sed the item)", e.Message, verb, verb)}
+			err = e
+		}
 		s.drop(&it.guard)
 		it.markLost(e)
 	}
