@@ -274,16 +274,15 @@ func TestALostSessionClosesItsItemsLostAndTheyArePendingAgain(t *testing.T) {
 	}
 }
 
-// lossyProxy forwards requests to target; it answers the first claim it forwards with a
-// dropped connection and the third with a 503, and the first ack with a dropped connection,
-// after the server did them.
-func lossyProxy(t *testing.T, target string) (*httptest.Server, *atomic.Int32) {
-	var claims, acks atomic.Int32
+// newProxy forwards requests to target and relays the answers, except those intercept handles:
+// it sees each answer first, and may write another (returning true) or drop the connection
+// (panic(http.ErrAbortHandler)).
+func newProxy(t *testing.T, target string, intercept func(w http.ResponseWriter, r *http.Request) bool) *httptest.Server {
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		req, err := http.NewRequest(r.Method, target+r.URL.RequestURI(), bytes.NewReader(body))
 		if err != nil {
-			panic(err)
+			panic(http.ErrAbortHandler)
 		}
 		req.Header = r.Header.Clone()
 		resp, err := http.DefaultTransport.RoundTrip(req)
@@ -292,19 +291,8 @@ func lossyProxy(t *testing.T, target string) (*httptest.Server, *atomic.Int32) {
 		}
 		defer resp.Body.Close()
 		answer, _ := io.ReadAll(resp.Body)
-		if strings.HasSuffix(r.URL.Path, "/claim") {
-			switch claims.Add(1) {
-			case 1:
-				panic(http.ErrAbortHandler) // the answer is lost
-			case 3:
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(http.StatusServiceUnavailable)
-				w.Write([]byte(`{"error":{"code":"no_leader","message":"the proxy says so"}}`))
-				return
-			}
-		}
-		if strings.HasSuffix(r.URL.Path, "/ack") && acks.Add(1) == 1 {
-			panic(http.ErrAbortHandler)
+		if intercept(w, r) {
+			return
 		}
 		for k, v := range resp.Header {
 			w.Header()[k] = v
@@ -313,6 +301,30 @@ func lossyProxy(t *testing.T, target string) (*httptest.Server, *atomic.Int32) {
 		w.Write(answer)
 	}))
 	t.Cleanup(proxy.Close)
+	return proxy
+}
+
+// lossyProxy answers the first claim it forwards with a dropped connection and the third with
+// a 503, and the first ack with a dropped connection, after the server did them.
+func lossyProxy(t *testing.T, target string) (*httptest.Server, *atomic.Int32) {
+	var claims, acks atomic.Int32
+	proxy := newProxy(t, target, func(w http.ResponseWriter, r *http.Request) bool {
+		if strings.HasSuffix(r.URL.Path, "/claim") {
+			switch claims.Add(1) {
+			case 1:
+				panic(http.ErrAbortHandler) // the answer is lost
+			case 3:
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				w.Write([]byte(`{"error":{"code":"no_leader","message":"the proxy says so"}}`))
+				return true
+			}
+		}
+		if strings.HasSuffix(r.URL.Path, "/ack") && acks.Add(1) == 1 {
+			panic(http.ErrAbortHandler)
+		}
+		return false
+	})
 	return proxy, &claims
 }
 
@@ -431,5 +443,56 @@ func TestKeysDelaysAndQueueAdmin(t *testing.T) {
 	}
 	if _, err := c.Queue(ctx, queue); !errors.Is(err, permit.ErrNotFound) {
 		t.Fatalf("a deleted queue: %v", err)
+	}
+}
+
+// A claim whose context ends after the server handed it an item, before the answer arrived:
+// the give-up finds the item and nacks it back, so that no claim holds it unseen.
+func TestItemsThatRacedWithAGivenUpClaimAreNackedBack(t *testing.T) {
+	t.Parallel()
+	ctx := bounded(t, 20*time.Second)
+	answered := make(chan struct{})
+	var claims atomic.Int32
+	proxy := newProxy(t, shared.URL, func(w http.ResponseWriter, r *http.Request) bool {
+		if strings.HasSuffix(r.URL.Path, "/claim") && claims.Add(1) == 1 {
+			close(answered)
+			<-r.Context().Done() // held until the client gives up
+			panic(http.ErrAbortHandler)
+		}
+		return false
+	})
+	c := newClient(t, []string{proxy.URL})
+	s := newSession(t, ctx, c)
+	queue := newName(t)
+	if _, err := c.PutQueue(ctx, queue, permit.QueueSettings{}); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Claim(cctx, queue)
+		done <- err
+	}()
+	if !eventually(10*time.Second, func() bool { return queueInfo(t, ctx, c, queue).Claimers == 1 }) {
+		t.Fatal("the claim did not block")
+	}
+	if _, err := c.Push(ctx, queue, "raced"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-answered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server did not answer the claim")
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled claim: %v", err)
+	}
+	if info := queueInfo(t, ctx, c, queue); info.Claimed != 0 || info.Pending != 1 || info.Claimers != 0 {
+		t.Fatalf("after the give-up: %+v", info)
+	}
+	status, body, err := raw("GET", shared.URL+"/v1/queues/"+queue+"/items?state=pending", "", nil)
+	if err != nil || status != 200 || !strings.Contains(string(body), "given up") {
+		t.Fatalf("the raced item: %d %s %v", status, body, err)
 	}
 }

@@ -245,7 +245,8 @@ func (c *cluster) leader(timeout time.Duration) int {
 }
 
 // speaks reports whether the cluster's feature version reached version within timeout, as
-// node i reads it (GET /v1/cluster): the leader raises it once every member answered.
+// node i reads it (GET /v1/cluster): the leader raises it once every member answered (a
+// single node too, just after it starts).
 func (c *cluster) speaks(i int, version uint32, timeout time.Duration) bool {
 	return eventually(timeout, func() bool {
 		status, body, err := raw("GET", c.nodes[i].URL+"/v1/cluster", "", nil)
