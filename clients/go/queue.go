@@ -249,9 +249,9 @@ func (s *Session) claimItems(ctx context.Context, queue string, tryOnce bool, op
 				s.lose(err.(*Error))
 				return nil, err
 			case errors.Is(err, ErrClusterUnavailable) && !tryOnce && !hasCode(err, "tls"):
-				// An outage: the blocked claim lives as long as the session, so ask again with
-				// the same request_id (answered with what it took meanwhile) until the
-				// session's local deadline or ctx ends.
+				// An outage: what the claim took meanwhile stays claimed while the session
+				// lives, so ask again with the same request_id (answered with those items, or
+				// waiting on) until the session's local deadline or ctx ends.
 				if sleep(wctx, pause) != nil {
 					continue // the next turn returns the reason
 				}
@@ -295,13 +295,13 @@ func (s *Session) adoptItems(queue string, claimed []claimedItem) []*Item {
 // whatever ctx did: the same claim again with a 1 ms wait, which the server answers by ending
 // it, with the items it took before that; those are nacked back at once, so that nobody's
 // claim holds them.
-func (s *Session) giveUpClaim(queue string, request uint64, max int) {
+func (s *Session) giveUpClaim(queue string, request uint64, most int) {
 	if s.Err() != nil {
 		return // the server ended the claim with the session
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.client.timeout)
 	defer cancel()
-	body := claimBody{Session: s.id, Max: max, WaitMs: ms(giveUpWait), RequestID: request}
+	body := claimBody{Session: s.id, Max: most, WaitMs: ms(giveUpWait), RequestID: request}
 	got, err := s.client.do(ctx, call{method: "POST", path: queues.path(queue, queues.wait), body: body})
 	if err != nil {
 		if e, ok := err.(*Error); ok && e.Code == "session_not_found" {
