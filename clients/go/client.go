@@ -285,6 +285,9 @@ type call struct {
 	body    any
 	policy  policy
 	timeout time.Duration // 0: the client's
+	// resent, if set, is set when the call was sent again after an attempt that may have
+	// been applied: a refusal of the repeat may be the first attempt's doing.
+	resent *bool
 }
 
 // answer is a successful answer: its status and raw body.
@@ -368,6 +371,9 @@ func (c *Client) do(ctx context.Context, cl call) (answer, error) {
 			(cl.policy != onePass && timeouts >= timeoutsMax)
 		if exhausted || !fail.retryable(cl.policy) {
 			return answer{}, fail.err
+		}
+		if cl.resent != nil && !fail.unsent {
+			*cl.resent = true
 		}
 		next := (index + 1) % n
 		c.preferred.CompareAndSwap(int64(index), int64(next))

@@ -1,5 +1,6 @@
 // Package permit is the Go client of Permit, the distributed semaphore service: fair (strict
-// FIFO), weighted, fenced, replicated semaphores, locks and leader elections over HTTP.
+// FIFO), weighted, fenced, replicated semaphores, locks, leader elections and work queues over
+// HTTP.
 // It uses the standard library only.
 //
 // A Client talks to one server or the nodes of a cluster. A Session is the client's liveness
@@ -16,13 +17,29 @@
 // turn in FIFO order; the server pushes the grant (long-polls, no polling), and when the
 // context ends the queue place is given up on the server before the call returns.
 //
+// # Queues
+//
+// Client.Push appends items to a durable queue; Session.Claim waits for them (pushed, FIFO
+// among claimers) and returns each as an Item, a lease of the session with a fencing token:
+// Ack it when the work is done, Nack it to hand it back. When the session ends, its claimed
+// items are pending again at once for the other workers:
+//
+//	client.Push(ctx, "emails", email{To: "ada@example.com"}, permit.Key("welcome-ada"))
+//	items, err := session.Claim(ctx, "emails", permit.Max(10))
+//	for _, item := range items {
+//		var e email
+//		item.Payload(&e)
+//		send(e, item.Token())
+//		item.Ack(ctx)
+//	}
+//
 // # Lease loss
 //
 // The session's goroutine sends a keepalive every TTL/3; the keepalives of all sessions of one
 // Client share batched requests. The session keeps a conservative local deadline, the send
 // time of the last acknowledged keepalive plus the TTL: the server keeps the session at least
 // that long. When that deadline passes, or the server says the session is gone, the session is
-// lost: Session.Done is closed, and the Lost channel of every Hold and Leadership it had
+// lost: Session.Done is closed, and the Lost channel of every Hold, Leadership and Item it had
 // (Hold.Lost is also closed when its MaxHold passes). Stop touching the protected resource
 // then; a write that still arrives carries an old token, which Client.Validate refuses.
 //

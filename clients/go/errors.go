@@ -65,6 +65,9 @@ var (
 	// ErrUnavailable: a TryAcquire or a zero wait was refused, too few free permits or others
 	// queued first.
 	ErrUnavailable = errors.New("permit: unavailable")
+	// ErrClaimLost: the claim of a queue item ended (its session was lost, it was acked or
+	// nacked already, or an admin removed the item); an Ack or Nack changed nothing.
+	ErrClaimLost = errors.New("permit: claim lost")
 	// ErrAlreadyHeld: this session already holds or is acquiring that name through another
 	// Hold or Leadership; nothing was sent.
 	ErrAlreadyHeld = errors.New("permit: already held by this session")
@@ -131,7 +134,7 @@ var codes = map[string][]error{
 	"queue_busy":                    {ErrConflict},
 	"queue_full":                    {ErrConflict},
 	"payload_too_large":             {ErrInvalidRequest},
-	"claim_lost":                    {ErrConflict},
+	"claim_lost":                    {ErrClaimLost, ErrConflict},
 	"item_not_found":                {ErrNotFound},
 
 	// Found on this side.

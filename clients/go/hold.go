@@ -18,7 +18,8 @@ const (
 
 // object is a kind of object a session waits its turn for, and the routes of that wait: every
 // wait (a semaphore's acquire, an election's campaign) and the guard it grants go through
-// waitTurn and guard with one of these. A queue's claim is one more entry.
+// waitTurn and guard with one of these. A queue's claim is one more entry (queues, in
+// queue.go), with a wait of its own: a session may claim many items of one queue.
 type object struct {
 	collection string // the path segment after /v1/
 	noun       string // for messages

@@ -14,17 +14,36 @@ import (
 // The README's quick start runs as written, against the shared server.
 func TestReadmeQuickStartRunsAsWritten(t *testing.T) {
 	t.Parallel()
+	out := runReadmeBlock(t, 0)
+	if !strings.Contains(out, "holding 2 permits, fencing token") || !strings.HasSuffix(out, "false\n") {
+		t.Fatalf("unexpected output:\n%s", out)
+	}
+}
+
+// The README's queue example runs as written, against the shared server.
+func TestReadmeQueueExampleRunsAsWritten(t *testing.T) {
+	t.Parallel()
+	out := runReadmeBlock(t, 1)
+	if !strings.Contains(out, "sending to ada@example.com attempt 1 token") || !strings.HasSuffix(out, "pending 0 claimed 0\n") {
+		t.Fatalf("unexpected output:\n%s", out)
+	}
+}
+
+// runReadmeBlock runs the README's Go block number n (from 0) with go run, pointed at the
+// shared server, and returns its output.
+func runReadmeBlock(t *testing.T, n int) string {
+	t.Helper()
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	blocks := regexp.MustCompile("(?s)```go\n(.*?)```").FindAllStringSubmatch(string(readme), -1)
-	if len(blocks) == 0 {
-		t.Fatal("no Go quick start in the README")
+	if len(blocks) <= n {
+		t.Fatalf("the README has %d Go blocks, not %d", len(blocks), n+1)
 	}
-	quick := strings.ReplaceAll(blocks[0][1], "http://127.0.0.1:7376", shared.URL)
+	code := strings.ReplaceAll(blocks[n][1], "http://127.0.0.1:7376", shared.URL)
 	main := filepath.Join(t.TempDir(), "main.go")
-	if err := os.WriteFile(main, []byte(quick), 0o600); err != nil {
+	if err := os.WriteFile(main, []byte(code), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -36,7 +55,5 @@ func TestReadmeQuickStartRunsAsWritten(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "holding 2 permits, fencing token") || !strings.HasSuffix(string(out), "false\n") {
-		t.Fatalf("unexpected output:\n%s", out)
-	}
+	return string(out)
 }

@@ -130,6 +130,13 @@ func TestAuthTokens(t *testing.T) {
 	}) {
 		t.Fatal("no root token written")
 	}
+	// The server writes the secret before the token's creation is committed.
+	if !eventually(10*time.Second, func() bool {
+		status, _, err := raw("GET", node.URL+"/v1/sessions", root, nil)
+		return err == nil && status == 200
+	}) {
+		t.Fatal("the root token is not accepted")
+	}
 	ctx := bounded(t, 20*time.Second)
 	name := newName(t)
 	anonymous := newClient(t, []string{node.URL}, permit.WithAuthToken(""))

@@ -244,6 +244,19 @@ func (c *cluster) leader(timeout time.Duration) int {
 	return found
 }
 
+// speaks reports whether the cluster's feature version reached version within timeout, as
+// node i reads it (GET /v1/cluster): the leader raises it once every member answered (a
+// single node too, just after it starts).
+func (c *cluster) speaks(i int, version uint32, timeout time.Duration) bool {
+	return eventually(timeout, func() bool {
+		status, body, err := raw("GET", c.nodes[i].URL+"/v1/cluster", "", nil)
+		var view struct {
+			FeatureVersion uint32 `json:"feature_version"`
+		}
+		return err == nil && status == 200 && json.Unmarshal(body, &view) == nil && view.FeatureVersion >= version
+	})
+}
+
 func (c *cluster) urls() []string {
 	var out []string
 	for _, n := range c.nodes {

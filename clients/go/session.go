@@ -39,11 +39,11 @@ func SessionName(name string) SessionOption { return func(c *sessionConfig) { c.
 // A goroutine keeps it alive every ttl/3; the keepalives of all sessions of one Client go
 // together in batched requests. The session is presumed lost at its conservative local
 // deadline, the send time of the last acknowledged keepalive plus the TTL: by then the server
-// may have expired it. Then Done is closed, and the Lost channel of every hold and leadership
-// it had.
+// may have expired it. Then Done is closed, and the Lost channel of every hold, leadership
+// and claimed item it had.
 //
 // A Session is safe for concurrent use; one session may hold several semaphores and elections
-// at once, one hold per name.
+// at once, one hold per name, and any number of claimed queue items.
 type Session struct {
 	client *Client
 	id     string
