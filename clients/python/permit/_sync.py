@@ -1317,9 +1317,9 @@ class Leadership(_Hold):
 class Item(_Lease):
     """An item claimed by a session (:meth:`Session.claim`): ``payload`` (as pushed), ``id``,
     ``seq``, ``queue``, ``attempt`` (claims of it so far, 1 on the first), ``token`` (this
-    claim's fencing token, from the counter of semaphore grants), ``lost`` (an
-    ``threading.Event``, set when the session is lost: the server then makes the item pending
-    again). A context manager: a clean exit acks, an exception nacks with the exception's text
+    claim's fencing token, from the counter of semaphore grants), ``lost``
+    (a ``threading.Event``, set when the session is lost: the server then makes the item
+    pending again). A context manager: a clean exit acks, an exception nacks with the exception's text
     as ``error`` (a lost item needs nothing; an ack or nack inside the block is the last word).
 
     Example::
