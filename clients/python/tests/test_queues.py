@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from pathlib import Path
+from typing import Any, Dict, List
 
 import httpx
 import pytest
@@ -189,6 +191,46 @@ def test_push_dedupes_by_key_and_queue_admin_errors_are_typed(server: Server, na
         assert name + ".empty" not in [q.name for q in client.queues()]
         with pytest.raises(ValueError):
             client.push_many(name, range(1001))
+
+
+def test_a_blocked_claim_rides_out_an_outage_shorter_than_the_session() -> None:
+    """As a blocked acquire: a claim survives the server being down for longer than the
+    request's own retries (about 6 s) but shorter than the session, and is then the same claim
+    (its request_id) on the server; an outage longer than the session ends it with SessionLost."""
+    with tempfile.TemporaryDirectory(prefix="permit-py-queue-outage-") as temp:
+        node = Server(Path(temp) / "data", [])
+        try:
+            with permit.Client(node.url) as client:
+                client.put_queue("outage")
+                waiter = client.session(ttl=30.0)
+                short = client.session(ttl=2.0)
+                outcome: List[object] = []
+
+                def wait(session: permit.Session) -> None:
+                    try:
+                        outcome.append(session.claim("outage", timeout=60))
+                    except permit.PermitError as error:
+                        outcome.append(error)
+
+                threads = [threading.Thread(target=wait, args=(s,), daemon=True) for s in (waiter, short)]
+                for thread in threads:
+                    thread.start()
+                assert eventually(lambda: client.queue("outage").claimers == 2)
+                node.kill9()
+                time.sleep(7.5)  # the outage itself, longer than the retries of one request
+                assert threads[0].is_alive(), outcome
+                node = Server(Path(temp) / "data", [], listen=node.addr)
+                threads[1].join(10)
+                assert len(outcome) == 1 and isinstance(outcome[0], permit.SessionLost), outcome
+                pushed = client.push("outage", "after the outage")
+                threads[0].join(20)
+                assert len(outcome) == 2 and isinstance(outcome[1], permit.Item), outcome
+                assert (outcome[1].id, outcome[1].session) == (pushed.id, waiter)
+                assert client.queue("outage").claimed == 1
+                outcome[1].ack()
+                waiter.close()
+        finally:
+            node.kill9()
 
 
 class LossyProxy:
