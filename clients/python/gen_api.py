@@ -97,7 +97,7 @@ def render() -> str:
         "",
     ]
     lines += module_section(permit, "permit (blocking)", list(permit.__all__), problems)
-    aio_own = ["Client", "Session", "Pending", "Permit", "Leadership"]
+    aio_own = ["Client", "Session", "Pending", "Permit", "Leadership", "Item"]
     lines += module_section(permit.aio, "permit.aio (asyncio)", aio_own, problems)
     lines += ["The errors and views of `permit.aio` are those of `permit`.", ""]
     if problems:

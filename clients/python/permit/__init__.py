@@ -1,4 +1,4 @@
-"""Python client for Permit, a distributed semaphore service.
+"""Python client for Permit, a distributed semaphore and work-queue service.
 
 Blocking API here (threads); the same API with ``async``/``await`` in :mod:`permit.aio`.
 
@@ -12,7 +12,7 @@ Example::
             print(p.token)
 """
 
-from ._common import Event, Holder, Leader, SemaphoreInfo, Waiter
+from ._common import Event, Holder, ItemInfo, Leader, NewItem, Pushed, QueueInfo, SemaphoreInfo, Waiter
 from ._errors import (
     CODES,
     AlreadyHeld,
@@ -29,7 +29,7 @@ from ._errors import (
     Timeout,
     Unavailable,
 )
-from ._sync import Client, EventStream, LeaderWatch, Leadership, Permit, Session
+from ._sync import Client, EventStream, Item, LeaderWatch, Leadership, Permit, Session
 from ._sync_io import close_sessions_on_sigterm
 
 __version__ = "0.1.0"
@@ -39,10 +39,15 @@ __all__ = [
     "Session",
     "Permit",
     "Leadership",
+    "Item",
     "SemaphoreInfo",
     "Holder",
     "Waiter",
     "Leader",
+    "QueueInfo",
+    "ItemInfo",
+    "Pushed",
+    "NewItem",
     "Event",
     "LeaderWatch",
     "EventStream",

@@ -1,5 +1,5 @@
 """What the asyncio client does its own way: waiting, background tasks, races, and the
-:class:`Pending` that ``session``, ``acquire`` and ``campaign`` return. ``_sync_io`` has the same
+:class:`Pending` that ``session``, ``acquire``, ``campaign`` and ``claim`` return. ``_sync_io`` has the same
 functions for threads; ``gen_sync.py`` makes the blocking client from :mod:`permit.aio` by
 importing that module instead of this one."""
 
@@ -97,9 +97,10 @@ G = TypeVar("G", bound=_Guard)
 
 
 class Pending(Coroutine[Any, Any, G]):
-    """What :meth:`Client.session`, :meth:`Session.acquire` and :meth:`Session.campaign`
-    return: ``await`` it for the session, permit or leadership, or use it directly in
-    ``async with``, which closes the session (releases the hold) on exit, also on an exception.
+    """What :meth:`Client.session`, :meth:`Session.acquire`, :meth:`Session.campaign` and
+    :meth:`Session.claim` return: ``await`` it for the session, permit, leadership or item, or
+    use it directly in ``async with``, which on exit closes the session or releases the hold
+    (also on an exception), or acks the item (nacks it on an exception).
     A coroutine, so ``asyncio.create_task`` takes it too. Cancelling a task that waits in it
     gives the queue place up.
 

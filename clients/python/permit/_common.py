@@ -9,8 +9,9 @@ import socket
 import ssl
 import threading
 import time
+import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Type, Union
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -782,3 +783,157 @@ class Claims:
         """Gives the claim back."""
         with self._lock:
             self._held.discard((kind, name))
+
+
+# Most items in one push (``POST /v1/queues/{name}/items``), appended by one log entry.
+PUSH_ITEMS_MAX = 1000
+# Page size of the queue and item lists the client reads through (the server's largest).
+LIST_PAGE_MAX = 1000
+# Largest ``request_id`` of a claim (``permit_wire::CLAIM_REQUEST_ID_MAX``): 2^53 - 1.
+CLAIM_REQUEST_ID_MAX = (1 << 53) - 1
+# Longest ``error`` a nack keeps (bytes of UTF-8).
+NACK_ERROR_MAX = 1024
+
+
+def claim_request_id() -> int:
+    """A random claim ``request_id`` (1 .. 2^53 - 1): names one claim call, so that its retries
+    answer the items that claim took instead of taking more."""
+    return random.SystemRandom().randint(1, CLAIM_REQUEST_ID_MAX)
+
+
+def exception_text(kind: Type[BaseException], value: Optional[BaseException]) -> str:
+    """``"ValueError: bad input"`` for a nack's ``error``, cut to what the server keeps (at a
+    character boundary)."""
+    text = "".join(traceback.format_exception_only(kind, value)).strip()
+    encoded = text.encode()
+    if len(encoded) <= NACK_ERROR_MAX:
+        return text
+    return encoded[: NACK_ERROR_MAX - 3].decode(errors="ignore") + "..."
+
+
+@dataclass(frozen=True)
+class NewItem:
+    """One item of :meth:`Client.push_many` with its own ``delay`` (seconds before it can be
+    claimed) or dedupe ``key``; a bare payload there is ``NewItem(payload)``.
+
+    Example::
+
+        client.push_many("jobs", [{"n": 1}, permit.NewItem({"n": 2}, delay=60.0, key="n2")])
+    """
+
+    payload: Any
+    delay: float = 0.0
+    key: Optional[str] = None
+
+
+def push_item_body(item: NewItem) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"payload": item.payload}
+    if item.delay:
+        body["delay_ms"] = ms(item.delay)
+    if item.key is not None:
+        body["key"] = item.key
+    return body
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """A pushed item: its ``id``, its place ``seq`` in the queue, and ``duplicate`` (true when
+    the push added nothing: an item with the same ``key`` is pending, delayed or claimed, and
+    this is that item).
+
+    Example::
+
+        pushed = client.push("jobs", {"n": 1}, key="n1")
+        assert client.push("jobs", {"n": 1}, key="n1") == permit.Pushed(pushed.id, pushed.seq, True)
+    """
+
+    id: str
+    seq: int
+    duplicate: bool = False
+
+
+def pushed_items(body: Any) -> List[Pushed]:
+    return [Pushed(item["id"], item["seq"], bool(item.get("duplicate", False))) for item in body["items"]]
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """A queue as the server sees it now (a linearizable read): items by state, blocked
+    ``claimers``, settings, ``oldest_pending`` (seconds the oldest pending item has waited;
+    ``None`` when none is pending) and the log ``index`` of its last change.
+
+    Example::
+
+        info = client.queue("jobs")
+        print(info.pending, info.claimed, info.delayed, info.dead_letter)
+    """
+
+    name: str
+    pending: int
+    claimed: int
+    delayed: int
+    max_attempts: int
+    dead_letter: Optional[str]
+    max_items: int
+    claimers: int
+    oldest_pending: Optional[float]
+    index: int
+
+
+def queue_info(body: Any) -> QueueInfo:
+    oldest = body.get("oldest_pending_ms")
+    return QueueInfo(
+        name=body["name"],
+        pending=body["pending"],
+        claimed=body["claimed"],
+        delayed=body["delayed"],
+        max_attempts=body["max_attempts"],
+        dead_letter=body.get("dead_letter"),
+        max_items=body["max_items"],
+        claimers=body.get("claimers", 0),
+        oldest_pending=None if oldest is None else oldest / 1000.0,
+        index=body["index"],
+    )
+
+
+@dataclass(frozen=True)
+class ItemInfo:
+    """An item of a queue as :meth:`Client.items` lists it: ``state`` (``"pending"``,
+    ``"delayed"`` or ``"claimed"``), ``attempt`` (claims so far), the claiming ``session`` and
+    claim ``token`` when claimed, ``age`` (seconds in this queue), ``due_at_ms`` (leader time a
+    delayed item becomes due), its dedupe ``key``, ``last_error`` (why its last claim ended
+    without an ack: a nack's error, or "the claiming session ended") and the ``payload``.
+
+    Example::
+
+        for item in client.items("jobs.dead"):
+            print(item.id, item.attempt, item.last_error, item.payload)
+    """
+
+    id: str
+    seq: int
+    state: str
+    attempt: int
+    session: Optional[str]
+    token: Optional[int]
+    age: float
+    due_at_ms: Optional[int]
+    key: Optional[str]
+    last_error: Optional[str]
+    payload: Any
+
+
+def item_info(body: Any) -> ItemInfo:
+    return ItemInfo(
+        id=body["id"],
+        seq=body["seq"],
+        state=body["state"],
+        attempt=body["attempt"],
+        session=body.get("session"),
+        token=body.get("token"),
+        age=body["age_ms"] / 1000.0,
+        due_at_ms=body.get("due_at_ms"),
+        key=body.get("key"),
+        last_error=body.get("last_error"),
+        payload=body.get("payload"),
+    )

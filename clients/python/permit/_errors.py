@@ -40,7 +40,7 @@ class InvalidRequest(PermitError):
 
 
 class NotFound(PermitError):
-    """The semaphore, route or access token does not exist.
+    """The semaphore, queue, item, route or access token does not exist.
 
     Example::
 
@@ -53,7 +53,8 @@ class NotFound(PermitError):
 
 class Conflict(PermitError):
     """The request conflicts with the state: more permits than the capacity, a different count
-    than the session already holds, a busy semaphore, a cancelled wait, a membership change.
+    than the session already holds, a busy semaphore or queue, a full queue, a cancelled wait, a
+    membership change, an ack or nack of a claim that ended (``claim_lost``).
 
     Example::
 
@@ -66,7 +67,8 @@ class Conflict(PermitError):
 
 class Unavailable(Conflict):
     """A try-acquire (or try-campaign) was refused: too few free permits or others queued first
-    (``unavailable``). ``Session.try_acquire`` answers ``None`` instead of raising this.
+    (``unavailable``); or a claim with ``timeout=0`` found no item due. ``Session.try_acquire``
+    and ``Session.try_claim`` answer ``None`` instead of raising this.
 
     Example::
 
@@ -145,8 +147,8 @@ class InternalError(PermitError):
 
 
 class Timeout(PermitError):
-    """An acquire or campaign did not succeed within its ``timeout``; its queue place was
-    given up (code ``wait_timeout``).
+    """An acquire or campaign did not succeed within its ``timeout``, its queue place was given
+    up; or no item came to a claim within its ``timeout`` (code ``wait_timeout``).
 
     Example::
 
@@ -159,9 +161,9 @@ class Timeout(PermitError):
 
 
 class SessionLost(PermitError):
-    """The session (and so every permit and leadership it held) is gone or presumed gone: the
-    server said ``session_not_found``, or no keepalive was acknowledged before the
-    conservative local deadline, or the hold's ``max_hold`` passed.
+    """The session (and so every permit, leadership and claimed item it held) is gone or
+    presumed gone: the server said ``session_not_found``, or no keepalive was acknowledged
+    before the conservative local deadline, or the hold's ``max_hold`` passed.
 
     Example::
 

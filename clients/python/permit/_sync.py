@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from types import TracebackType
-from typing import Any, Iterator, Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, Union
+from typing import Any, Iterator, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Type, Union
 
 import httpx
 
@@ -22,7 +22,9 @@ from ._common import (
     Waiter,
     IDEMPOTENT,
     KEEPALIVE_BATCH_MAX,
+    LIST_PAGE_MAX,
     LONG_POLL_MARGIN,
+    PUSH_ITEMS_MAX,
     ONE_PASS,
     REQUEST_TIMEOUT,
     STREAM_READ_TIMEOUT,
@@ -33,15 +35,25 @@ from ._common import (
     SseParser,
     events_params,
     Failure,
+    ItemInfo,
     KeepaliveAsk,
     KeepaliveBatcher,
     Leader,
+    NewItem,
     Outcome,
+    Pushed,
+    QueueInfo,
     Renewal,
     SemaphoreInfo,
     acquire_body,
     answer_failure,
     check_pid,
+    claim_request_id,
+    exception_text,
+    item_info,
+    push_item_body,
+    pushed_items,
+    queue_info,
     decode,
     httpx_options,
     keepalive_results,
@@ -321,6 +333,149 @@ class Client:
         _, body = self._request("POST", f"/v1/semaphores/{segment(name)}/validate", json={"token": token})
         return bool(body["valid"])
 
+    def push(self, queue: str, payload: Any, *, delay: float = 0.0, key: Optional[str] = None) -> Pushed:
+        """Appends one item to ``queue`` (created with the defaults if missing): ``payload`` is
+        any JSON value (at most 64 KiB encoded, else :class:`permit.InvalidRequest`
+        ``payload_too_large``), ``delay`` keeps it from claims for that many seconds, ``key``
+        dedupes: while an item pushed with that key is pending, delayed or claimed, the push adds
+        nothing and answers that item (``duplicate``). A full queue raises
+        :class:`permit.Conflict` ``queue_full``.
+
+        A push with a ``key`` is retried like a read (a repeat adds nothing); one without is
+        re-sent only when it certainly did not arrive, so after a timeout it raises
+        :class:`permit.ClusterUnavailable` and may or may not have been applied: give a key to
+        make your own retry safe.
+
+        Example::
+
+            pushed = client.push("jobs", {"video": 42}, key="video-42")
+            print(pushed.id, pushed.seq)
+        """
+        (pushed,) = self.push_many(queue, [NewItem(payload, delay, key)])
+        return pushed
+
+    def push_many(self, queue: str, items: Iterable[Any]) -> List[Pushed]:
+        """Appends up to 1000 items to ``queue`` in order, all or nothing (one log entry), and
+        returns one :class:`permit.Pushed` per item. Each item is a payload, or a
+        :class:`permit.NewItem` with its own ``delay`` and ``key``. Retried as :meth:`push`:
+        like a read only when every item has a ``key``.
+
+        Example::
+
+            pushed = client.push_many("jobs", [{"n": 1}, {"n": 2}, permit.NewItem({"n": 3}, delay=5.0)])
+            assert [p.seq for p in pushed] == sorted(p.seq for p in pushed)
+        """
+        entries = [item if isinstance(item, NewItem) else NewItem(item) for item in items]
+        if not entries:
+            return []
+        if len(entries) > PUSH_ITEMS_MAX:
+            raise ValueError(f"one push carries at most {PUSH_ITEMS_MAX} items, not {len(entries)}")
+        body = {"items": [push_item_body(entry) for entry in entries]}
+        policy = IDEMPOTENT if all(entry.key is not None for entry in entries) else UNSENT
+        _, answer = self._request("POST", f"/v1/queues/{segment(queue)}/items", json=body, policy=policy)
+        return pushed_items(answer)
+
+    def put_queue(
+        self,
+        name: str,
+        *,
+        max_attempts: Optional[int] = None,
+        dead_letter: Optional[str] = None,
+        max_items: Optional[int] = None,
+    ) -> QueueInfo:
+        """Creates queue ``name`` or changes the settings given (a new queue takes the defaults
+        for the others): ``max_attempts`` claims of one item before it moves to the
+        ``dead_letter`` queue (1..1000, default 5; default dead-letter queue ``{name}.dead``),
+        ``max_items`` it holds (default 1,000,000). Needs the admin right on the queue.
+
+        Example::
+
+            info = client.put_queue("jobs", max_attempts=3)
+            assert info.dead_letter == "jobs.dead"
+        """
+        body: Dict[str, Any] = {}
+        if max_attempts is not None:
+            body["max_attempts"] = max_attempts
+        if dead_letter is not None:
+            body["dead_letter"] = dead_letter
+        if max_items is not None:
+            body["max_items"] = max_items
+        _, answer = self._request("PUT", f"/v1/queues/{segment(name)}", json=body)
+        return queue_info(answer)
+
+    def queue(self, name: str) -> QueueInfo:
+        """A queue's items by state, blocked claimers and settings (linearizable);
+        :class:`permit.NotFound` ``queue_not_found`` if there is none.
+
+        Example::
+
+            info = client.queue("jobs")
+            print(info.pending, info.claimed, info.oldest_pending)
+        """
+        _, body = self._request("GET", f"/v1/queues/{segment(name)}")
+        return queue_info(body)
+
+    def queues(self) -> List[QueueInfo]:
+        """Every queue this client may read, in name order (read page by page).
+
+        Example::
+
+            print([q.name for q in client.queues()])
+        """
+        out: List[QueueInfo] = []
+        params: Dict[str, Any] = {"limit": LIST_PAGE_MAX}
+        while True:
+            _, body = self._request("GET", "/v1/queues", params=params)
+            out += [queue_info(queue) for queue in body["queues"]]
+            if not body.get("next_after"):
+                return out
+            params["after"] = body["next_after"]
+
+    def delete_queue(self, name: str) -> None:
+        """Deletes a queue that holds no item and no blocked claim (:class:`permit.Conflict`
+        ``queue_busy`` otherwise).
+
+        Example::
+
+            client.delete_queue("jobs")
+        """
+        self._request("DELETE", f"/v1/queues/{segment(name)}")
+
+    def items(self, queue: str, state: Optional[str] = None, *, limit: Optional[int] = None) -> List[ItemInfo]:
+        """The items of ``queue`` in the order they entered it (id order), with their state,
+        attempts, claiming session and age: only those in ``state`` (``"pending"``,
+        ``"delayed"`` or ``"claimed"``) if given, at most ``limit`` (``None``: all, read page
+        by page). Dead-lettered items are in the dead-letter queue.
+
+        Example::
+
+            for item in client.items("jobs.dead"):
+                print(item.payload, item.attempt, item.last_error)
+        """
+        out: List[ItemInfo] = []
+        params: Dict[str, Any] = {}
+        if state is not None:
+            params["state"] = state
+        while limit is None or len(out) < limit:
+            params["limit"] = LIST_PAGE_MAX if limit is None else min(LIST_PAGE_MAX, limit - len(out))
+            _, body = self._request("GET", f"/v1/queues/{segment(queue)}/items", params=params)
+            out += [item_info(item) for item in body["items"]]
+            if not body.get("next_after"):
+                break
+            params["after"] = body["next_after"]
+        return out
+
+    def remove_item(self, queue: str, id: str) -> None:
+        """Removes item ``id`` from ``queue`` whatever its state (admin); a claim of it ends,
+        and its ack or nack gets ``claim_lost``. :class:`permit.NotFound` ``item_not_found``
+        if it is not there.
+
+        Example::
+
+            client.remove_item("jobs", pushed.id)
+        """
+        self._request("DELETE", f"/v1/queues/{segment(queue)}/items/{segment(id)}")
+
     def close(self) -> None:
         """Closes the connection pool (sessions are closed by their own ``close``).
 
@@ -343,12 +498,13 @@ class Client:
 
 
 class Session:
-    """A session: holds permits and leaderships, kept alive by a background thread.
+    """A session: holds permits, leaderships and claimed queue items, kept alive by a
+    background thread.
 
     ``lost`` (a ``threading.Event``) is set the moment the session is known or presumed lost:
     the server no longer knows it, or no keepalive was acknowledged before the conservative
     local deadline (the send time of the last acknowledged keepalive plus the TTL). Then every
-    permit and leadership it held is lost too. A session belongs to the process that created
+    permit, leadership and claimed item it held is lost too. A session belongs to the process that created
     it: a forked child gets :class:`permit.SessionForked` when it uses it.
 
     Example::
@@ -373,7 +529,7 @@ class Session:
         self._deadline = sent + ttl
         self._jeopardy = False
         self._closed = False
-        self._holds: Set[_Hold] = set()
+        self._holds: Set[_Lease] = set()
         self._claims = Claims(id)
         # A pool of its own: the session's long-polls and keepalives never queue behind (or
         # make the client's pool scan) other sessions' connections.
@@ -516,6 +672,141 @@ class Session:
         self._adopt(hold)
         return hold
 
+    def claim(self, queue: str, *, timeout: Optional[float] = None, on_lost: Optional[OnLost] = None) -> "Item":
+        """Claims the next due item of ``queue`` (strict FIFO by ``seq``, blocked claimers
+        served in the order they came) and returns the :class:`Item`: a lease of this session
+        with its own fencing ``token``, a context manager that acks on a clean exit and nacks
+        (with the exception's text as ``error``) when the block raises. The wait is pushed by
+        the server (one long-poll, no polling). ``timeout`` (seconds; ``None`` waits forever)
+        raises :class:`permit.Timeout` when no item came in time, and ``0`` tries once and
+        raises :class:`permit.Unavailable` when none is due, as for :meth:`acquire`
+        (:meth:`try_claim` answers ``None`` instead). A missing queue raises
+        :class:`permit.NotFound` ``queue_not_found``.
+
+        The claim carries a random ``request_id``: a retry after a connection error, a
+        timeout or a 503 (on the next endpoint) answers the item this claim took rather than
+        taking another, and an outage shorter than the session is ridden out as for
+        :meth:`acquire`. The item is lost (``item.lost``, ``on_lost``, ``item.token`` raises
+        :class:`permit.SessionLost`) when the session is: the server then makes it pending
+        again, for another worker.
+
+        Example::
+
+            with session.claim("jobs", timeout=30.0) as item:
+                process(item.payload, fence=item.token)
+            # acked here; an exception in the block would have nacked it
+        """
+        return self._claim_one(queue, timeout, on_lost)
+
+    def _claim_one(self, queue: str, timeout: Optional[float], on_lost: Optional[OnLost]) -> "Item":
+        items = self._claim(queue, 1, timeout, on_lost)
+        if items:
+            return items[0]
+        if timeout is not None and timeout <= 0:
+            raise Unavailable("unavailable", 0, f"queue {queue}: no item is due now")
+        raise Timeout("wait_timeout", 0, f"queue {queue}: no item came within {timeout} s")
+
+    def try_claim(self, queue: str, *, on_lost: Optional[OnLost] = None) -> Optional[Item]:
+        """The next due :class:`Item` of ``queue``, or ``None`` when none is due now; never
+        waits.
+
+        Example::
+
+            item = session.try_claim("jobs")
+            if item is not None:
+                with item:
+                    process(item.payload)
+        """
+        items = self._claim(queue, 1, 0, on_lost)
+        return items[0] if items else None
+
+    def claim_many(
+        self, queue: str, max: int, *, timeout: Optional[float] = None, on_lost: Optional[OnLost] = None
+    ) -> List[Item]:
+        """Claims up to ``max`` (1..1000) due items of ``queue`` at once, in ``seq`` order:
+        waits (``timeout`` seconds, ``None`` forever, ``0`` not at all) until at least one is
+        due and answers what is due then; an empty list when none came in time. Ack or nack
+        each (or use each as a context manager). Retried as :meth:`claim`.
+
+        Example::
+
+            for item in session.claim_many("jobs", 10, timeout=5.0):
+                with item:
+                    process(item.payload)
+        """
+        return self._claim(queue, max, timeout, on_lost)
+
+    def _claim(self, queue: str, most: int, timeout: Optional[float], on_lost: Optional[OnLost]) -> List["Item"]:
+        self._check()
+        path = f"/v1/queues/{segment(queue)}/claim"
+        # One id for the whole call: every retry and every later slice of the wait names this
+        # claim, so items it took whose answer was lost are answered by the next ask.
+        request_id = claim_request_id()
+        try_once = timeout is not None and timeout <= 0
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # The claim may be waiting or hold items on the server that this call has not answered.
+        armed = False
+        outage_pause = OUTAGE_PAUSE_MIN
+        try:
+            while True:
+                # At least 1 ms unless trying once: a repeat of a claim that still waits on the
+                # server must itself wait.
+                wait = wait_slice(deadline, try_once, self.ttl)
+                body = {"session": self.id, "max": most, "wait_ms": ms(wait), "request_id": request_id}
+                armed = True
+                try:
+                    _, answer = unless_set(
+                        self._request("POST", path, json=body, timeout=max(self.client.timeout, wait + LONG_POLL_MARGIN)),
+                        self.lost,
+                        SessionLost("session_lost", 0, f"session {self.id} is lost"),
+                    )
+                except SessionLost as error:
+                    armed = False
+                    self._lose(error)
+                    raise
+                except ClusterUnavailable:
+                    # As a blocked acquire: the claim waits on the server while the session
+                    # lives, so ask again (same id) until the deadline or the session's end.
+                    if try_once:
+                        raise
+                    outage_pause = self._ride_out(outage_pause, deadline)
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise Timeout("wait_timeout", 0, f"queue {queue}: no item came within {timeout} s (the cluster was unreachable)")
+                    continue
+                except PermitError:
+                    armed = False
+                    raise
+                # Answered: the server ended the claim's wait (items, or its wait_ms passed).
+                armed = False
+                outage_pause = OUTAGE_PAUSE_MIN
+                items = [Item(self, queue, raw, on_lost) for raw in answer["items"]]
+                for item in items:
+                    self._adopt(item)
+                if items or try_once or (deadline is not None and time.monotonic() >= deadline):
+                    return items
+                self._check()
+        finally:
+            if armed:
+                self._abandon_claim(queue, request_id, most)
+
+    def _abandon_claim(self, queue: str, request_id: int, most: int) -> None:
+        """Ends a claim left unanswered (cancelled, failed): the same claim asked again with a
+        1 ms wait ends its wait on the server and answers what it took, which is nacked back.
+        Best effort: whatever stays claimed is pending again when the session ends. (If the
+        server had ended the claim already, the ask is a new claim and what it takes goes back
+        the same way, one attempt later.)"""
+        try:
+            if os.getpid() != self._pid or self.lost.is_set() or self._closed:
+                return
+            body = {"session": self.id, "max": most, "wait_ms": 1, "request_id": request_id}
+            _, answer = self._request("POST", f"/v1/queues/{segment(queue)}/claim", json=body)
+            for raw in answer["items"]:
+                item = Item(self, queue, raw, None)
+                self._adopt(item)
+                item.nack(error="the claim was abandoned by its caller")
+        except Exception as error:  # the session's end frees what is left
+            log.debug("abandoning a claim on %s failed: %s", queue, error)
+
     def _wait_claimed(
         self, kind: str, name: str, body: Callable[[float], Dict[str, Any]], timeout: Optional[float]
     ) -> Tuple[Dict[str, Any], float]:
@@ -619,13 +910,13 @@ class Session:
         except Exception as error:  # the place is given up when the session ends anyway
             log.debug("giving up %s %s failed: %s", kind, name, error)
 
-    def _adopt(self, hold: "_Hold") -> None:
+    def _adopt(self, hold: "_Lease") -> None:
         with self._lock:
             self._holds.add(hold)
         if self.lost.is_set():
             hold._mark_lost(SessionLost("session_lost", 0, f"session {self.id} is lost"))
 
-    def _forget(self, hold: "_Hold") -> None:
+    def _forget(self, hold: "_Lease") -> None:
         with self._lock:
             self._holds.discard(hold)
 
@@ -847,11 +1138,9 @@ def _call(callback: OnLost, error: SessionLost) -> None:
         log.exception("permit on_lost callback failed")
 
 
-class _Hold:
-    """What a permit and a leadership share: token, loss signal, release on exit."""
-
-    _kind = "semaphores"
-    _action = "release"
+class _Lease:
+    """What a session's leases share (permits, leaderships, claimed items): the fencing token
+    and the loss signal."""
 
     def __init__(self, session: Session, name: str, token: int, on_lost: Optional[OnLost]) -> None:
         self.session = session
@@ -865,7 +1154,7 @@ class _Hold:
 
     @property
     def token(self) -> int:
-        """The fencing token; raises :class:`permit.SessionLost` once the hold is lost.
+        """The fencing token; raises :class:`permit.SessionLost` once the hold (or claim) is lost.
 
         Example::
 
@@ -875,7 +1164,7 @@ class _Hold:
         return self._token
 
     def check(self) -> None:
-        """Raises :class:`permit.SessionLost` if the hold is known or presumed lost.
+        """Raises :class:`permit.SessionLost` if the hold (or claim) is known or presumed lost.
 
         Example::
 
@@ -893,6 +1182,13 @@ class _Hold:
         self.lost.set()
         if self._on_lost is not None:
             _call(self._on_lost, self._error)
+
+
+class _Hold(_Lease):
+    """What a permit and a leadership share: release on exit."""
+
+    _kind = "semaphores"
+    _action = "release"
 
     def release(self) -> None:
         """Gives the hold back (idempotent; a lost hold needs nothing).
@@ -1016,6 +1312,115 @@ class Leadership(_Hold):
 
     def __repr__(self) -> str:
         return f"Leadership(name={self.name!r}, token={self._token}, lost={self.lost.is_set()})"
+
+
+class Item(_Lease):
+    """An item claimed by a session (:meth:`Session.claim`): ``payload`` (as pushed), ``id``,
+    ``seq``, ``queue``, ``attempt`` (claims of it so far, 1 on the first), ``token`` (this
+    claim's fencing token, from the counter of semaphore grants), ``lost``
+    (a ``threading.Event``, set when the session is lost: the server then makes the item
+    pending again). A context manager: a clean exit acks, an exception nacks with the exception's text
+    as ``error`` (a lost item needs nothing; an ack or nack inside the block is the last word).
+
+    Example::
+
+        with session.claim("jobs", timeout=30.0) as item:
+            print(item.id, item.attempt, item.payload)
+            sink.write(item.payload, fence=item.token)
+    """
+
+    def __init__(self, session: Session, queue: str, claimed: Dict[str, Any], on_lost: Optional[OnLost]) -> None:
+        super().__init__(session, queue, claimed["token"], on_lost)
+        self.queue = queue
+        self.id: str = claimed["id"]
+        self.seq: int = claimed["seq"]
+        self.attempt: int = claimed["attempt"]
+        self.payload: Any = claimed["payload"]
+        self._settled = False
+
+    def __enter__(self) -> "Item":
+        return self
+
+    def ack(self) -> None:
+        """Settles the item for good: it is gone from the queue. Raises
+        :class:`permit.Conflict` ``claim_lost`` when this claim no longer owns it (nacked,
+        removed, or its session ended and it was claimed again; an ack after a retried request
+        may also mean the first one was applied) and :class:`permit.SessionLost` once the item
+        is lost: then the work may be done again by another worker.
+
+        Example::
+
+            item = session.claim("jobs")
+            process(item.payload)
+            item.ack()
+        """
+        self._settle("ack", {})
+
+    def nack(self, delay: float = 0.0, error: Optional[str] = None) -> str:
+        """Gives the item back: pending again in its ``seq`` place (after ``delay`` seconds),
+        or moved to the dead-letter queue when this was its ``max_attempts``-th claim; ``error``
+        (at most 1024 bytes) is kept with it as ``last_error``. Answers where it went:
+        ``"pending"``, ``"delayed"`` or ``"dead"``. Raises as :meth:`ack`.
+
+        Example::
+
+            if item.nack(delay=30.0, error="upstream busy") == "dead":
+                log.error("gave up on %s", item.id)
+        """
+        body: Dict[str, Any] = {}
+        if delay:
+            body["delay_ms"] = ms(delay)
+        if error is not None:
+            body["error"] = error
+        answer = self._settle("nack", body)
+        return str(answer["state"])
+
+    def _settle(self, verb: str, extra: Dict[str, Any]) -> Any:
+        check_pid(self.session._pid, self.session.id)
+        if self._settled:
+            raise Conflict("claim_lost", 0, f"queue {self.queue} item {self.id}: already acked or nacked")
+        if self.session._closed:
+            raise SessionLost("session_closed", 0, f"queue {self.queue} item {self.id}: its session was closed")
+        self.check()
+        path = f"/v1/queues/{segment(self.queue)}/items/{segment(self.id)}/{verb}"
+        try:
+            _, answer = self.session._request(
+                "POST", path, json={"session": self.session.id, "token": self._token, **extra}
+            )
+        except SessionLost as error:
+            self.session._lose(error)
+            raise
+        except Conflict as error:
+            if error.code == "claim_lost":
+                self._end()
+            raise
+        self._end()
+        return answer
+
+    def _end(self) -> None:
+        self._settled = True
+        self.session._forget(self)
+
+    def __exit__(
+        self, kind: Optional[Type[BaseException]], value: Optional[BaseException], tb: Optional[TracebackType]
+    ) -> None:
+        if self._settled or os.getpid() != self.session._pid:
+            return  # settled in the block; a forked child leaves its parent's claim alone
+        if kind is None:
+            self.ack()
+            return
+        if self.lost.is_set() or self.session.lost.is_set() or self.session._closed:
+            return  # pending again on the server already
+        try:
+            self.nack(error=exception_text(kind, value))
+        except PermitError as error:
+            log.warning("nacking queue %s item %s failed: %s", self.queue, self.id, error)
+
+    def __repr__(self) -> str:
+        return (
+            f"Item(queue={self.queue!r}, id={self.id!r}, attempt={self.attempt}, token={self._token}, "
+            f"lost={self.lost.is_set()})"
+        )
 
 
 class LeaderWatch:
@@ -1185,8 +1590,13 @@ __all__ = [
     "Event",
     "Permit",
     "Leadership",
+    "Item",
     "OnLost",
     "SemaphoreInfo",
+    "QueueInfo",
+    "ItemInfo",
+    "Pushed",
+    "NewItem",
     "Holder",
     "Waiter",
     "Leader",

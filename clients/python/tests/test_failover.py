@@ -1,4 +1,5 @@
-"""A 3-node cluster: a leader kill -9 mid-hold keeps the permit and its token."""
+"""A 3-node cluster: a leader kill -9 mid-hold keeps the permit and its token, and a claimed
+item and a blocked claim."""
 
 from __future__ import annotations
 
@@ -41,6 +42,37 @@ def test_leader_kill_keeps_the_permit_and_token(cluster: Cluster, name: str) -> 
         waiter.join(30)
         assert granted and granted[0].token > token and not granted[0].lost.is_set()
         granted[0].release()
+
+
+def test_leader_kill_keeps_claims_and_a_blocked_claim_fails_over(cluster: Cluster, name: str) -> None:
+    leader = cluster.leader(5.0)
+    assert leader is not None
+    urls = cluster.urls()
+    urls.insert(0, urls.pop(leader))
+    with permit.Client(urls) as client, client.session(ttl=6.0) as session, client.session(ttl=6.0) as other:
+        client.push(name, "first")
+        item = session.claim(name, timeout=10.0)
+        token = item.token
+        # A claim blocked on the leader across the kill: asked again (same request_id) on the
+        # next node, it is the same claim, still waiting there.
+        got: List[permit.Item] = []
+        waiter = threading.Thread(target=lambda: got.append(other.claim(name, timeout=30.0)))
+        waiter.start()
+        assert eventually(lambda: client.queue(name).claimers == 1)
+        killed = time.monotonic()
+        cluster.nodes[leader].kill9()
+        assert cluster.leader(15.0) not in (None, leader)
+        assert eventually(lambda: session.deadline > killed + session.ttl, timeout=15.0)
+        assert not item.lost.is_set() and item.token == token
+        assert [(c.id, c.session, c.token) for c in client.items(name, state="claimed")] == [(item.id, session.id, token)]
+        second = client.push(name, "second")
+        waiter.join(30)
+        assert got and (got[0].id, got[0].payload) == (second.id, "second") and got[0].token > token
+        assert client.queue(name).claimed == 2, "the failed-over claim took one item"
+        item.ack()
+        got[0].ack()
+        info = client.queue(name)
+        assert (info.pending, info.claimed, info.claimers) == (0, 0, 0)
 
 
 def test_leader_kill_keeps_the_permit_and_token_asyncio(cluster: Cluster, name: str) -> None:
