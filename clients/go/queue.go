@@ -12,17 +12,13 @@ import (
 	"time"
 )
 
-// queues is the wait table's entry of a queue's claim. A blocked claim is given up by sending
-// it again with its request_id and a 1 ms wait: the server then ends it, and answers the items
-// it took before that (see giveUpClaim).
+// queues is the wait table's entry of a queue's claim. A blocked claim is given up by its
+// request_id (POST .../claim/cancel): the server ends it and answers the items it took before
+// that (see giveUpClaim).
 var queues = &object{collection: "queues", noun: "queue", wait: "claim", end: "claim"}
 
 // claimRequestIDMax is the largest request_id of a claim (2^53 - 1: exact in every JSON reader).
 const claimRequestIDMax = 1<<53 - 1
-
-// giveUpWait is the wait of the claim that gives a blocked claim up: never 0, since the server
-// answers a waiting claim's repeat only with a wait.
-const giveUpWait = time.Millisecond
 
 // PushOption configures a Push: Delay or Key.
 type PushOption interface{ applyPush(*PushItem) }
@@ -190,6 +186,11 @@ type claimBody struct {
 	RequestID uint64 `json:"request_id"`
 }
 
+type cancelClaimBody struct {
+	Session   string `json:"session"`
+	RequestID uint64 `json:"request_id"`
+}
+
 type claimedItem struct {
 	ID      string          `json:"id"`
 	Seq     uint64          `json:"seq"`
@@ -243,7 +244,7 @@ func (s *Session) claimItems(ctx context.Context, queue string, tryOnce bool, op
 				// Lost (or closed) meanwhile: its claims ended with it.
 				return nil, s.Err()
 			case ctx.Err() != nil:
-				s.giveUpClaim(queue, request, cfg.max)
+				s.giveUpClaim(queue, request)
 				return nil, contextError(ctx, "claiming from queue "+queue)
 			case hasCode(err, "session_not_found"):
 				s.lose(err.(*Error))
@@ -292,17 +293,17 @@ func (s *Session) adoptItems(queue string, claimed []claimedItem) []*Item {
 }
 
 // giveUpClaim ends the blocked claim request on the server, bounded by the client's timeout
-// whatever ctx did: the same claim again with a 1 ms wait, which the server answers by ending
-// it, with the items it took before that; those are nacked back at once, so that nobody's
-// claim holds them.
-func (s *Session) giveUpClaim(queue string, request uint64, most int) {
+// whatever ctx did: POST .../claim/cancel, which ends it without taking anything and answers
+// the items it took before that; those are nacked back at once, so that nobody's claim holds
+// them.
+func (s *Session) giveUpClaim(queue string, request uint64) {
 	if s.Err() != nil {
 		return // the server ended the claim with the session
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.client.timeout)
 	defer cancel()
-	body := claimBody{Session: s.id, Max: most, WaitMs: ms(giveUpWait), RequestID: request}
-	got, err := s.client.do(ctx, call{method: "POST", path: queues.path(queue, queues.wait), body: body})
+	body := cancelClaimBody{Session: s.id, RequestID: request}
+	got, err := s.client.do(ctx, call{method: "POST", path: queues.path(queue, "claim/cancel"), body: body})
 	if err != nil {
 		if e, ok := err.(*Error); ok && e.Code == "session_not_found" {
 			s.lose(e)

@@ -790,16 +790,14 @@ class Session:
                 self._abandon_claim(queue, request_id, most)
 
     def _abandon_claim(self, queue: str, request_id: int, most: int) -> None:
-        """Ends a claim left unanswered (cancelled, failed): the same claim asked again with a
-        1 ms wait ends its wait on the server and answers what it took, which is nacked back.
-        Best effort: whatever stays claimed is pending again when the session ends. (If the
-        server had ended the claim already, the ask is a new claim and what it takes goes back
-        the same way, one attempt later.)"""
+        """Ends a claim left unanswered (cancelled, failed): `claim/cancel` ends its wait on the
+        server without taking anything and answers what it took, which is nacked back. Best
+        effort: whatever stays claimed is pending again when the session ends."""
         try:
             if os.getpid() != self._pid or self.lost.is_set() or self._closed:
                 return
-            body = {"session": self.id, "max": most, "wait_ms": 1, "request_id": request_id}
-            _, answer = self._request("POST", f"/v1/queues/{segment(queue)}/claim", json=body)
+            body = {"session": self.id, "request_id": request_id}
+            _, answer = self._request("POST", f"/v1/queues/{segment(queue)}/claim/cancel", json=body)
             for raw in answer["items"]:
                 item = Item(self, queue, raw, None)
                 self._adopt(item)
