@@ -298,7 +298,11 @@ async fn claim_items(
         Outcome::Refused(refusal) => return Err(refusal.into()),
         other => return Err(ApiError::internal(other)),
     }
-    let subscription = subscription.expect("only a claim with wait_ms waits");
+    let Some(subscription) = subscription else {
+        // A repeat without a wait of a claim that still waits (its first request long-polls
+        // for it): the claim has taken nothing yet, and stays for that request to answer.
+        return Ok(Vec::new());
+    };
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     let mut shutdown = app.shutdown.clone();
     loop {
