@@ -1316,3 +1316,33 @@ async fn queue_push_ls_and_show() {
     assert_eq!(missing.code, EXIT_ERROR);
     assert!(missing.stderr.contains("queue_not_found"), "stderr: {}", missing.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_work_stops_the_command_before_the_deadline_when_the_server_stops_answering() {
+    let mut server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    permit(&server, &["queue", "push", "stalls", "{}"]).await;
+    let command = script(
+        dir.path(),
+        r#"trap 'echo term > $DIR/signal; exit 0' TERM; echo $$ > $DIR/started; while :; do sleep 0.05; done"#,
+    );
+    let args = ["queue", "work", "stalls", "--ttl", "1s", "--kill-after", "300ms", "--", "sh", "-c"];
+    let mut work = Running::spawn(&server, dir.path(), &[&args[..], &[command.as_str()]].concat());
+    let pid = pid_in(&dir.path().join("started")).await;
+    let stopped = std::time::Instant::now();
+    server.pause();
+    assert_eq!(file_contents(&dir.path().join("signal")).await.trim(), "term", "the command got SIGTERM");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(1),
+        "before the session's deadline: {:?}",
+        stopped.elapsed()
+    );
+    assert_eq!(work.exit_code().await, EXIT_LOST, "stderr: {}", work.stderr());
+    assert!(!alive(pid), "the command is gone");
+    server.resume();
+    // The server expires the session after its TTL and hands the item back.
+    let back =
+        common::eventually(STEP_TIMEOUT, async || queue_counts(&server, "stalls").await == Some((1, 0, 0)))
+            .await;
+    assert!(back, "the item is pending again: {:?}", queue_counts(&server, "stalls").await);
+}
