@@ -1126,6 +1126,17 @@ async fn proclaim_from_the_elected_command_publishes_a_new_value_that_leader_wat
     assert_eq!(watch.exit_code().await, 0);
 }
 
+/// Waits until the server's cluster runs feature version 4 (queues): a new node starts at
+/// version 1 and raises it once its leader has probed the members, a moment after it starts.
+async fn queues_ready(server: &Server) {
+    let client = Client::new(&server.url).unwrap();
+    let ready = common::eventually(STEP_TIMEOUT, async || {
+        client.cluster().await.is_ok_and(|view| view.feature_version.is_some_and(|v| v >= 4))
+    })
+    .await;
+    assert!(ready, "the cluster did not reach feature version 4");
+}
+
 /// Runs `permit <args>` with `input` on its standard input, to completion.
 async fn permit_with_input(server: &Server, args: &[&str], input: &str) -> Output {
     use tokio::io::AsyncWriteExt as _;
@@ -1171,6 +1182,7 @@ async fn lines_in(path: &Path, lines: usize) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_work_started_before_the_queue_processes_every_pushed_item_once() {
     let server = Server::start();
+    queues_ready(&server).await;
     let dir = tempfile::tempdir().unwrap();
     // One append per item (a single short write to an O_APPEND file does not interleave).
     let command =
@@ -1205,6 +1217,7 @@ async fn queue_work_started_before_the_queue_processes_every_pushed_item_once() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_work_nacks_a_failed_item_and_runs_it_again_with_the_next_attempt() {
     let server = Server::start();
+    queues_ready(&server).await;
     let dir = tempfile::tempdir().unwrap();
     let pushed = permit(&server, &["queue", "push", "flaky", r#""payload""#]).await;
     assert_eq!(pushed.code, 0, "stderr: {}", pushed.stderr);
@@ -1236,6 +1249,7 @@ async fn queue_work_nacks_a_failed_item_and_runs_it_again_with_the_next_attempt(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_work_on_sigint_claims_no_more_and_lets_the_running_item_finish() {
     let server = Server::start();
+    queues_ready(&server).await;
     let dir = tempfile::tempdir().unwrap();
     let pushed = permit_with_input(&server, &["queue", "push", "slow"], "1\n2\n").await;
     assert_eq!(pushed.code, 0, "stderr: {}", pushed.stderr);
@@ -1264,8 +1278,10 @@ async fn queue_work_on_sigint_claims_no_more_and_lets_the_running_item_finish() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_work_stops_the_command_when_the_session_is_lost() {
     let server = Server::start();
+    queues_ready(&server).await;
     let dir = tempfile::tempdir().unwrap();
-    permit(&server, &["queue", "push", "leases", "{}"]).await;
+    let pushed = permit(&server, &["queue", "push", "leases", "{}"]).await;
+    assert_eq!(pushed.code, 0, "stderr: {}", pushed.stderr);
     let command = script(
         dir.path(),
         r#"trap 'echo term > $DIR/signal; exit 0' TERM; echo $PERMIT_SESSION > $DIR/session; while :; do sleep 0.05; done"#,
@@ -1273,7 +1289,7 @@ async fn queue_work_stops_the_command_when_the_session_is_lost() {
     let mut work = Running::spawn(
         &server,
         dir.path(),
-        &["queue", "work", "leases", "--ttl", "600ms", "--", "sh", "-c", &command],
+        &["queue", "work", "leases", "--ttl", "2s", "--", "sh", "-c", &command],
     );
     let session = file_contents(&dir.path().join("session")).await;
     client(&server).close_session(session.trim()).await.unwrap();
@@ -1286,6 +1302,7 @@ async fn queue_work_stops_the_command_when_the_session_is_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_push_ls_and_show() {
     let server = Server::start();
+    queues_ready(&server).await;
     let first = permit(&server, &["queue", "push", "mail", r#"{"to":"a@example.com"}"#, "--key", "a"]).await;
     assert_eq!(first.code, 0, "stderr: {}", first.stderr);
     let again = permit(&server, &["queue", "push", "mail", r#"{"to":"a@example.com"}"#, "--key", "a"]).await;
@@ -1320,20 +1337,24 @@ async fn queue_push_ls_and_show() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_work_stops_the_command_before_the_deadline_when_the_server_stops_answering() {
     let mut server = Server::start();
+    queues_ready(&server).await;
     let dir = tempfile::tempdir().unwrap();
-    permit(&server, &["queue", "push", "stalls", "{}"]).await;
+    let pushed = permit(&server, &["queue", "push", "stalls", "{}"]).await;
+    assert_eq!(pushed.code, 0, "stderr: {}", pushed.stderr);
     let command = script(
         dir.path(),
         r#"trap 'echo term > $DIR/signal; exit 0' TERM; echo $$ > $DIR/started; while :; do sleep 0.05; done"#,
     );
-    let args = ["queue", "work", "stalls", "--ttl", "1s", "--kill-after", "300ms", "--", "sh", "-c"];
+    // SIGTERM a second before the deadline, the watchdog's SIGKILL 200 ms before it: time for
+    // the trap to write its file on a loaded machine.
+    let args = ["queue", "work", "stalls", "--ttl", "3s", "--kill-after", "1s", "--", "sh", "-c"];
     let mut work = Running::spawn(&server, dir.path(), &[&args[..], &[command.as_str()]].concat());
     let pid = pid_in(&dir.path().join("started")).await;
     let stopped = std::time::Instant::now();
     server.pause();
     assert_eq!(file_contents(&dir.path().join("signal")).await.trim(), "term", "the command got SIGTERM");
     assert!(
-        stopped.elapsed() < Duration::from_secs(1),
+        stopped.elapsed() < Duration::from_secs(3),
         "before the session's deadline: {:?}",
         stopped.elapsed()
     );

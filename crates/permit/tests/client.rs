@@ -556,6 +556,17 @@ async fn a_leader_proclaims_a_new_value_that_readers_and_watchers_see_and_a_depo
     assert_eq!(client.leader("scheduler").await.unwrap(), None);
 }
 
+/// Waits until the server's cluster runs feature version 4 (queues): a new node starts at
+/// version 1 and raises it once its leader has probed the members, a moment after it starts.
+async fn queues_ready(server: &Server) {
+    let client = Client::new(&server.url).unwrap();
+    let ready = common::eventually(STEP_TIMEOUT, async || {
+        client.cluster().await.is_ok_and(|view| view.feature_version.is_some_and(|v| v >= 4))
+    })
+    .await;
+    assert!(ready, "the cluster did not reach feature version 4");
+}
+
 /// The queue view's counts: (pending, claimed, delayed).
 async fn queue_counts(client: &Client, name: &str) -> (u64, u64, u64) {
     let view = client.get_queue(name).await.expect("queue view");
@@ -567,6 +578,7 @@ async fn queue_items_go_from_push_to_claim_to_ack_or_nack() {
     use permit_client::wire::ItemState;
     use permit_client::PushOptions;
     let server = Server::start();
+    queues_ready(&server).await;
     let client = client(&server);
     // Payloads come back byte for byte: key order, spacing-free number forms.
     let payload: Box<serde_json::value::RawValue> =
@@ -624,6 +636,7 @@ async fn queue_items_go_from_push_to_claim_to_ack_or_nack() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocking_claim_is_answered_when_an_item_arrives() {
     let server = Server::start();
+    queues_ready(&server).await;
     let client = client(&server);
     client.put_queue("arrivals", &Default::default()).await.unwrap();
     let session = client.session(Duration::from_secs(10)).await.unwrap();
@@ -648,6 +661,7 @@ async fn a_blocking_claim_is_answered_when_an_item_arrives() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimed_item_is_lost_with_its_session() {
     let server = Server::start();
+    queues_ready(&server).await;
     let client = client(&server);
     client.push("fragile", &1).await.unwrap();
     let session = client.session(Duration::from_secs(10)).await.unwrap();
@@ -671,6 +685,7 @@ async fn a_claimed_item_is_lost_with_its_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_repeated_after_a_lost_answer_takes_no_more_items() {
     let mut server = Server::start();
+    queues_ready(&server).await;
     let client = client(&server);
     client.put_queue("restarts", &Default::default()).await.unwrap();
     let session = client.session(Duration::from_secs(15)).await.unwrap();
@@ -699,6 +714,7 @@ async fn a_claim_repeated_after_a_lost_answer_takes_no_more_items() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_many_splits_into_requests_in_order() {
     let server = Server::start();
+    queues_ready(&server).await;
     let client = client(&server);
     let items = (0..2500).map(|n| permit_client::PushOptions::default().item(&n).unwrap());
     let pushed = client.push_many("bulk", items).await.unwrap();
