@@ -1116,3 +1116,48 @@ impl Session {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim_lost() -> Error {
+        Error::Api { status: 409, code: ErrorCode::ClaimLost, message: "the claim ended".into() }
+    }
+
+    /// The two attempts of an ack whose first answer was lost, as the transport reports them.
+    async fn settle_after(first: Error, second: Error) -> (Result<SettleResponse>, Vec<Retry>) {
+        let calls = std::sync::Mutex::new(Vec::new());
+        let answers = std::sync::Mutex::new(vec![second, first]);
+        let result = settle(|retry| {
+            calls.lock().unwrap().push(retry);
+            let answer = answers.lock().unwrap().pop().expect("at most two attempts");
+            async move { Err(answer) }
+        })
+        .await;
+        (result, calls.into_inner().unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_claim_lost_after_a_lost_answer_says_the_first_attempt_may_have_applied() {
+        let lost = Error::Timeout { endpoint: "http://a".into(), after: Duration::from_secs(10) };
+        let (result, calls) = settle_after(lost, claim_lost()).await;
+        assert_eq!(calls, [Retry::Unsent, Retry::Idempotent]);
+        let error = result.unwrap_err();
+        assert_eq!(error.code(), Some(ErrorCode::ClaimLost));
+        assert!(error.to_string().contains("may have applied"), "{error}");
+
+        // A refusal at the first attempt is final, and says nothing of a repeat.
+        let (result, calls) = settle_after(claim_lost(), claim_lost()).await;
+        assert_eq!(calls, [Retry::Unsent]);
+        assert!(!result.unwrap_err().to_string().contains("may have applied"));
+    }
+
+    #[test]
+    fn request_ids_stay_within_what_json_readers_keep_exact() {
+        for _ in 0..10_000 {
+            let id = new_request_id();
+            assert!((1..=CLAIM_REQUEST_ID_MAX).contains(&id), "{id}");
+        }
+    }
+}
