@@ -117,7 +117,8 @@ pub struct QueueShowArgs {
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXIT_CODES_WORK)]
 pub struct WorkArgs {
-    /// The queue. A queue that does not exist yet is waited for (a push creates it).
+    /// The queue. A queue that does not exist yet is waited for (a push creates it), and so is a
+    /// cluster that does not run queues yet (feature version 4).
     pub queue: String,
     /// Items worked on at once, each by its own run of the command, all claimed by one session.
     #[arg(long, short = 'c', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -404,13 +405,20 @@ async fn work(client: &Client, args: WorkArgs) -> anyhow::Result<i32> {
                     ));
                 }
             }
-            Err(error) if error.code() == Some(ErrorCode::QueueNotFound) => {
-                // Workers often start before the producers: wait for the first push.
+            Err(error)
+                if matches!(error.code(), Some(ErrorCode::QueueNotFound | ErrorCode::FeatureUnavailable)) =>
+            {
+                // Workers often start before the producers (wait for the first push), or before
+                // the cluster runs queues (a new node raises its version a moment after it
+                // starts; a rolling upgrade, once every node is upgraded).
                 if !told_absent {
-                    eprintln!(
-                        "permit: queue {} does not exist yet; waiting for a push to create it",
-                        args.queue
-                    );
+                    match error.code() {
+                        Some(ErrorCode::QueueNotFound) => eprintln!(
+                            "permit: queue {} does not exist yet; waiting for a push to create it",
+                            args.queue
+                        ),
+                        _ => eprintln!("permit: the cluster does not run queues yet ({error}); waiting"),
+                    }
                     told_absent = true;
                 }
                 tokio::select! {

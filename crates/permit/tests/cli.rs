@@ -1367,3 +1367,25 @@ async fn queue_work_stops_the_command_before_the_deadline_when_the_server_stops_
             .await;
     assert!(back, "the item is pending again: {:?}", queue_counts(&server, "stalls").await);
 }
+
+/// A worker started before its cluster runs queues (here a node that speaks version 1, as an
+/// old build would) waits, and works once the node is upgraded (restarted with this build).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_work_waits_for_a_cluster_that_does_not_run_queues_yet() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = [("PERMIT_INJECT_BUG", "speaks_version_1")];
+    let mut server = Server::start_with_env(&dir.path().join("data"), "127.0.0.1:0", &[], &old);
+    let command = script(dir.path(), r#"cat > $DIR/done"#);
+    let mut work =
+        Running::spawn(&server, dir.path(), &["queue", "work", "later", "--", "sh", "-c", &command]);
+    let waiting =
+        common::eventually(STEP_TIMEOUT, async || work.stderr().contains("does not run queues yet")).await;
+    assert!(waiting, "stderr: {}", work.stderr());
+    server.restart();
+    queues_ready(&server).await;
+    let pushed = permit(&server, &["queue", "push", "later", "42"]).await;
+    assert_eq!(pushed.code, 0, "stderr: {}", pushed.stderr);
+    assert_eq!(file_contents(&dir.path().join("done")).await, "42", "stderr: {}", work.stderr());
+    work.signal(libc::SIGTERM);
+    assert_eq!(work.exit_code().await, 0, "stderr: {}", work.stderr());
+}
