@@ -29,9 +29,10 @@ Exit codes:
        deadline), and their items went back to the queue
   78   https:// against a plain-HTTP port or http:// against a TLS port (the message names the
        address to use)
+  126  the command could not be executed: its item was given back, and no other was claimed
+  127  the command was not found: its item was given back, and no other was claimed
 
-A command that exits 0 acks its item; any other end (an exit code, a signal, a command that
-cannot be run) nacks it, and the item is claimed again after the backoff, until the queue's
+A command that exits 0 acks its item; any other end (an exit code, a signal) nacks it, and the item is claimed again after the backoff, until the queue's
 max_attempts sends it to the dead-letter queue. If permit itself is killed (even with SIGKILL),
 the commands and their process groups are killed; if permit is stopped (SIGSTOP) or hangs, a
 watchdog kills them just before the session's deadline.";
@@ -337,6 +338,28 @@ enum Done {
     /// The session was lost while the command ran: it was stopped, and the item is the queue's
     /// again.
     Lost,
+    /// The command could not be started (this exit code): the item was given back, and no other
+    /// item should be tried.
+    CannotRun(i32),
+}
+
+/// What the ended runs tell the worker: whether the session was lost, and the exit code of a
+/// command that could not be started.
+#[derive(Default)]
+struct Outcomes {
+    lost: bool,
+    cannot_run: Option<i32>,
+}
+
+impl Outcomes {
+    fn record(&mut self, done: Option<Result<Done, tokio::task::JoinError>>) {
+        match done {
+            Some(Ok(Done::Lost)) => self.lost = true,
+            Some(Ok(Done::CannotRun(code))) => self.cannot_run = Some(code),
+            Some(Ok(Done::Settled)) | None => {}
+            Some(Err(error)) => eprintln!("permit: a worker task failed: {error}"),
+        }
+    }
 }
 
 /// Runs `permit queue work`.
@@ -363,24 +386,24 @@ async fn work(client: &Client, args: WorkArgs) -> anyhow::Result<i32> {
     let mut running: JoinSet<Done> = JoinSet::new();
     let mut stopping = false;
     let mut failure: Option<anyhow::Error> = None;
-    let mut lost = false;
+    let mut outcomes = Outcomes::default();
     let mut told_absent = false;
     let mut absent_pause = tokio::time::interval(QUEUE_ABSENT_PAUSE);
     absent_pause.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // Reap the commands that ended.
         while let Some(done) = running.try_join_next() {
-            lost |= matches!(done, Ok(Done::Lost));
+            outcomes.record(Some(done));
         }
-        if stopping || lost || failure.is_some() {
+        if stopping || outcomes.lost || outcomes.cannot_run.is_some() || failure.is_some() {
             break;
         }
         let free = args.concurrency as usize - running.len();
         if free == 0 {
             tokio::select! {
-                done = running.join_next() => lost |= matches!(done, Some(Ok(Done::Lost))),
+                done = running.join_next() => outcomes.record(done),
                 signal = signals.recv() => stopping = stop(signal, running.len()),
-                () = session.expired() => lost = true,
+                () = session.expired() => outcomes.lost = true,
             }
             continue;
         }
@@ -390,7 +413,7 @@ async fn work(client: &Client, args: WorkArgs) -> anyhow::Result<i32> {
         let claimed = tokio::select! {
             claimed = session.claim_with(&args.queue, &options) => claimed,
             signal = signals.recv() => { stopping = stop(signal, running.len()); continue }
-            () = session.expired() => { lost = true; continue }
+            () = session.expired() => { outcomes.lost = true; continue }
         };
         match claimed {
             Ok(items) => {
@@ -426,7 +449,7 @@ async fn work(client: &Client, args: WorkArgs) -> anyhow::Result<i32> {
                     signal = signals.recv() => stopping = stop(signal, running.len()),
                 }
             }
-            Err(permit_client::Error::SessionExpired) => lost = true,
+            Err(permit_client::Error::SessionExpired) => outcomes.lost = true,
             Err(error) => {
                 failure =
                     Some(anyhow::Error::new(error).context(format!("cannot claim from queue {}", args.queue)))
@@ -434,14 +457,14 @@ async fn work(client: &Client, args: WorkArgs) -> anyhow::Result<i32> {
         }
     }
     // Let the running commands end (each acks or nacks its item); further signals go to them.
-    if !running.is_empty() && !stopping && !lost {
+    if !running.is_empty() && !stopping && !outcomes.lost {
         eprintln!("permit: waiting for {} running command(s) to end", running.len());
     }
     loop {
         tokio::select! {
             done = running.join_next() => match done {
-                Some(done) => lost |= matches!(done, Ok(Done::Lost)),
                 None => break,
+                done => outcomes.record(done),
             },
             signal = signals.recv() => {
                 eprintln!("permit: signal {signal}: passing it on to {} running command(s)", running.len());
@@ -449,7 +472,7 @@ async fn work(client: &Client, args: WorkArgs) -> anyhow::Result<i32> {
             }
         }
     }
-    if lost {
+    if outcomes.lost {
         eprintln!(
             "permit: lost the session (it expired or was deleted, or no keepalive was acknowledged before its deadline: --ttl {}); its claimed items went back to queue {}",
             humantime::format_duration(args.ttl),
@@ -461,9 +484,10 @@ async fn work(client: &Client, args: WorkArgs) -> anyhow::Result<i32> {
         return Ok(EXIT_LOST);
     }
     close(session).await;
-    match failure {
-        Some(error) => Err(error),
-        None => Ok(0),
+    match (failure, outcomes.cannot_run) {
+        (Some(error), _) => Err(error),
+        (None, Some(code)) => Ok(code),
+        (None, None) => Ok(0),
     }
 }
 
@@ -496,7 +520,15 @@ async fn work_on(
         ("PERMIT_SESSION", session.id().to_owned()),
     ];
     let code = match supervise::spawn(&job, &env).await {
-        Err(code) => code,
+        Err(code) => {
+            // Every item would fail the same way: give this one back as it was (no delay) and
+            // stop, rather than burn the queue's items through their attempts.
+            let why = "permit queue work could not start the command";
+            if let Err(error) = item.nack(Duration::ZERO, Some(why)).await {
+                eprintln!("permit: cannot give the item back ({error}); it comes back when the session ends");
+            }
+            return Done::CannotRun(code);
+        }
         Ok(running) => {
             let lost = item.lost();
             let due = crate::run::stop_due(session.clone(), job.kill_after);

@@ -1389,3 +1389,20 @@ async fn queue_work_waits_for_a_cluster_that_does_not_run_queues_yet() {
     work.signal(libc::SIGTERM);
     assert_eq!(work.exit_code().await, 0, "stderr: {}", work.stderr());
 }
+
+/// A command that cannot run would fail every item the same way: the worker gives the item back
+/// and exits with the shell's code, instead of burning the queue through its attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_work_stops_at_a_command_that_cannot_run_and_gives_its_item_back() {
+    let server = Server::start();
+    queues_ready(&server).await;
+    let pushed = permit_with_input(&server, &["queue", "push", "typo"], "1\n2\n").await;
+    assert_eq!(pushed.code, 0, "stderr: {}", pushed.stderr);
+    let work =
+        permit(&server, &["queue", "work", "typo", "--concurrency", "2", "--", "/nonexistent/encode"]).await;
+    assert_eq!(work.code, EXIT_NOT_FOUND, "stderr: {}", work.stderr);
+    let back =
+        common::eventually(STEP_TIMEOUT, async || queue_counts(&server, "typo").await == Some((2, 0, 0)))
+            .await;
+    assert!(back, "both items are pending again: {:?}", queue_counts(&server, "typo").await);
+}
