@@ -121,6 +121,7 @@ pub(crate) async fn elect(client: &Client, args: ElectArgs) -> anyhow::Result<i3
             foreground: args.foreground,
             pass_token: args.pass_token,
             deadline: tokio::time::Instant::now(),
+            stdin: None,
         }),
     };
     let (election, value, timeout) = (args.election, args.value, args.timeout);

@@ -1,6 +1,6 @@
 //! The client commands of the `permit` binary: `run`, `elect`, `lock`, `ls`, `show`,
-//! `set-capacity`, `delete`, `leader`, `cluster`, and the operator commands `revoke`, `release`,
-//! `validate`, `health` and `elections`.
+//! `set-capacity`, `delete`, `leader`, `cluster`, `queue` (`push`, `ls`, `show`, `work`), and the
+//! operator commands `revoke`, `release`, `validate`, `health` and `elections`.
 //!
 //! The binary flattens [`ClientCommand`] into its parser next to `serve`, owns the global
 //! `--server` option (a comma-separated list, env `PERMIT_SERVER`), the TLS options
@@ -11,7 +11,8 @@
 //! # Exit codes
 //!
 //! Each command's `--help` ends with its own table ([`EXIT_CODES_RUN`], [`EXIT_CODES_ELECT`],
-//! [`EXIT_CODES_LOCK`], [`EXIT_CODES_LEADER`], [`EXIT_CODES_COMMON`]); `docs/operations.md`
+//! [`EXIT_CODES_LOCK`], [`EXIT_CODES_LEADER`], [`EXIT_CODES_WORK`], [`EXIT_CODES_PUSH`],
+//! [`EXIT_CODES_COMMON`]); `docs/operations.md`
 //! gathers them.
 //!
 //! `run`, `elect` and `lock` release what they hold and close their session before exiting,
@@ -19,7 +20,9 @@
 //! and `elect` dies with `permit`, even when `permit` is killed with SIGKILL, and is dead by the
 //! session's local deadline even when `permit` is stopped (a forked watchdog, re-armed after
 //! each acknowledged keepalive: see `supervise.rs`). While queued, an outage is ridden out with
-//! the queue place until that deadline.
+//! the queue place until that deadline. `queue work` runs its commands the same way, one per
+//! claimed item, all under one session: a lost session stops them all, and their items go back
+//! to the queue.
 #![deny(missing_docs)]
 
 mod acl;
@@ -28,6 +31,7 @@ mod elections;
 mod events;
 mod lock;
 mod operator;
+mod queues;
 mod run;
 mod semaphores;
 mod supervise;
@@ -42,6 +46,9 @@ use permit_client::{Client, ErrorCode};
 pub use elections::{ElectArgs, LeaderArgs, ProclaimArgs};
 pub use lock::LockArgs;
 pub use operator::{ElectionsArgs, HealthArgs, ReleaseArgs, RevokeArgs, ValidateArgs};
+pub use queues::{
+    PushArgs, QueueCommand, QueueLsArgs, QueueShowArgs, WorkArgs, EXIT_CODES_PUSH, EXIT_CODES_WORK,
+};
 pub use run::RunArgs;
 pub use semaphores::{DeleteArgs, LsArgs, SetCapacityArgs, ShowArgs};
 
@@ -191,6 +198,9 @@ pub enum ClientCommand {
     Delete(DeleteArgs),
     /// Hold permits of a semaphore until Ctrl-C or SIGTERM (prints the fencing token).
     Lock(LockArgs),
+    /// Work queues: push items, list and show queues, and run a command per item (`work`).
+    #[command(subcommand)]
+    Queue(QueueCommand),
     /// Run a command while leading an election.
     Elect(ElectArgs),
     /// Print the current leader of an election, or follow it with --watch.
@@ -289,6 +299,7 @@ async fn execute_command(
     match command {
         ClientCommand::Run(args) => run::run(&client, args).await,
         ClientCommand::Lock(args) => lock::lock(&client, args).await,
+        ClientCommand::Queue(command) => queues::execute(&client, command).await,
         ClientCommand::Ls(args) => semaphores::ls(&client, args).await,
         ClientCommand::Show(args) => semaphores::show(&client, args).await,
         ClientCommand::SetCapacity(args) => semaphores::set_capacity(&client, args).await,

@@ -132,6 +132,7 @@ pub(crate) async fn run(client: &Client, args: RunArgs) -> anyhow::Result<i32> {
         foreground: args.foreground,
         pass_token: args.pass_token,
         deadline: tokio::time::Instant::now(),
+        stdin: None,
     };
     let hold = args.permit.hold("run", args.name, Some(job));
     let (semaphore, permits) = (args.permit.semaphore, args.permit.permits);
@@ -453,7 +454,7 @@ fn why_lost(session: &Session, ended_on_server: &AtomicBool) -> &'static str {
 
 /// Resolves `kill_after` before the session's local deadline, which acknowledged keepalives
 /// keep moving on (it only moves later).
-async fn stop_due(session: Session, kill_after: Duration) {
+pub(crate) async fn stop_due(session: Session, kill_after: Duration) {
     loop {
         let at = session.deadline().checked_sub(kill_after).unwrap_or_else(tokio::time::Instant::now);
         tokio::time::sleep_until(at).await;

@@ -46,6 +46,32 @@ impl Signals {
     }
 }
 
+/// Where [`Running::supervise`] gets the signals it forwards to the command: the caught
+/// [`Signals`] (`run`, `elect`), or a relay of them (`queue work`, which keeps the first signal
+/// for itself and relays the next ones to every running command).
+pub(crate) trait SignalSource {
+    /// The next signal to forward; pending forever when there will be none.
+    async fn next_signal(&mut self) -> i32;
+}
+
+impl SignalSource for Signals {
+    async fn next_signal(&mut self) -> i32 {
+        self.recv().await
+    }
+}
+
+impl SignalSource for tokio::sync::broadcast::Receiver<i32> {
+    async fn next_signal(&mut self) -> i32 {
+        loop {
+            match self.recv().await {
+                Ok(signal) => return signal,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => std::future::pending().await,
+            }
+        }
+    }
+}
+
 /// The command to run while holding, and how to stop it.
 #[derive(Clone, Debug)]
 pub(crate) struct Job {
@@ -63,6 +89,9 @@ pub(crate) struct Job {
     /// The hold's local deadline when the command starts (the session's conservative
     /// deadline): the [`Watchdog`]'s first arming.
     pub deadline: Instant,
+    /// Bytes to write to the command's standard input, which is then closed (`queue work`'s
+    /// payload); `None` leaves `permit`'s standard input to the command.
+    pub stdin: Option<Vec<u8>>,
 }
 
 /// The variable the CLI reads its token from, removed from a command's environment unless
@@ -158,6 +187,9 @@ pub(crate) async fn spawn(job: &Job, env: &[(&str, String)]) -> Result<Running, 
     };
     let mut command = Command::new(program);
     command.args(arguments).envs(env.iter().map(|(key, value)| (key, value)));
+    if job.stdin.is_some() {
+        command.stdin(std::process::Stdio::piped());
+    }
     if !job.pass_token {
         command.env_remove(AUTH_TOKEN_VAR);
     }
@@ -185,7 +217,7 @@ pub(crate) async fn spawn(job: &Job, env: &[(&str, String)]) -> Result<Running, 
         Ok((child, pid, guard))
     })
     .await;
-    let (child, pid, guard) = started.map_err(|error| {
+    let (mut child, pid, guard) = started.map_err(|error| {
         eprintln!("permit: cannot run {}: {error}", program.to_string_lossy());
         match error.kind() {
             io::ErrorKind::NotFound => EXIT_NOT_FOUND,
@@ -193,6 +225,14 @@ pub(crate) async fn spawn(job: &Job, env: &[(&str, String)]) -> Result<Running, 
             _ => EXIT_ERROR,
         }
     })?;
+    if let (Some(input), Some(mut pipe)) = (job.stdin.clone(), child.stdin.take()) {
+        // Written in the background: a command that does not read its input must not hold
+        // `permit` up; one that exits early closes the pipe (the write error is of no interest).
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt as _;
+            let _ = pipe.write_all(&input).await;
+        });
+    }
     let guard = match guard {
         Some(Ok(guard)) => Some(guard),
         Some(Err(error)) => {
@@ -437,7 +477,7 @@ impl Running {
     /// grace period.
     pub async fn supervise(
         mut self,
-        signals: &mut Signals,
+        signals: &mut impl SignalSource,
         lost: impl Future<Output = ()>,
         on_lost: impl FnOnce(),
         deadline: impl Fn() -> Instant,
@@ -467,7 +507,7 @@ impl Running {
                     }
                     return Ok(Ended { code: exit_code(status?), lost });
                 }
-                signal = signals.recv() => self.signal(signal),
+                signal = signals.next_signal() => self.signal(signal),
                 () = &mut lost, if on_lost.is_some() => {
                     if let Some(on_lost) = on_lost.take() {
                         on_lost();
@@ -532,6 +572,7 @@ mod tests {
             foreground: false,
             pass_token: false,
             deadline: Instant::now() + Duration::from_secs(60),
+            stdin: None,
         };
         let handle = runtime.handle().clone();
         let started = std::thread::spawn(move || handle.block_on(spawn(&job, &[]))).join().unwrap();

@@ -15,9 +15,10 @@ use crate::transport::{segment, Call, Retry, Transport};
 
 /// A handle to a Permit server or cluster: cheap to clone, shared by every session made from it.
 ///
-/// The high-level entry points are [`Client::session`] (a [`Session`] that keeps itself alive and
-/// acquires [`Permit`](crate::Permit)s and [`Leadership`](crate::Leadership)s) and
-/// [`Client::leader`]. The other methods map one to one to the HTTP routes.
+/// The high-level entry points are [`Client::session`] (a [`Session`] that keeps itself alive,
+/// acquires [`Permit`](crate::Permit)s and [`Leadership`](crate::Leadership)s, and claims queue
+/// [`Item`](crate::Item)s), [`Client::leader`] and [`Client::push`]. The other methods map one to
+/// one to the HTTP routes.
 ///
 /// Every request has a client-side timeout (10 s, or the long-poll's wait plus 5 s). With several
 /// endpoints, a request that cannot connect, or is answered `no_leader`, moves on to the next one;

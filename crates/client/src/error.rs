@@ -8,8 +8,10 @@ use permit_wire::ErrorCode;
 ///
 /// A [`Error::Timeout`] (or a transport error after the request was sent) leaves the outcome
 /// unknown, not failed: the write may have been applied. Every call is safe to repeat except
-/// creating a session (a repeat may open a second one, which simply expires). Acquire and
-/// campaign are idempotent per session and name, so repeating them returns the same grant.
+/// creating a session (a repeat may open a second one, which simply expires) and pushing a
+/// queue item without a key (a repeat may push it twice). Acquire and campaign are idempotent
+/// per session and name, so repeating them returns the same grant; a repeated ack or nack never
+/// applies twice, but may be answered `claim_lost` when the first applied.
 ///
 /// # Examples
 ///

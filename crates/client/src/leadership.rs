@@ -273,7 +273,7 @@ impl Session {
         value: &str,
         timeout: Option<Duration>,
     ) -> Result<Option<Leadership>> {
-        let claim = self.claim(Object::Election, election)?;
+        let claim = self.claim_name(Object::Election, election)?;
         let ask = Ask::Campaign { value };
         let Some((granted, claim)) = wait_for_grant(self, election, claim, &ask, timeout).await? else {
             return Ok(None);

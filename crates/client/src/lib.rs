@@ -12,7 +12,11 @@
 //! - [`Session::acquire`] (and [`try_acquire`](Session::try_acquire),
 //!   [`acquire_timeout`](Session::acquire_timeout), [`acquire_with`](Session::acquire_with))
 //!   returns a [`Permit`] guard with a fencing token, released on drop;
-//! - [`Session::campaign`] returns a [`Leadership`] guard; [`Client::leader`] tells who leads.
+//! - [`Session::campaign`] returns a [`Leadership`] guard; [`Client::leader`] tells who leads;
+//! - [`Session::claim`] (and [`try_claim`](Session::try_claim),
+//!   [`claim_timeout`](Session::claim_timeout), [`claim_with`](Session::claim_with)) returns
+//!   [`Item`] guards of a work queue, acked or nacked by the worker; [`Client::push`] (and
+//!   [`push_with`](Client::push_with), [`push_many`](Client::push_many)) fills the queue.
 //!
 //! # Model
 //!
@@ -29,11 +33,21 @@
 //! paused process by itself: pass [`Permit::token`] to the resource you protect and have it
 //! reject tokens smaller than the largest it has seen (or ask [`Client::validate`]).
 //!
+//! A *queue* holds items in `seq` order. A claim hands due items out, each to one session, as a
+//! lease of that session: the item is the session's until it is acked or nacked, or the session
+//! ends (then it is pending again at once, for another claim); an item claimed `max_attempts`
+//! times without an ack moves to the queue's dead-letter queue. Each claim has a fencing token,
+//! as grants do, and [`Item::lost`] fires as [`Permit::lost`] does.
+//!
 //! # Errors and retries
 //!
 //! One [`Error`] type; server refusals carry a stable [`ErrorCode`]. A timeout leaves the
 //! outcome unknown ([`Error::is_outcome_unknown`]); acquire and campaign are idempotent per
-//! session and name, so repeating them is safe. With several endpoints
+//! session and name, so repeating them is safe. A claim carries a random `request_id` and is
+//! repeated with it until answered, so a lost answer never leaves items claimed and unseen.
+//! Pushes without a key are sent again only when they certainly were not applied; ack and nack
+//! are repeated after a lost answer (a repeat cannot apply twice, but may be answered
+//! `claim_lost` when the first attempt applied: see [`Item::ack`]). With several endpoints
 //! ([`Client::with_endpoints`]) requests fail over on connection errors and `no_leader`, and go
 //! to the endpoint that the servers name as the leader (`permit-leader`), when it is one of them.
 //!
@@ -58,6 +72,31 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! A worker of a work queue, and a producer:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use permit_client::Client;
+//! # async fn render(_payload: &str, _token: u64) -> Result<(), String> { Ok(()) }
+//! # async fn run() -> permit_client::Result<()> {
+//! let client = Client::new("http://127.0.0.1:7376")?;
+//! client.push("thumbnails", &serde_json::json!({"image": "cat.png"})).await?;
+//!
+//! let session = client.session(Duration::from_secs(10)).await?;
+//! while let Some(item) = session.claim_timeout("thumbnails", Duration::from_secs(30)).await? {
+//!     tokio::select! {
+//!         done = render(item.payload(), item.token()) => match done {
+//!             Ok(()) => item.ack().await?,
+//!             Err(why) => drop(item.nack(Duration::from_secs(10), Some(&why)).await?),
+//!         },
+//!         () = item.lost() => eprintln!("session lost: another worker gets the item"),
+//!     }
+//! }
+//! session.close().await?;
+//! # Ok(())
+//! # }
+//! ```
 #![deny(missing_docs)]
 
 mod acl;
@@ -71,6 +110,7 @@ mod hold;
 mod keepalive;
 mod leadership;
 mod permit;
+mod queues;
 mod semaphores;
 mod session;
 mod transport;
@@ -83,6 +123,7 @@ pub use events::{EventStream, EventsOptions, StreamEvent};
 pub use leadership::Leadership;
 pub use permit::{AcquireOptions, Permit};
 pub use permit_wire::ErrorCode;
+pub use queues::{ClaimOptions, Item, PushOptions, PUSH_ITEMS_MAX};
 pub use semaphores::LIST_LIMIT_MAX;
 pub use session::{QueuePosition, Session, SessionOptions, SessionState};
 pub use transport::install_crypto_provider;

@@ -368,7 +368,7 @@ impl Session {
             max_hold: options.max_hold,
             ephemeral: options.ephemeral,
         };
-        let claim = self.claim(Object::Semaphore, name)?;
+        let claim = self.claim_name(Object::Semaphore, name)?;
         let Some((granted, claim)) = wait_for_grant(self, name, claim, &ask, options.timeout).await? else {
             return Ok(None);
         };

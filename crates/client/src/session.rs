@@ -231,7 +231,7 @@ impl Session {
     }
 
     /// Claims `name` for one guard (see [`Claim`]); an expired session says so first.
-    pub(crate) fn claim(&self, object: Object, name: &str) -> Result<Claim> {
+    pub(crate) fn claim_name(&self, object: Object, name: &str) -> Result<Claim> {
         if self.state() == SessionState::Expired {
             return Err(Error::SessionExpired);
         }

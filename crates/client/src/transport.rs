@@ -49,7 +49,8 @@ pub(crate) struct Call {
     pub method: Method,
     pub path: String,
     pub query: Vec<(&'static str, String)>,
-    pub body: Option<serde_json::Value>,
+    /// The JSON body, encoded once: raw payloads (`RawValue`) go out byte for byte.
+    pub body: Option<Vec<u8>>,
     pub timeout: Duration,
     pub retry: Retry,
     /// A non-2xx status whose body is an answer rather than an error (health's 503).
@@ -70,7 +71,7 @@ impl Call {
     }
 
     pub fn body(mut self, body: &impl Serialize) -> Call {
-        self.body = Some(serde_json::to_value(body).expect("wire types serialize"));
+        self.body = Some(serde_json::to_vec(body).expect("wire types serialize"));
         self
     }
 
@@ -336,7 +337,7 @@ impl Transport {
             request = request.bearer_auth(secret);
         }
         if let Some(body) = &call.body {
-            request = request.json(body);
+            request = request.header(reqwest::header::CONTENT_TYPE, "application/json").body(body.clone());
         }
         let transport = |error: reqwest::Error| Failure::transport(endpoint, call.timeout, error);
         let response = request.send().await.map_err(transport)?;

@@ -65,7 +65,7 @@ enum Answer {
 /// down, an unknown outcome) rather than a refusal. The server keeps a session's queue place as
 /// long as the session lives, so the wait asks again (the call is idempotent per session and
 /// name) until the session's conservative local deadline passes.
-fn is_outage(error: &Error) -> bool {
+pub(crate) fn is_outage(error: &Error) -> bool {
     error.is_outcome_unknown()
         || matches!(
             error.code(),

@@ -592,6 +592,9 @@ fn help_texts_have_one_exit_code_table_each_and_serve_lists_no_client_flags() {
         (&["proclaim"], "does not lead the election"),
         (&["ls"], "74"),
         (&["cluster", "status"], "74"),
+        (&["queue", "work"], "the running commands got SIGTERM"),
+        (&["queue", "push"], "push again with --key"),
+        (&["queue", "show"], "74"),
         (&["serve"], "stopped by SIGINT or SIGTERM"),
         (&["config", "check"], "the configuration is valid"),
         (&["config", "show"], "the configuration is valid"),
@@ -1121,4 +1124,285 @@ async fn proclaim_from_the_elected_command_publishes_a_new_value_that_leader_wat
     assert_eq!(elect.exit_code().await, 128 + libc::SIGTERM, "stderr: {}", elect.stderr());
     watch.signal(libc::SIGTERM);
     assert_eq!(watch.exit_code().await, 0);
+}
+
+/// Waits until the server's cluster runs feature version 4 (queues): a new node starts at
+/// version 1 and raises it once its leader has probed the members, a moment after it starts.
+async fn queues_ready(server: &Server) {
+    let client = Client::new(&server.url).unwrap();
+    let ready = common::eventually(STEP_TIMEOUT, async || {
+        client.cluster().await.is_ok_and(|view| view.feature_version.is_some_and(|v| v >= 4))
+    })
+    .await;
+    assert!(ready, "the cluster did not reach feature version 4");
+}
+
+/// Runs `permit <args>` with `input` on its standard input, to completion.
+async fn permit_with_input(server: &Server, args: &[&str], input: &str) -> Output {
+    use tokio::io::AsyncWriteExt as _;
+    let mut child = Command::new(permit_bin())
+        .args(args)
+        .env("PERMIT_SERVER", &server.url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn permit");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin);
+    let output = tokio::time::timeout(STEP_TIMEOUT, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("permit {args:?} did not finish in time"))
+        .expect("run permit");
+    Output {
+        code: exit_code(output.status),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// The queue's (pending, claimed, delayed) counts.
+async fn queue_counts(server: &Server, name: &str) -> Option<(u64, u64, u64)> {
+    let view = client(server).get_queue(name).await.ok()?;
+    Some((view.pending, view.claimed, view.delayed))
+}
+
+/// Waits until `path` has at least `lines` lines; returns them.
+async fn lines_in(path: &Path, lines: usize) -> Vec<String> {
+    let enough = common::eventually(STEP_TIMEOUT, async || {
+        std::fs::read_to_string(path).is_ok_and(|text| text.lines().count() >= lines)
+    })
+    .await;
+    assert!(enough, "{} did not get {lines} lines in time", path.display());
+    std::fs::read_to_string(path).unwrap().lines().map(str::to_owned).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_work_started_before_the_queue_processes_every_pushed_item_once() {
+    let server = Server::start();
+    queues_ready(&server).await;
+    let dir = tempfile::tempdir().unwrap();
+    // One append per item (a single short write to an O_APPEND file does not interleave).
+    let command =
+        script(dir.path(), r#"line="$(cat) $PERMIT_QUEUE $PERMIT_ATTEMPT"; echo "$line" >> $DIR/done"#);
+    let mut work = Running::spawn(
+        &server,
+        dir.path(),
+        &["queue", "work", "jobs", "--concurrency", "4", "--", "sh", "-c", &command],
+    );
+    let waiting =
+        common::eventually(STEP_TIMEOUT, async || work.stderr().contains("does not exist yet")).await;
+    assert!(waiting, "the worker waits for the queue; stderr: {}", work.stderr());
+
+    let input: String = (0..20).map(|n| format!("{{\"n\":{n}}}\n")).collect();
+    let pushed = permit_with_input(&server, &["queue", "push", "jobs"], &input).await;
+    assert_eq!(pushed.code, 0, "stderr: {}", pushed.stderr);
+    assert_eq!(pushed.stdout.lines().count(), 20, "one id per item: {}", pushed.stdout);
+
+    let mut done = lines_in(&dir.path().join("done"), 20).await;
+    let emptied =
+        common::eventually(STEP_TIMEOUT, async || queue_counts(&server, "jobs").await == Some((0, 0, 0)))
+            .await;
+    assert!(emptied, "every item acked: {:?}", queue_counts(&server, "jobs").await);
+    done.sort();
+    let mut expected: Vec<String> = (0..20).map(|n| format!("{{\"n\":{n}}} jobs 1")).collect();
+    expected.sort();
+    assert_eq!(done, expected, "each payload once, on its first attempt");
+    work.signal(libc::SIGTERM);
+    assert_eq!(work.exit_code().await, 0, "stderr: {}", work.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_work_nacks_a_failed_item_and_runs_it_again_with_the_next_attempt() {
+    let server = Server::start();
+    queues_ready(&server).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pushed = permit(&server, &["queue", "push", "flaky", r#""payload""#]).await;
+    assert_eq!(pushed.code, 0, "stderr: {}", pushed.stderr);
+    let id = pushed.stdout.trim().to_owned();
+    let command = script(
+        dir.path(),
+        r#"echo "$PERMIT_ATTEMPT $PERMIT_ITEM_ID $PERMIT_TOKEN $(cat)" >> $DIR/attempts; [ "$PERMIT_ATTEMPT" -ge 2 ]"#,
+    );
+    let mut work = Running::spawn(
+        &server,
+        dir.path(),
+        &["queue", "work", "flaky", "--backoff", "10ms", "--", "sh", "-c", &command],
+    );
+    let attempts = lines_in(&dir.path().join("attempts"), 2).await;
+    let fields: Vec<Vec<&str>> = attempts.iter().map(|line| line.split_whitespace().collect()).collect();
+    assert_eq!((fields[0][0], fields[1][0]), ("1", "2"), "{attempts:?}");
+    assert_eq!((fields[0][1], fields[1][1]), (id.as_str(), id.as_str()), "the same item: {attempts:?}");
+    assert!(fields[1][2].parse::<u64>().unwrap() > fields[0][2].parse::<u64>().unwrap(), "a new token");
+    assert_eq!(fields[0][3], r#""payload""#);
+    let emptied =
+        common::eventually(STEP_TIMEOUT, async || queue_counts(&server, "flaky").await == Some((0, 0, 0)))
+            .await;
+    assert!(emptied, "acked on the second attempt: {:?}", queue_counts(&server, "flaky").await);
+    assert!(work.stderr().contains("failed (exit 1)"), "stderr: {}", work.stderr());
+    work.signal(libc::SIGINT);
+    assert_eq!(work.exit_code().await, 0, "stderr: {}", work.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_work_on_sigint_claims_no_more_and_lets_the_running_item_finish() {
+    let server = Server::start();
+    queues_ready(&server).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pushed = permit_with_input(&server, &["queue", "push", "slow"], "1\n2\n").await;
+    assert_eq!(pushed.code, 0, "stderr: {}", pushed.stderr);
+    // The command waits for the test's go-ahead, so that the signal surely comes while it runs.
+    let command = script(
+        dir.path(),
+        r#"cat > $DIR/started; while [ ! -e $DIR/go ]; do sleep 0.02; done; echo finished > $DIR/finished"#,
+    );
+    let mut work =
+        Running::spawn(&server, dir.path(), &["queue", "work", "slow", "--", "sh", "-c", &command]);
+    assert_eq!(file_contents(&dir.path().join("started")).await, "1");
+    work.signal(libc::SIGINT);
+    let told = common::eventually(STEP_TIMEOUT, async || work.stderr().contains("no more claims")).await;
+    assert!(told, "stderr: {}", work.stderr());
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    assert_eq!(work.exit_code().await, 0, "stderr: {}", work.stderr());
+    assert_eq!(file_contents(&dir.path().join("finished")).await.trim(), "finished");
+    // The running item was acked; the other was never claimed.
+    assert_eq!(queue_counts(&server, "slow").await, Some((1, 0, 0)));
+    let show = permit(&server, &["queue", "show", "slow", "--items", "--json"]).await;
+    let view: serde_json::Value = serde_json::from_str(&show.stdout).unwrap();
+    assert_eq!(view["items"][0]["payload"], 2);
+    assert_eq!(view["items"][0]["attempt"], 0, "never claimed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_work_stops_the_command_when_the_session_is_lost() {
+    let server = Server::start();
+    queues_ready(&server).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pushed = permit(&server, &["queue", "push", "leases", "{}"]).await;
+    assert_eq!(pushed.code, 0, "stderr: {}", pushed.stderr);
+    let command = script(
+        dir.path(),
+        r#"trap 'echo term > $DIR/signal; exit 0' TERM; echo $PERMIT_SESSION > $DIR/session; while :; do sleep 0.05; done"#,
+    );
+    let mut work = Running::spawn(
+        &server,
+        dir.path(),
+        &["queue", "work", "leases", "--ttl", "2s", "--", "sh", "-c", &command],
+    );
+    let session = file_contents(&dir.path().join("session")).await;
+    client(&server).close_session(session.trim()).await.unwrap();
+    assert_eq!(work.exit_code().await, EXIT_LOST, "stderr: {}", work.stderr());
+    assert_eq!(file_contents(&dir.path().join("signal")).await.trim(), "term", "the command got SIGTERM");
+    assert_eq!(queue_counts(&server, "leases").await, Some((1, 0, 0)), "the item is the queue's again");
+    assert!(work.stderr().contains("lost the session"), "stderr: {}", work.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_push_ls_and_show() {
+    let server = Server::start();
+    queues_ready(&server).await;
+    let first = permit(&server, &["queue", "push", "mail", r#"{"to":"a@example.com"}"#, "--key", "a"]).await;
+    assert_eq!(first.code, 0, "stderr: {}", first.stderr);
+    let again = permit(&server, &["queue", "push", "mail", r#"{"to":"a@example.com"}"#, "--key", "a"]).await;
+    assert_eq!((again.code, &again.stdout), (0, &first.stdout), "a queued key answers its item");
+    assert!(again.stderr.contains("already queued"), "stderr: {}", again.stderr);
+    let delayed = permit(&server, &["queue", "push", "mail", "2", "--delay", "1h"]).await;
+    assert_eq!(delayed.code, 0, "stderr: {}", delayed.stderr);
+
+    let bad = permit_with_input(&server, &["queue", "push", "mail"], "1\nnot json\n").await;
+    assert_eq!(bad.code, EXIT_USAGE, "stderr: {}", bad.stderr);
+    assert!(bad.stderr.contains("item 2 is not JSON"), "stderr: {}", bad.stderr);
+    let keyed = permit_with_input(&server, &["queue", "push", "mail", "--key", "k"], "1\n2\n").await;
+    assert_eq!(keyed.code, EXIT_USAGE, "stderr: {}", keyed.stderr);
+    assert_eq!(queue_counts(&server, "mail").await, Some((1, 0, 1)), "the refused pushes added nothing");
+
+    let ls = permit(&server, &["queue", "ls"]).await;
+    assert_eq!(ls.code, 0, "stderr: {}", ls.stderr);
+    let row: Vec<&str> = ls.stdout.lines().nth(1).expect("a row").split_whitespace().collect();
+    assert_eq!(&row[..5], ["mail", "1", "0", "1", "0"], "{}", ls.stdout);
+    let show = permit(&server, &["queue", "show", "mail", "--items", "--state", "delayed"]).await;
+    assert_eq!(show.code, 0, "stderr: {}", show.stderr);
+    assert!(show.stdout.starts_with("mail: 1 pending, 0 claimed, 1 delayed"), "{}", show.stdout);
+    assert!(show.stdout.contains("max_attempts 5, dead_letter mail.dead"), "{}", show.stdout);
+    let items: Vec<&str> = show.stdout.lines().skip_while(|line| !line.starts_with("ID")).skip(1).collect();
+    assert_eq!(items.len(), 1, "only the delayed item: {}", show.stdout);
+    assert!(items[0].contains("delayed") && items[0].ends_with('2'), "{}", show.stdout);
+    let missing = permit(&server, &["queue", "show", "nope"]).await;
+    assert_eq!(missing.code, EXIT_ERROR);
+    assert!(missing.stderr.contains("queue_not_found"), "stderr: {}", missing.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_work_stops_the_command_before_the_deadline_when_the_server_stops_answering() {
+    let mut server = Server::start();
+    queues_ready(&server).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pushed = permit(&server, &["queue", "push", "stalls", "{}"]).await;
+    assert_eq!(pushed.code, 0, "stderr: {}", pushed.stderr);
+    let command = script(
+        dir.path(),
+        r#"trap 'echo term > $DIR/signal; exit 0' TERM; echo $$ > $DIR/started; while :; do sleep 0.05; done"#,
+    );
+    // SIGTERM a second before the deadline, the watchdog's SIGKILL 200 ms before it: time for
+    // the trap to write its file on a loaded machine.
+    let args = ["queue", "work", "stalls", "--ttl", "3s", "--kill-after", "1s", "--", "sh", "-c"];
+    let mut work = Running::spawn(&server, dir.path(), &[&args[..], &[command.as_str()]].concat());
+    let pid = pid_in(&dir.path().join("started")).await;
+    let stopped = std::time::Instant::now();
+    server.pause();
+    assert_eq!(file_contents(&dir.path().join("signal")).await.trim(), "term", "the command got SIGTERM");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(3),
+        "before the session's deadline: {:?}",
+        stopped.elapsed()
+    );
+    assert_eq!(work.exit_code().await, EXIT_LOST, "stderr: {}", work.stderr());
+    assert!(!alive(pid), "the command is gone");
+    server.resume();
+    // The server expires the session after its TTL and hands the item back.
+    let back =
+        common::eventually(STEP_TIMEOUT, async || queue_counts(&server, "stalls").await == Some((1, 0, 0)))
+            .await;
+    assert!(back, "the item is pending again: {:?}", queue_counts(&server, "stalls").await);
+}
+
+/// A worker started before its cluster runs queues (here a node that speaks version 1, as an
+/// old build would) waits, and works once the node is upgraded (restarted with this build).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_work_waits_for_a_cluster_that_does_not_run_queues_yet() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = [("PERMIT_INJECT_BUG", "speaks_version_1")];
+    let mut server = Server::start_with_env(&dir.path().join("data"), "127.0.0.1:0", &[], &old);
+    let command = script(dir.path(), r#"cat > $DIR/done"#);
+    let mut work =
+        Running::spawn(&server, dir.path(), &["queue", "work", "later", "--", "sh", "-c", &command]);
+    let waiting =
+        common::eventually(STEP_TIMEOUT, async || work.stderr().contains("does not run queues yet")).await;
+    assert!(waiting, "stderr: {}", work.stderr());
+    server.restart();
+    queues_ready(&server).await;
+    let pushed = permit(&server, &["queue", "push", "later", "42"]).await;
+    assert_eq!(pushed.code, 0, "stderr: {}", pushed.stderr);
+    assert_eq!(file_contents(&dir.path().join("done")).await, "42", "stderr: {}", work.stderr());
+    work.signal(libc::SIGTERM);
+    assert_eq!(work.exit_code().await, 0, "stderr: {}", work.stderr());
+}
+
+/// A command that cannot run would fail every item the same way: the worker gives the item back
+/// and exits with the shell's code, instead of burning the queue through its attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_work_stops_at_a_command_that_cannot_run_and_gives_its_item_back() {
+    let server = Server::start();
+    queues_ready(&server).await;
+    let pushed = permit_with_input(&server, &["queue", "push", "typo"], "1\n2\n").await;
+    assert_eq!(pushed.code, 0, "stderr: {}", pushed.stderr);
+    let work =
+        permit(&server, &["queue", "work", "typo", "--concurrency", "2", "--", "/nonexistent/encode"]).await;
+    assert_eq!(work.code, EXIT_NOT_FOUND, "stderr: {}", work.stderr);
+    let back =
+        common::eventually(STEP_TIMEOUT, async || queue_counts(&server, "typo").await == Some((2, 0, 0)))
+            .await;
+    assert!(back, "both items are pending again: {:?}", queue_counts(&server, "typo").await);
 }

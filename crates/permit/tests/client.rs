@@ -555,3 +555,178 @@ async fn a_leader_proclaims_a_new_value_that_readers_and_watchers_see_and_a_depo
     assert_eq!(leadership.value(), "node-a:2");
     assert_eq!(client.leader("scheduler").await.unwrap(), None);
 }
+
+/// Waits until the server's cluster runs feature version 4 (queues): a new node starts at
+/// version 1 and raises it once its leader has probed the members, a moment after it starts.
+async fn queues_ready(server: &Server) {
+    let client = Client::new(&server.url).unwrap();
+    let ready = common::eventually(STEP_TIMEOUT, async || {
+        client.cluster().await.is_ok_and(|view| view.feature_version.is_some_and(|v| v >= 4))
+    })
+    .await;
+    assert!(ready, "the cluster did not reach feature version 4");
+}
+
+/// The queue view's counts: (pending, claimed, delayed).
+async fn queue_counts(client: &Client, name: &str) -> (u64, u64, u64) {
+    let view = client.get_queue(name).await.expect("queue view");
+    (view.pending, view.claimed, view.delayed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_items_go_from_push_to_claim_to_ack_or_nack() {
+    use permit_client::wire::ItemState;
+    use permit_client::PushOptions;
+    let server = Server::start();
+    queues_ready(&server).await;
+    let client = client(&server);
+    // Payloads come back byte for byte: key order, spacing-free number forms.
+    let payload: Box<serde_json::value::RawValue> =
+        serde_json::value::RawValue::from_string(r#"{"b":1.50,"a":[true,null]}"#.into()).unwrap();
+    let first = client.push("jobs", &payload).await.unwrap();
+    let second = client
+        .push_with("jobs", &"second", &PushOptions { key: Some("k2".into()), delay: None })
+        .await
+        .unwrap();
+    assert!(second.seq > first.seq, "seq grows: {} then {}", first.seq, second.seq);
+    let again = client
+        .push_with("jobs", &"again", &PushOptions { key: Some("k2".into()), delay: None })
+        .await
+        .unwrap();
+    assert!(again.duplicate && again.id == second.id, "a pushed key answers its item: {again:?}");
+    assert_eq!(queue_counts(&client, "jobs").await, (2, 0, 0));
+
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let item = bounded("claim", session.claim("jobs")).await.unwrap();
+    assert_eq!((item.id(), item.payload(), item.attempt()), (first.id.as_str(), payload.get(), 1));
+    assert_eq!(item.payload_as::<serde_json::Value>().unwrap()["a"][0], true);
+    assert_eq!(queue_counts(&client, "jobs").await, (1, 1, 0));
+    item.ack().await.unwrap();
+    assert_eq!(queue_counts(&client, "jobs").await, (1, 0, 0));
+
+    // A nack with a delay keeps the item out of claims; a try finds nothing due.
+    let item = session.try_claim("jobs").await.unwrap().expect("the second item is due");
+    let token = item.token();
+    let state = item.nack(Duration::from_secs(60), Some("upstream 503")).await.unwrap();
+    assert_eq!(state, ItemState::Delayed);
+    assert_eq!(queue_counts(&client, "jobs").await, (0, 0, 1));
+    assert!(session.try_claim("jobs").await.unwrap().is_none(), "a delayed item is not claimed");
+    let listed = client.list_items("jobs", Some(ItemState::Delayed), None, 10).await.unwrap();
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].last_error.as_deref(), Some("upstream 503"));
+
+    // A guard dropped without ack or nack gives its item back.
+    client.remove_item("jobs", &second.id).await.unwrap();
+    client.push("jobs", &3).await.unwrap();
+    let dropped = session.try_claim("jobs").await.unwrap().expect("due");
+    assert!(dropped.token() > token, "tokens grow");
+    drop(dropped);
+    let back =
+        common::eventually(STEP_TIMEOUT, async || queue_counts(&client, "jobs").await == (1, 0, 0)).await;
+    assert!(back, "the dropped item is pending again");
+    let retried = session.try_claim("jobs").await.unwrap().expect("due again");
+    assert_eq!(retried.attempt(), 2);
+    retried.ack().await.unwrap();
+    assert_eq!(queue_counts(&client, "jobs").await, (0, 0, 0));
+    client.delete_queue("jobs").await.unwrap();
+    let gone = client.get_queue("jobs").await.unwrap_err();
+    assert_eq!(gone.code(), Some(ErrorCode::QueueNotFound));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_claim_is_answered_when_an_item_arrives() {
+    let server = Server::start();
+    queues_ready(&server).await;
+    let client = client(&server);
+    client.put_queue("arrivals", &Default::default()).await.unwrap();
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let nothing =
+        bounded("claim timeout", session.claim_timeout("arrivals", Duration::from_millis(200))).await;
+    assert!(nothing.unwrap().is_none(), "nothing came within the timeout");
+    assert_eq!(client.get_queue("arrivals").await.unwrap().claimers, 0, "and no claim is left waiting");
+
+    let claimer = session.clone();
+    let waiting = tokio::spawn(async move { claimer.claim("arrivals").await });
+    let blocked = common::eventually(STEP_TIMEOUT, async || {
+        client.get_queue("arrivals").await.is_ok_and(|view| view.claimers == 1)
+    })
+    .await;
+    assert!(blocked, "the claim waits on the server");
+    let pushed = client.push("arrivals", &"now").await.unwrap();
+    let item = bounded("blocked claim", waiting).await.unwrap().unwrap();
+    assert_eq!(item.id(), pushed.id);
+    item.ack().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_item_is_lost_with_its_session() {
+    let server = Server::start();
+    queues_ready(&server).await;
+    let client = client(&server);
+    client.push("fragile", &1).await.unwrap();
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let item = session.claim("fragile").await.unwrap();
+    let lost = item.lost();
+    client.close_session(session.id()).await.unwrap();
+    bounded("lost", lost).await;
+    assert_eq!(queue_counts(&client, "fragile").await, (1, 0, 0), "the item is pending again");
+    let error = item.ack().await.unwrap_err();
+    assert!(
+        matches!(error, Error::SessionExpired) || error.code() == Some(ErrorCode::ClaimLost),
+        "{error:?}"
+    );
+    let other = client.session(Duration::from_secs(10)).await.unwrap();
+    let again = other.claim("fragile").await.unwrap();
+    assert_eq!(again.attempt(), 2);
+}
+
+/// A claim whose answer is lost (the server dies mid long-poll) is asked again with its
+/// `request_id`: it gets the claim the server kept, and no item stays claimed unseen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_repeated_after_a_lost_answer_takes_no_more_items() {
+    let mut server = Server::start();
+    queues_ready(&server).await;
+    let client = client(&server);
+    client.put_queue("restarts", &Default::default()).await.unwrap();
+    let session = client.session(Duration::from_secs(15)).await.unwrap();
+    let claimer = session.clone();
+    let waiting = tokio::spawn(async move { claimer.claim("restarts").await });
+    let blocked = common::eventually(STEP_TIMEOUT, async || {
+        client.get_queue("restarts").await.is_ok_and(|view| view.claimers == 1)
+    })
+    .await;
+    assert!(blocked, "the claim waits on the server");
+    server.restart();
+    // The claimer is replicated state: after the restart it waits again, under the same id.
+    let rejoined = common::eventually(STEP_TIMEOUT, async || {
+        client.get_queue("restarts").await.is_ok_and(|view| view.claimers == 1)
+    })
+    .await;
+    assert!(rejoined, "one claim waits after the restart");
+    let items = (0..2).map(|n| permit_client::PushOptions::default().item(&n).unwrap());
+    client.push_many("restarts", items).await.unwrap();
+    let item = bounded("claim across a restart", waiting).await.unwrap().unwrap();
+    assert_eq!(item.payload(), "0");
+    assert_eq!(queue_counts(&client, "restarts").await, (1, 1, 0), "one claimed, one still pending");
+    item.ack().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_many_splits_into_requests_in_order() {
+    let server = Server::start();
+    queues_ready(&server).await;
+    let client = client(&server);
+    let items = (0..2500).map(|n| permit_client::PushOptions::default().item(&n).unwrap());
+    let pushed = client.push_many("bulk", items).await.unwrap();
+    assert_eq!(pushed.len(), 2500);
+    assert!(pushed.windows(2).all(|pair| pair[0].seq < pair[1].seq), "in order");
+    assert_eq!(queue_counts(&client, "bulk").await, (2500, 0, 0));
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let options = permit_client::ClaimOptions { max: 1000, timeout: Some(Duration::ZERO) };
+    let batch = session.claim_with("bulk", &options).await.unwrap();
+    assert_eq!(batch.len(), 1000);
+    assert_eq!(batch[0].payload(), "0");
+    assert_eq!(batch[999].payload(), "999");
+    let list = client.all_queues().await.unwrap();
+    assert_eq!(list.iter().map(|q| q.name.as_str()).collect::<Vec<_>>(), ["bulk"]);
+}

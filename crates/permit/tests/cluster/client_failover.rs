@@ -29,6 +29,45 @@ async fn a_client_session_survives_the_leader_s_kill_9_through_other_endpoints()
     second.release().await.unwrap();
 }
 
+/// A claim blocked on the leader when it is killed: the client asks the other endpoints again
+/// with the claim's `request_id`, the new leader has the blocked claim in its replicated state,
+/// and the first item pushed is answered to it; no second claim takes another item.
+#[tokio::test]
+async fn a_blocked_claim_rides_out_the_leader_s_kill_9_without_taking_a_second_item() {
+    let mut cluster = Cluster::start(3, &[]).await;
+    let client = Client::with_endpoints(cluster.urls()).unwrap();
+    let ready = crate::common::eventually(Duration::from_secs(15), async || {
+        client.cluster().await.is_ok_and(|view| view.feature_version.is_some_and(|v| v >= 4))
+    })
+    .await;
+    assert!(ready, "the cluster runs queues");
+    client.put_queue("client.failover.queue", &Default::default()).await.unwrap();
+    // As above: a TTL of five election timeouts.
+    let session = client.session(Duration::from_secs(5)).await.unwrap();
+    let claimer = session.clone();
+    let claim = tokio::spawn(async move { claimer.claim("client.failover.queue").await });
+    let blocked = crate::common::eventually(Duration::from_secs(10), async || {
+        client.get_queue("client.failover.queue").await.is_ok_and(|view| view.claimers == 1)
+    })
+    .await;
+    assert!(blocked, "the claim waits");
+    let leader = cluster.leader(Duration::from_secs(5)).await.unwrap();
+    cluster.nodes[leader].kill9();
+    // Keyed, so that the push is repeated on the next endpoint (a push without keys is sent
+    // again only when it certainly was not applied).
+    let items = (0..2).map(|n| {
+        let options = permit_client::PushOptions { key: Some(format!("item-{n}")), ..Default::default() };
+        options.item(&n).unwrap()
+    });
+    client.push_many("client.failover.queue", items).await.unwrap();
+    let item = tokio::time::timeout(Duration::from_secs(15), claim).await.expect("claimed in time").unwrap();
+    let item = item.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(item.payload(), "0");
+    let view = client.get_queue("client.failover.queue").await.unwrap();
+    assert_eq!((view.pending, view.claimed, view.claimers), (1, 1, 0), "{view:?}");
+    item.ack().await.unwrap();
+}
+
 fn permit(servers: &[String], args: &[&str]) -> (i32, String) {
     let output = Command::new(permit_bin())
         .arg("--server")

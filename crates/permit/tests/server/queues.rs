@@ -365,3 +365,41 @@ async fn metrics_and_the_event_stream_follow_every_item() {
         (Some("m.dead"), Some("no"))
     );
 }
+
+/// A claim named by `request_id` is answered again, not repeated: a retry after a lost answer
+/// gets the same items; a repeat without a wait while the claim still waits ends it, taking
+/// nothing (it used to fail the server).
+#[tokio::test]
+async fn a_repeated_claim_request_answers_the_same_claim() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    let session = api.session(10_000).await;
+    push(&api, "retries", json!({ "items": [{ "payload": 1 }, { "payload": 2 }] })).await;
+    let ask = |request_id: u64, wait_ms: u64| {
+        let (api, session) = (api.clone(), session.clone());
+        async move {
+            let body = json!({ "session": session, "wait_ms": wait_ms, "request_id": request_id });
+            api.post("/v1/queues/retries/claim", body).await
+        }
+    };
+    let first = ask(7, 0).await;
+    let again = ask(7, 0).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.body, again.body, "the same claim, not a second item");
+    assert_eq!(queue(&api, "retries").await["claimed"], 1);
+
+    let other = ask(8, 0).await;
+    settle(&api, "retries", "ack", &first.body["items"][0], &session, json!({})).await;
+    settle(&api, "retries", "ack", &other.body["items"][0], &session, json!({})).await;
+    let waiting = tokio::spawn(ask(9, 10_000));
+    assert!(
+        eventually(Duration::from_secs(10), async || queue(&api, "retries").await["claimers"] == 1).await
+    );
+    let repeat = ask(9, 0).await;
+    assert_eq!((repeat.status, repeat.body["items"].as_array().map(Vec::len)), (200, Some(0)), "{repeat:?}");
+    assert_eq!(queue(&api, "retries").await["claimers"], 0, "the claim waits no more");
+    let ended = waiting.await.unwrap();
+    assert_eq!((ended.status, ended.body["items"].clone()), (200, json!([])), "{ended:?}");
+    push(&api, "retries", json!({ "payload": 3 })).await;
+    assert_eq!(queue(&api, "retries").await["pending"], 1, "nobody took it");
+}
