@@ -218,11 +218,13 @@ struct AuthArgs {
     /// Most live sessions one token may have.
     #[arg(long, env = "PERMIT_SESSIONS_PER_TOKEN_MAX", default_value_t = 10_000)]
     sessions_per_token_max: u64,
-    /// Most semaphores and elections one token may have created that still exist (the root
-    /// token too); deleting a token deletes those of them nobody uses.
+    /// Most semaphores, elections and queues one token may have created that still exist (the
+    /// root token too); deleting a token deletes the semaphores and elections of them nobody
+    /// uses (queues stay: they hold items).
     #[arg(long, env = "PERMIT_OBJECTS_PER_TOKEN_MAX", default_value_t = 10_000)]
     objects_per_token_max: u64,
-    /// Most long-polls (blocking acquires, campaigns, watches) one token may have open on a node.
+    /// Most long-polls (blocking acquires, campaigns, claims, watches) one token may have open on
+    /// a node.
     #[arg(long, env = "PERMIT_LONG_POLLS_PER_TOKEN_MAX", default_value_t = 1_000)]
     long_polls_per_token_max: u32,
     /// Serve /metrics without a token even with --auth.

@@ -34,7 +34,7 @@ pub struct Config {
     pub root_token: Option<String>,
     /// Most live sessions one token may have (`--sessions-per-token-max`).
     pub sessions_per_token_max: u64,
-    /// Most semaphores and elections one token may have created that still exist
+    /// Most semaphores, elections and queues one token may have created that still exist
     /// (`--objects-per-token-max`).
     pub objects_per_token_max: u64,
     /// Most long-polls one token may have open on this node (`--long-polls-per-token-max`).
