@@ -141,7 +141,18 @@ impl Api {
     }
 
     async fn post(&self, path: &str, body: Value) -> anyhow::Result<(u16, Value)> {
-        let answer = self.call("POST", path, Some(body)).await?;
+        self.request_json("POST", path, Some(body)).await
+    }
+
+    /// One request with an optional JSON body: the status and the JSON answer (`null` when
+    /// empty).
+    pub async fn request_json(
+        &self,
+        method: &'static str,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<(u16, Value)> {
+        let answer = self.call(method, path, body).await?;
         let value = if answer.body.is_empty() { Value::Null } else { serde_json::from_slice(&answer.body)? };
         Ok((answer.status, value))
     }

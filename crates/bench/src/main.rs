@@ -6,17 +6,21 @@
 //! target/release/permit-bench --only big # 1M sessions with one hold each
 //! target/release/permit-bench --only snap # W1 while 1M sessions are snapshotted
 //! target/release/permit-bench --only keepalive # 3 nodes keep 10 k, then 100 k sessions alive
+//! target/release/permit-bench --only queue     # Q1, Q2 against Redis streams and beanstalkd
+//! target/release/permit-bench --only queue-big # memory per pending item; restart with 1M items
 //! ```
 //! Every figure is a median over `--runs` runs; ratios are to floors measured in the same run.
 
 mod api;
 mod auth;
+mod beanstalk;
 mod cpu;
 mod floors;
 mod golang;
 mod http1;
 mod keepalive;
 mod python;
+mod queues;
 mod redis;
 mod server;
 mod snap;
@@ -46,7 +50,8 @@ struct Args {
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
     /// Parts to run: floors,w1,tls,w2,w3,w4,python,go,redis,single,auth,cluster,scale,failover,
-    /// big,scrape,snap,keepalive,client (default: all but big, scrape, snap, keepalive and client).
+    /// queue,big,queue-big,scrape,snap,keepalive,client (default: all but big, queue-big, scrape,
+    /// snap, keepalive and client).
     /// `client` runs the HTTP floor, W1 and W2 through each `--client`, alternating. `tls` runs W1 over HTTPS on a
     /// second node, alternating with plain HTTP runs. `python` runs the Python client's W1/W2
     /// driver (threads and asyncio) in alternation with the Rust driver's W1/W2 runs on the same
@@ -55,7 +60,10 @@ struct Args {
     /// with Permit runs; `single` runs W1 and W2 on a new single node of this build and of each
     /// `--compare-bin`, alternating. `snap` runs W1 while a node of `--snap-n` sessions snapshots.
     /// `keepalive` starts a 3-node cluster per `--keepalive-n` step and keeps that many sessions
-    /// alive on the client's schedule (every TTL / 3) for `--keepalive-ms`.
+    /// alive on the client's schedule (every TTL / 3) for `--keepalive-ms`. `queue` runs Q1 and
+    /// Q2 on a single node, a 3-node cluster, Redis streams (appendfsync always) and beanstalkd
+    /// (`-b DIR -f0`), alternating; `queue-big` measures a node's memory per pending 1 KiB item
+    /// (`--queue-mem-n`) and its restart with `--queue-restart-n` pending items.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sessions (and semaphores) in the small scale step; the large step is 10x.
@@ -108,6 +116,12 @@ struct Args {
     /// time with `POST /v1/sessions/keepalive` (at most 1024).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024))]
     keepalive_batch: u64,
+    /// Pending 1 KiB items whose resident memory the `queue-big` part measures.
+    #[arg(long, default_value_t = 100_000)]
+    queue_mem_n: usize,
+    /// Pending items (32 bytes each) on the node the `queue-big` part restarts.
+    #[arg(long, default_value_t = 1_000_000)]
+    queue_restart_n: usize,
     /// The `permit` binary (default: next to this one).
     #[arg(long)]
     permit_bin: Option<PathBuf>,
@@ -193,7 +207,7 @@ fn main() -> anyhow::Result<()> {
 
 fn wants(args: &Args, part: &str) -> bool {
     if args.only.is_empty() {
-        !["big", "scrape", "snap", "keepalive", "client"].contains(&part)
+        !["big", "queue-big", "scrape", "snap", "keepalive", "client"].contains(&part)
     } else {
         args.only.iter().any(|p| p == part)
     }
@@ -207,6 +221,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "{} not found: build it with `cargo build --release -p permit`",
         bin.display()
     );
+    if wants(&args, "queue") {
+        // Before anything runs: the queue part needs both peers.
+        for peer in ["redis-server", "beanstalkd"] {
+            let found = std::process::Command::new(peer).arg("-v").output();
+            anyhow::ensure!(
+                found.is_ok(),
+                "the queue part needs {peer}: install it with crates/bench/redis/setup.sh"
+            );
+        }
+    }
     let base = match &args.data_dir {
         Some(dir) => dir.clone(),
         None => exe.parent().and_then(|p| p.parent()).context("target dir")?.join("bench-data"),
@@ -385,11 +409,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 
+    if wants(&args, "queue") {
+        queue_rows(&mut report, &bin, work.path(), &args, duration).await?;
+    }
     if wants(&args, "scale") {
         scale_rows(&mut report, &bin, work.path(), args.scale_n, args.runs).await?;
     }
     if wants(&args, "big") {
         big_rows(&mut report, &bin, work.path(), args.big_n).await?;
+    }
+    if wants(&args, "queue-big") {
+        queue_big_rows(&mut report, &bin, work.path(), &args).await?;
     }
     if wants(&args, "scrape") {
         let mut bins = vec![("after", bin.clone())];
@@ -701,6 +731,193 @@ async fn redis_rows(
         &format!("Permit W2 cycles (same runs, {:?} client)", api::client_kind()),
         format!("{p2:.0} /s ({:.2}x Redis)", p2 / r2),
         Some((">= 1.5x Redis".into(), p2 >= 1.5 * r2)),
+    );
+    Ok(())
+}
+
+/// Q1 and Q2 (`queues.rs`) on a new single node, a new 3-node cluster (through its leader),
+/// Redis streams and beanstalkd, runs alternating over the four so that all see the same
+/// minutes; ratios Permit/peer, against issue 32's targets.
+async fn queue_rows(
+    report: &mut Report,
+    bin: &std::path::Path,
+    work: &std::path::Path,
+    args: &Args,
+    duration: Duration,
+) -> anyhow::Result<()> {
+    use queues::Target;
+    let single = ServerProcess::start(bin, "127.0.0.1:0", &work.join("queue-single"), &[])?;
+    let nodes = server::cluster(bin, &work.join("queue-cluster"), 3).await?;
+    let redis = redis::RedisProcess::start(&work.join("queue-redis")).await?;
+    let beanstalk = beanstalk::BeanstalkProcess::start(&work.join("queue-beanstalk")).await?;
+    let pids = |pids: &[Option<u32>]| pids.iter().flatten().map(u32::to_string).collect::<Vec<_>>();
+    let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    // The four targets, in this order everywhere below.
+    const REDIS: usize = 2;
+    const BEANSTALK: usize = 3;
+    let labels = ["Permit 1 node", "Permit 3 nodes", "Redis streams", "beanstalkd"];
+    let server_pids = [
+        pids(&[single.pid()]),
+        pids(&nodes.iter().map(ServerProcess::pid).collect::<Vec<_>>()),
+        pids(&[redis.pid()]),
+        pids(&[beanstalk.pid()]),
+    ];
+    // Per target, one figure per run.
+    let (mut p50, mut p99): ([Vec<f64>; 4], [Vec<f64>; 4]) = Default::default();
+    let (mut rate, mut cpu): ([Vec<f64>; 4], [Vec<f64>; 4]) = Default::default();
+    for run in 0..args.runs {
+        // Through the leader, as clients that follow `permit-leader` do; asked each run.
+        let leader = api::Api::new(&urls[0])
+            .leader_hint()
+            .await?
+            .filter(|hint| urls.contains(hint))
+            .context("the cluster names no leader among its nodes")?;
+        let targets = [
+            Target::Permit(single.url.clone()),
+            Target::Permit(leader),
+            Target::Redis(redis.addr.clone()),
+            Target::Beanstalk(beanstalk.addr.clone()),
+        ];
+        for (i, target) in targets.iter().enumerate() {
+            let q1 = queues::q1(target, &format!("q1-{run}"), duration)
+                .await
+                .with_context(|| format!("Q1 on {}", labels[i]))?;
+            p50[i].push(q1.p50());
+            p99[i].push(q1.p99());
+        }
+        for (i, target) in targets.iter().enumerate() {
+            let q2 = queues::q2(target, &format!("q2-{run}"), duration, &server_pids[i])
+                .await
+                .with_context(|| format!("Q2 on {}", labels[i]))?;
+            rate[i].push(q2.items_per_second);
+            cpu[i].push(q2.cpu_per_item_us);
+        }
+    }
+    drop((single, nodes, redis, beanstalk));
+    let [p50, p99, rate, cpu] = [p50, p99, rate, cpu].map(|figures| figures.map(|runs| median(&runs)));
+    println!(
+        "queues ({} B items; runs alternating: Permit 1 node, 3 nodes via the leader, Redis streams with \
+         appendfsync always, beanstalkd -b -f0)",
+        queues::PAYLOAD_BYTES
+    );
+    let versus = |figures: &[f64; 4], i: usize| {
+        if i < REDIS {
+            let (redis, beanstalk) = (figures[i] / figures[REDIS], figures[i] / figures[BEANSTALK]);
+            format!(" ({redis:.2}x Redis, {beanstalk:.2}x beanstalkd)")
+        } else {
+            String::new()
+        }
+    };
+    for i in [REDIS, BEANSTALK, 0, 1] {
+        let target = (i == 0).then(|| ("p50 <= 1.2x Redis streams".to_owned(), p50[0] <= 1.2 * p50[REDIS]));
+        report.add(
+            &format!("Q1 push to ack p50 / p99, {}", labels[i]),
+            format!("{:.3} / {:.3} ms{}", p50[i], p99[i], versus(&p50, i)),
+            target,
+        );
+    }
+    for i in [REDIS, BEANSTALK, 0, 1] {
+        report.add(
+            &format!(
+                "Q2 items acked, {} producers, {} consumers, {}",
+                queues::Q2_PRODUCERS,
+                queues::Q2_CONSUMERS,
+                labels[i]
+            ),
+            format!("{:.0} /s{}; server CPU {:.0} µs per item", rate[i], versus(&rate, i), cpu[i]),
+            None,
+        );
+    }
+    report.add(
+        "Q2 Permit 1 node against Redis streams",
+        format!("{:.2}x", rate[0] / rate[REDIS]),
+        Some((">= 1.0x".into(), rate[0] >= rate[REDIS])),
+    );
+    report.add(
+        "Q2 Permit 1 node against beanstalkd",
+        format!("{:.2}x", rate[0] / rate[BEANSTALK]),
+        Some((">= 1.5x".into(), rate[0] >= 1.5 * rate[BEANSTALK])),
+    );
+    Ok(())
+}
+
+/// A new single node's resident memory per pending 1 KiB item (`--queue-mem-n` of them), also
+/// after a restart; then another node's clean stop and restart with `--queue-restart-n` pending
+/// items, to `/v1/health` answering 200 and to the first read of the queue.
+async fn queue_big_rows(
+    report: &mut Report,
+    bin: &std::path::Path,
+    work: &std::path::Path,
+    args: &Args,
+) -> anyhow::Result<()> {
+    let (n, clients) = (args.queue_mem_n, 4);
+    anyhow::ensure!(n > 0 && args.queue_restart_n > 0, "--queue-mem-n and --queue-restart-n must be > 0");
+    println!("queue-big ({n} pending 1 KiB items; restart with {} pending items)", args.queue_restart_n);
+    let mut node = ServerProcess::start(bin, "127.0.0.1:0", &work.join("queue-mem"), &[])?;
+    let api = api::Api::new(&node.url);
+    queues::put_queue(&api, "mem", Some(n as u64)).await?;
+    let empty = node.rss_bytes().context("the node's resident memory")?;
+    queues::fill(&node.url, "mem", n, 1024, clients).await?;
+    anyhow::ensure!(queues::pending(&api, "mem").await? == n as u64, "not all {n} items pending");
+    let full = node.rss_bytes().context("the node's resident memory")?;
+    let per = full.saturating_sub(empty) as f64 / n as f64;
+    report.add(
+        &format!("queue: resident memory per pending 1 KiB item ({n} items)"),
+        format!("{per:.0} B"),
+        Some(("<= 2048 B".into(), per <= 2048.0)),
+    );
+    // A new client after each restart: the old one's connection went with the old process.
+    node.terminate(Duration::from_secs(60))?;
+    let started = Instant::now();
+    node.start_again()?;
+    queues::ready(&node.url, started).await?;
+    anyhow::ensure!(
+        queues::pending(&api::Api::new(&node.url), "mem").await? == n as u64,
+        "not all {n} items pending after a restart"
+    );
+    let restarted = node.rss_bytes().context("the node's resident memory")?;
+    report.add(
+        "queue: the same after a restart (over the empty node's)",
+        format!("{:.0} B", restarted.saturating_sub(empty) as f64 / n as f64),
+        None,
+    );
+    drop(node);
+
+    let n = args.queue_restart_n;
+    let mut node = ServerProcess::start(bin, "127.0.0.1:0", &work.join("queue-restart"), &[])?;
+    let api = api::Api::new(&node.url);
+    queues::put_queue(&api, "restart", Some(n as u64)).await?;
+    let started = Instant::now();
+    queues::fill(&node.url, "restart", n, 32, clients).await?;
+    let populate = started.elapsed();
+    anyhow::ensure!(queues::pending(&api, "restart").await? == n as u64, "not all {n} items pending");
+    report.add(
+        &format!("queue: push {n} items of 32 B, 1000 per push"),
+        format!("{:.1} s ({:.0} items/s)", populate.as_secs_f64(), n as f64 / populate.as_secs_f64()),
+        None,
+    );
+    let stop = node.terminate(Duration::from_secs(120))?;
+    report.add(
+        &format!("queue: data dir with {n} pending items; SIGTERM to exit"),
+        format!(
+            "{:.0} MiB; {:.2} s",
+            queues::dir_bytes(&node.data_dir) as f64 / (1u64 << 20) as f64,
+            stop.as_secs_f64()
+        ),
+        None,
+    );
+    let started = Instant::now();
+    node.start_again()?;
+    let health = queues::ready(&node.url, started).await?.as_secs_f64();
+    anyhow::ensure!(
+        queues::pending(&api::Api::new(&node.url), "restart").await? == n as u64,
+        "not all {n} items pending after a restart"
+    );
+    let read = started.elapsed().as_secs_f64();
+    report.add(
+        &format!("queue: restart with {n} pending items to /v1/health 200"),
+        format!("{health:.2} s (first read of the queue {read:.2} s)"),
+        Some(("<= 3 s".into(), health <= 3.0)),
     );
     Ok(())
 }

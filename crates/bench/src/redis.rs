@@ -15,6 +15,9 @@
 //! does in its release's log entry. With `appendfsync always` Redis fsyncs the AOF before it
 //! answers, so every granted token is durable when its holder learns it, as with Permit.
 //!
+//! The queues' Q1 and Q2 run against a Redis stream ([`StreamClient`]): `XADD` to push,
+//! `XREADGROUP ... BLOCK` in one consumer group to claim, `XACK` to acknowledge.
+//!
 //! Redis is `redis-server` from the PATH (Debian's package; `crates/bench/redis/setup.sh`
 //! installs it), started on a free loopback port in a temp dir and killed by PID at the end.
 
@@ -105,6 +108,11 @@ impl RedisProcess {
             "redis-server is not running with appendfsync always"
         );
         Ok(redis)
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 }
 
@@ -275,6 +283,84 @@ impl Semaphore {
         match self.conn.call(&[&["EVALSHA"][..], &args[..1], &["3"], &args[1..]].concat()).await? {
             Reply::Int(1) => Ok(()),
             other => bail!("release answered {other:?} (not a holder)"),
+        }
+    }
+}
+
+/// One client of the stream `key` and its consumer group `group` (the queues' peer): a producer
+/// `XADD`s, a consumer (named in the group) claims with `XREADGROUP ... COUNT 1 BLOCK` and
+/// acknowledges with `XACK`. With `appendfsync always`, each is durable when answered.
+pub struct StreamClient {
+    conn: Conn,
+    key: String,
+    group: String,
+    consumer: String,
+}
+
+/// An entry read from a stream: its id and the value of its field `p`.
+pub struct StreamEntry {
+    pub id: String,
+    pub payload: Vec<u8>,
+}
+
+impl StreamClient {
+    /// Creates the stream `key` (empty) with the consumer group `group` reading from its start.
+    pub async fn create(addr: &str, key: &str, group: &str) -> anyhow::Result<()> {
+        let mut conn = Conn::connect(addr).await?;
+        conn.call(&["XGROUP", "CREATE", key, group, "0", "MKSTREAM"]).await?;
+        Ok(())
+    }
+
+    /// A client named `consumer` in the group.
+    pub async fn open(addr: &str, key: &str, group: &str, consumer: &str) -> anyhow::Result<StreamClient> {
+        Ok(StreamClient {
+            conn: Conn::connect(addr).await?,
+            key: key.to_owned(),
+            group: group.to_owned(),
+            consumer: consumer.to_owned(),
+        })
+    }
+
+    /// `XADD key * p payload`.
+    pub async fn push(&mut self, payload: &[u8]) -> anyhow::Result<()> {
+        let payload = std::str::from_utf8(payload)?;
+        match self.conn.call(&["XADD", &self.key, "*", "p", payload]).await? {
+            Reply::Bulk(_) => Ok(()),
+            other => bail!("XADD answered {other:?}"),
+        }
+    }
+
+    /// `XREADGROUP GROUP group consumer COUNT 1 BLOCK ms STREAMS key >`: the next entry no
+    /// consumer of the group has read, or `None` when none came within `wait`.
+    pub async fn claim(&mut self, wait: Duration) -> anyhow::Result<Option<StreamEntry>> {
+        let block = wait.as_millis().max(1).to_string();
+        let args = ["XREADGROUP", "GROUP", &self.group, &self.consumer, "COUNT", "1", "BLOCK", &block];
+        let reply = self.conn.call(&[&args[..], &["STREAMS", &self.key, ">"]].concat()).await?;
+        // [[key, [[id, [field, value]]]]]
+        let Reply::Array(streams) = reply else { return Ok(None) };
+        let entry = match streams.into_iter().next() {
+            Some(Reply::Array(stream)) => match stream.into_iter().nth(1) {
+                Some(Reply::Array(entries)) => entries.into_iter().next(),
+                _ => None,
+            },
+            _ => None,
+        };
+        let Some(Reply::Array(entry)) = entry else { bail!("XREADGROUP answered no entry") };
+        let mut entry = entry.into_iter();
+        let (Some(Reply::Bulk(id)), Some(Reply::Array(fields))) = (entry.next(), entry.next()) else {
+            bail!("XREADGROUP answered a malformed entry")
+        };
+        let Some(Reply::Bulk(payload)) = fields.into_iter().nth(1) else {
+            bail!("XREADGROUP answered an entry without its field")
+        };
+        Ok(Some(StreamEntry { id: String::from_utf8(id)?, payload }))
+    }
+
+    /// `XACK key group id`.
+    pub async fn ack(&mut self, id: &str) -> anyhow::Result<()> {
+        match self.conn.call(&["XACK", &self.key, &self.group, id]).await? {
+            Reply::Int(1) => Ok(()),
+            other => bail!("XACK {id} answered {other:?}"),
         }
     }
 }

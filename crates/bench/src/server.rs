@@ -78,9 +78,40 @@ impl ServerProcess {
         }
     }
 
+    /// SIGTERM, then waits until the process has exited (a clean stop); returns how long that
+    /// took. Killed with SIGKILL and an error after `timeout`.
+    pub fn terminate(&mut self, timeout: Duration) -> anyhow::Result<Duration> {
+        let mut child = self.child.take().context("not running")?;
+        let started = Instant::now();
+        let pid = libc::pid_t::try_from(child.id())?;
+        // SAFETY: kill(2) on the PID of a child this process has not yet waited for.
+        if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+            bail!("SIGTERM to {pid}: {}", std::io::Error::last_os_error());
+        }
+        loop {
+            if let Some(status) = child.try_wait()? {
+                anyhow::ensure!(status.success(), "stopped by SIGTERM with {status}");
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > timeout {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("still running {timeout:?} after SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     /// Restarts on the same address and data dir; returns how long until it printed its address.
     pub fn restart(&mut self) -> anyhow::Result<Duration> {
         self.kill();
+        self.start_again()
+    }
+
+    /// Starts the stopped process again on the same address, data dir and arguments; returns
+    /// how long until it printed its address.
+    pub fn start_again(&mut self) -> anyhow::Result<Duration> {
+        anyhow::ensure!(self.child.is_none(), "still running");
         let started = Instant::now();
         let next = ServerProcess::start(&self.bin, &self.addr, &self.data_dir, &self.args)?;
         let elapsed = started.elapsed();
