@@ -136,7 +136,8 @@ struct Args {
     /// measures both, alternating.
     #[arg(long, value_enum, default_value = "thin")]
     client: api::ClientKind,
-    /// Run W1-W4 against this running server instead of a fresh one (e.g. to profile it).
+    /// Run W1-W4 against this running server instead of a fresh one (e.g. to profile it); the
+    /// `queue` part then runs Q1 and Q2 against it alone, without the peers.
     #[arg(long)]
     url: Option<String>,
     /// Where data dirs go (default: a temp dir under target/).
@@ -746,6 +747,9 @@ async fn queue_rows(
     duration: Duration,
 ) -> anyhow::Result<()> {
     use queues::Target;
+    if let Some(url) = &args.url {
+        return queue_rows_at(report, url, args, duration).await;
+    }
     let single = ServerProcess::start(bin, "127.0.0.1:0", &work.join("queue-single"), &[])?;
     let nodes = server::cluster(bin, &work.join("queue-cluster"), 3).await?;
     let redis = redis::RedisProcess::start(&work.join("queue-redis")).await?;
@@ -838,6 +842,29 @@ async fn queue_rows(
         format!("{:.2}x", rate[0] / rate[BEANSTALK]),
         Some((">= 1.5x".into(), rate[0] >= 1.5 * rate[BEANSTALK])),
     );
+    Ok(())
+}
+
+/// Q1 and Q2 against a running server (`--url`), e.g. to profile it; its CPU is not measured.
+async fn queue_rows_at(
+    report: &mut Report,
+    url: &str,
+    args: &Args,
+    duration: Duration,
+) -> anyhow::Result<()> {
+    let target = queues::Target::Permit(url.to_owned());
+    let (mut p50, mut p99, mut rate) = (vec![], vec![], vec![]);
+    // Names unique to this invocation: the server may hold queues of earlier ones.
+    let tag = std::process::id();
+    for run in 0..args.runs {
+        let q1 = queues::q1(&target, &format!("q1-{tag}-{run}"), duration).await?;
+        p50.push(q1.p50());
+        p99.push(q1.p99());
+        rate.push(queues::q2(&target, &format!("q2-{tag}-{run}"), duration, &[]).await?.items_per_second);
+    }
+    println!("queues ({} B items) on {url}", queues::PAYLOAD_BYTES);
+    report.add("Q1 push to ack p50 / p99", format!("{:.3} / {:.3} ms", median(&p50), median(&p99)), None);
+    report.add("Q2 items acked", format!("{:.0} /s", median(&rate)), None);
     Ok(())
 }
 
