@@ -266,7 +266,12 @@ fn session_of(command: &Command) -> Option<SessionId> {
         Command::Acquire(acquire)
         | Command::AcquireEphemeral(acquire)
         | Command::AcquireBy { acquire, .. } => Some(acquire.session),
-        Command::Release { session, .. } | Command::CloseSession { id: session } => Some(*session),
+        Command::Release { session, .. }
+        | Command::CloseSession { id: session }
+        | Command::Claim { session, .. }
+        | Command::CancelClaim { session, .. }
+        | Command::Ack { session, .. }
+        | Command::Nack { session, .. } => Some(*session),
         _ => None,
     }
 }
@@ -290,5 +295,31 @@ fn not_leader(error: ClientWriteError<NodeId, openraft::BasicNode>) -> ProposeEr
             leader: forward.leader_id.zip(forward.leader_node.map(|node| node.addr)),
         },
         ClientWriteError::ChangeMembershipError(_) => unreachable!("the proposer never changes membership"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use permit_core::Name;
+
+    use super::*;
+
+    /// A claim answered by an apply (a push handed its items to the blocked claimer) wakes its
+    /// session, whose client sends its ack or nack next, then its next claim: each of these must
+    /// count as that session's command, or every such batch waits out the whole handoff wait.
+    #[test]
+    fn queue_commands_are_their_sessions() {
+        let session = SessionId::from_bytes([7; 16]);
+        let queue = Name::new("jobs").expect("a name");
+        let commands = [
+            Command::Claim { queue: queue.clone(), session, request: 1, max: 1, wait_ms: 1000 },
+            Command::CancelClaim { queue: queue.clone(), session, request: 1 },
+            Command::Ack { queue: queue.clone(), id: 1, session, token: 2 },
+            Command::Nack { queue: queue.clone(), id: 1, session, token: 2, delay_ms: 0, error: None },
+        ];
+        for command in &commands {
+            assert_eq!(session_of(command), Some(session), "{command:?}");
+        }
+        assert_eq!(session_of(&Command::Push { queue, items: Vec::new(), creator: None }), None);
     }
 }
