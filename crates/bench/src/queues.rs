@@ -424,41 +424,40 @@ pub async fn pending(api: &Api, name: &str) -> anyhow::Result<u64> {
 }
 
 /// The most items one push carries (`permit_wire::QUEUE_PUSH_ITEMS_MAX`).
-const PUSH_ITEMS_MAX: usize = 1000;
+pub const PUSH_ITEMS_MAX: usize = 1000;
 
-/// Pushes `count` items with payloads of `payload_bytes` encoded (JSON strings), 1000 per push,
-/// from `clients` concurrent clients.
+/// Pushes `count` items with payloads of `payload_bytes` encoded (JSON strings), `per_push` at a
+/// time (1: one `payload` per push, as a producer does; more: `items`), from `clients`
+/// concurrent clients.
 pub async fn fill(
     url: &str,
     name: &str,
     count: usize,
     payload_bytes: usize,
+    per_push: usize,
     clients: usize,
 ) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=PUSH_ITEMS_MAX).contains(&per_push), "{per_push} items per push");
     let next = Arc::new(AtomicU64::new(0));
-    let batches = count.div_ceil(PUSH_ITEMS_MAX) as u64;
+    let pushes = count.div_ceil(per_push) as u64;
     let tasks: Vec<_> = (0..clients)
         .map(|_| {
             let (url, name, next) = (url.to_owned(), name.to_owned(), next.clone());
             tokio::spawn(async move {
                 let api = Api::new(&url);
+                let path = format!("/v1/queues/{name}/items");
                 loop {
-                    let batch = next.fetch_add(1, Ordering::Relaxed);
-                    if batch >= batches {
+                    let push = next.fetch_add(1, Ordering::Relaxed);
+                    if push >= pushes {
                         return anyhow::Ok(());
                     }
-                    let first = batch as usize * PUSH_ITEMS_MAX;
-                    let items: Vec<_> = (first..count.min(first + PUSH_ITEMS_MAX))
+                    let first = push as usize * per_push;
+                    let mut items: Vec<_> = (first..count.min(first + per_push))
                         .map(|i| json!({ "payload": payload(&format!("f{i}"), payload_bytes - 2) }))
                         .collect();
                     let pushed = items.len();
-                    let (status, answer) = api
-                        .request_json(
-                            "POST",
-                            &format!("/v1/queues/{name}/items"),
-                            Some(json!({ "items": items })),
-                        )
-                        .await?;
+                    let body = if per_push == 1 { items.remove(0) } else { json!({ "items": items }) };
+                    let (status, answer) = api.request_json("POST", &path, Some(body)).await?;
                     anyhow::ensure!(status == 201, "push of {pushed} items: {status} {answer}");
                     let answered = answer["items"].as_array().map_or(0, Vec::len);
                     anyhow::ensure!(answered == pushed, "pushed {pushed} items, {answered} answered");
