@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use permit_core::{Effect, Key, SessionId, TokenId};
+use permit_core::{Effect, EventKind, Key, SessionId, TokenId};
 use tokio::sync::Notify;
 
 /// Registered interests: the `Notify` of each key and how many requests share it.
@@ -117,6 +117,20 @@ impl Notifier {
 
     /// Wakes whoever the effects of an apply concern.
     pub(crate) fn dispatch(&self, effects: &[Effect]) {
+        // A worker whose ack is answered claims its next item right away: its session counts
+        // as woken, so that its claim shares a write with the push that is on the way too.
+        let acked = effects.iter().filter_map(|effect| match effect {
+            Effect::Event(event) if event.kind == EventKind::Acked => event.session,
+            _ => None,
+        });
+        {
+            let mut woken = self.woken.lock().expect("notifier lock");
+            for session in acked {
+                if woken.len() < WOKEN_MAX {
+                    woken.push(session);
+                }
+            }
+        }
         {
             let waits = self.waits.lock().expect("notifier lock");
             let watches = self.watches.lock().expect("notifier lock");

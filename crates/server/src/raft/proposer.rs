@@ -12,7 +12,9 @@
 //! command from each woken session before it cuts, but no longer than about one write
 //! (`HandoffWait`): a session that sends nothing costs the commands already queued about what
 //! catching a straggler in the next batch would. The wait only chooses which commands share
-//! the next fsync; a release is still durable before its successor is granted.
+//! the next fsync; a release is still durable before its successor is granted. A queue item's
+//! ack wakes its session the same way: the worker claims its next item at once, and the claim
+//! then shares a write with the push that arrives beside it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -143,6 +145,7 @@ async fn run(
         }
         take_queued(&mut receiver, &mut proposals);
         handoff.wait(&mut receiver, &mut proposals, &metrics).await;
+        handoff.wait_for_push(&mut receiver, &mut proposals, &replica).await;
         let cut = batch_cut(&proposals);
         let (commands, replies): (Vec<Command>, Vec<_>) =
             proposals.drain(..cut).map(|proposal| (proposal.command, proposal.reply)).unzip();
@@ -247,6 +250,51 @@ impl HandoffWait {
         }
         metrics.observe_handoff_wait(waited_for, self.woken.len());
         self.woken.clear();
+    }
+}
+
+impl HandoffWait {
+    /// A batch with a claim that would block (its queue has nothing pending) waits for a push to
+    /// that queue, no longer than one write's time: in a worker's loop the next push is usually
+    /// on its way, and written in one entry with it, the claim is served by the push's apply
+    /// instead of a write later. Like [`HandoffWait::wait`], it only chooses which commands share
+    /// a write.
+    async fn wait_for_push(
+        &self,
+        receiver: &mut mpsc::Receiver<Proposal>,
+        proposals: &mut Vec<Proposal>,
+        replica: &Replica,
+    ) {
+        let mut blocked: Vec<&permit_core::Name> = Vec::new();
+        {
+            let replica = replica.read();
+            for proposal in proposals.iter() {
+                if let Command::Claim { queue, wait_ms, .. } = &proposal.command {
+                    let empty = replica.state.queue(queue).is_some_and(|q| q.first_pending().is_none());
+                    if *wait_ms > 0 && empty && !blocked.contains(&queue) {
+                        blocked.push(queue);
+                    }
+                }
+            }
+        }
+        if blocked.is_empty() {
+            return;
+        }
+        let blocked: Vec<permit_core::Name> = blocked.into_iter().cloned().collect();
+        let pushed = |proposal: &Proposal| matches!(&proposal.command, Command::Push { queue, .. } if blocked.contains(queue));
+        let deadline = Instant::now() + Duration::from_secs_f64(self.write_seconds);
+        let mut scanned = 0;
+        loop {
+            if proposals[scanned..].iter().any(pushed) || proposals.len() >= COMMANDS_PER_BATCH_MAX {
+                return;
+            }
+            scanned = proposals.len();
+            match tokio::time::timeout_at(deadline, receiver.recv()).await {
+                Ok(Some(proposal)) => proposals.push(proposal),
+                Ok(None) | Err(_) => return,
+            }
+            take_queued(receiver, proposals);
+        }
     }
 }
 
