@@ -48,6 +48,10 @@ pub enum Fault {
     Membership,
     /// Cut a follower off until the leader compacts past it, then heal (F10).
     SnapshotCatchUp,
+    /// Fill the leader's disk (every node's data dir is on a small tmpfs of its own): it must
+    /// fail-stop (refuse work, exit) and lose nothing acknowledged; then free the space and
+    /// restart it (F12). Needs root, to mount the tmpfs.
+    FullDisk,
     /// Upgrade every node, one at a time, to this build (F11; `upgrade.rs`). The scenario's
     /// cluster starts with the older build that `run` is given.
     RollingUpgrade(PathBuf),
@@ -133,10 +137,12 @@ pub fn queue_workloads() -> Vec<Workload> {
 pub const QUEUE_MAX_ATTEMPTS: u32 = 3;
 
 /// Names of the standard scenarios, for `permit-faults --scenarios`: the semaphore ones
-/// (`F..`), then the same faults under the queue workload (`QF..`).
-pub const STANDARD: [&str; 20] = [
+/// (`F..`), then faults under the queue workload (`QF..`). `F12` (a full disk under the
+/// semaphore workloads) runs by name only: the failed node's 503s leave the linearizable
+/// clients so many open calls that the linearizability search exhausts its budget.
+pub const STANDARD: [&str; 21] = [
     "F0", "F1", "F2", "F3", "F4", "F5", "F5b", "F7a", "F7b", "F7c", "F8", "F9", "F10", "QF0", "QF1", "QF2",
-    "QF3", "QF4", "QF5", "QF8",
+    "QF3", "QF4", "QF5", "QF8", "QF12",
 ];
 
 impl Scenario {
@@ -164,6 +170,7 @@ impl Scenario {
             "F8" => (Fault::Membership, "F8-membership"),
             "F9" => (Fault::Degrade, "F9-degrade"),
             "F10" => (Fault::SnapshotCatchUp, "F10-snapshot-catch-up"),
+            "F12" => (Fault::FullDisk, "F12-full-disk"),
             _ => return None,
         };
         let mut scenario = Scenario::new(label, fault);
@@ -178,6 +185,9 @@ impl Scenario {
                 scenario.server_args = vec!["--snapshot-logs".into(), "100".into()];
                 scenario.fault_for = Duration::from_secs(5);
             }
+            // Frequent snapshots: the full disk fails the next one (log appends go to space
+            // preallocated a MiB at a time, and may not fail for a while).
+            "F12" => scenario.server_args = vec!["--snapshot-logs".into(), "100".into()],
             _ => {}
         }
         Some((scenario, name == "F7c"))
@@ -229,6 +239,14 @@ pub async fn run(scenario: &Scenario, bin: &Path, out: &Path, seed: u64) -> anyh
     let env: Vec<(String, String)> =
         scenario.bug.iter().map(|bug| ("PERMIT_INJECT_BUG".to_owned(), bug.clone())).collect();
     let args: Vec<&str> = scenario.server_args.iter().map(String::as_str).collect();
+    // The data dirs `Cluster::start` uses, each on a tmpfs of its own for a full disk; unmounted
+    // when the run ends, after the nodes.
+    let _tmpfs = match scenario.fault {
+        Fault::FullDisk => {
+            (1..=3).map(|id| Tmpfs::mount(&dir.join(format!("n{id}")))).collect::<Result<Vec<_>, _>>()?
+        }
+        _ => Vec::new(),
+    };
     let mut cluster =
         Cluster::start(bin, &dir, 3, &scenario.clocks, &args, &env).await.context("start cluster")?;
     let recorder = Arc::new(Recorder::new());
@@ -453,6 +471,52 @@ async fn final_queue_reads(
     Ok(finals)
 }
 
+/// Size of each node's tmpfs in the full-disk scenario.
+const TMPFS_SIZE: &str = "64m";
+
+/// A tmpfs mounted on a node's data dir, unmounted (lazily) when dropped.
+struct Tmpfs {
+    path: PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(path: &Path) -> anyhow::Result<Tmpfs> {
+        std::fs::create_dir_all(path)?;
+        let output = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={TMPFS_SIZE}"), "tmpfs"])
+            .arg(path)
+            .output()
+            .context("run mount")?;
+        anyhow::ensure!(
+            output.status.success(),
+            "cannot mount a tmpfs on {} (the full-disk scenario needs root): {}",
+            path.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        Ok(Tmpfs { path: path.to_owned() })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// Writes `path` until its file system is full; returns the bytes written.
+fn fill(path: &Path) -> anyhow::Result<u64> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path)?;
+    let chunk = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    // Bounded by the tmpfs's size; ends at the first ENOSPC.
+    while file.write_all(&chunk).is_ok() {
+        written += chunk.len() as u64;
+    }
+    let _ = file.flush();
+    Ok(written)
+}
+
 /// Suffix of a queue's default dead-letter queue.
 const DEAD_LETTER_SUFFIX: &str = ".dead";
 
@@ -537,6 +601,29 @@ async fn inject(
         }
         Fault::Membership => {
             notes.push(membership_change(cluster, leader).await?);
+        }
+        Fault::FullDisk => {
+            let ballast = cluster.nodes[leader].data_dir.join("ballast");
+            let filled = fill(&ballast)?;
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !cluster.has_exited(leader) {
+                if Instant::now() > deadline {
+                    bail!("the fault did not happen: node {leader_id} still runs on a full disk");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let new = elected_other_than(cluster, leader, Duration::from_secs(10)).await?;
+            let log = std::fs::read_to_string(&cluster.nodes[leader].log).unwrap_or_default();
+            let why = log.lines().find(|line| line.contains("os error 28")).unwrap_or("no ENOSPC in its log");
+            notes.push(format!(
+                "node {leader_id}'s disk filled ({} MiB of ballast); it exited; node {} took over; {}",
+                filled >> 20,
+                cluster.nodes[new].id,
+                why.trim()
+            ));
+            tokio::time::sleep(scenario.fault_for).await;
+            std::fs::remove_file(&ballast)?;
+            cluster.restart(leader, None)?;
         }
         Fault::RollingUpgrade(ref to) => {
             notes.extend(crate::upgrade::rolling_upgrade(cluster, to).await?);

@@ -118,7 +118,8 @@ async fn f10_follower_catches_up_by_snapshot() {
 /// traffic): no acknowledged push lost, no item acked twice, no two live claims of one item,
 /// everything acked or dead-lettered once the consumers drain (`permit_check::check_queues`).
 /// The other faults under the queue workload (`QF1` isolated leader, `QF2` minority split,
-/// `QF4` every node killed, `QF5` paused leader, `QF8` membership) run in `permit-faults`.
+/// `QF4` every node killed, `QF5` paused leader, `QF8` membership, `QF12` full disk) run in
+/// `permit-faults`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qf3_queue_leader_kill_9_loses_no_item_and_doubles_no_claim() {
     must_pass(Scenario::queue("QF3-kill-leader", Fault::KillLeader)).await;
