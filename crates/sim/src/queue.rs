@@ -36,11 +36,11 @@ pub fn name() -> Name {
     Name::new(QUEUE).expect("a valid queue name")
 }
 
-/// Pushes an item every 20-150 ms until `stop`; payloads name the producer and a counter.
+/// Pushes an item every 100-400 ms until `stop`; payloads name the producer and a counter.
 pub async fn produce(gateway: Gateway, mut rng: StdRng, id: u32, mut stop: watch::Receiver<bool>) {
     let queue = name();
     for n in 1u64.. {
-        if sleep_or_stop(Duration::from_millis(rng.random_range(20..=150)), &mut stop).await {
+        if sleep_or_stop(Duration::from_millis(rng.random_range(100..=400)), &mut stop).await {
             return;
         }
         // An unanswered push is not resent: a resend would be another item.
@@ -75,7 +75,13 @@ pub async fn consume(gateway: Gateway, mut rng: StdRng, lease: LeaseSlot, mut st
             }
             break;
         }
-        let Some(item) = claimed else { continue };
+        let Some(item) = claimed else {
+            // Nothing due: every claim is a log entry, so wait a while before the next.
+            if sleep_or_stop(Duration::from_millis(rng.random_range(100..=400)), &mut stop).await {
+                return;
+            }
+            continue;
+        };
         if sleep_or_stop(Duration::from_millis(rng.random_range(0..=400)), &mut stop).await {
             return;
         }
