@@ -28,6 +28,9 @@ pub const PRODUCERS: u32 = 1;
 pub const CONSUMERS: u32 = 2;
 /// Times a consumer sends a claim or an ack whose answer was lost.
 const TRIES: u32 = 3;
+/// Pause between pushes, and after a claim that found nothing, in ms: every push and claim is a
+/// log entry, and the CI seeds' time grows with the log.
+const PAUSE_MS: (u64, u64) = (300, 1200);
 /// Longest the driver's drain takes (simulated).
 const DRAIN_PATIENCE: Duration = Duration::from_secs(60);
 
@@ -36,11 +39,12 @@ pub fn name() -> Name {
     Name::new(QUEUE).expect("a valid queue name")
 }
 
-/// Pushes an item every 100-400 ms until `stop`; payloads name the producer and a counter.
+/// Pushes an item every 0.3-1.2 s (`PAUSE_MS`) until `stop`; payloads name the producer and a
+/// counter.
 pub async fn produce(gateway: Gateway, mut rng: StdRng, id: u32, mut stop: watch::Receiver<bool>) {
     let queue = name();
     for n in 1u64.. {
-        if sleep_or_stop(Duration::from_millis(rng.random_range(100..=400)), &mut stop).await {
+        if sleep_or_stop(Duration::from_millis(rng.random_range(PAUSE_MS.0..=PAUSE_MS.1)), &mut stop).await {
             return;
         }
         // An unanswered push is not resent: a resend would be another item.
@@ -76,8 +80,10 @@ pub async fn consume(gateway: Gateway, mut rng: StdRng, lease: LeaseSlot, mut st
             break;
         }
         let Some(item) = claimed else {
-            // Nothing due: every claim is a log entry, so wait a while before the next.
-            if sleep_or_stop(Duration::from_millis(rng.random_range(100..=400)), &mut stop).await {
+            // Nothing due: wait a while before the next claim (see `PAUSE_MS`).
+            if sleep_or_stop(Duration::from_millis(rng.random_range(PAUSE_MS.0..=PAUSE_MS.1)), &mut stop)
+                .await
+            {
                 return;
             }
             continue;
