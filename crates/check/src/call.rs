@@ -26,6 +26,10 @@ pub struct Invocation {
     pub session: String,
     /// Permits asked for by an acquire, else 0.
     pub permits: u64,
+    /// The queue item an ack or a nack settles.
+    pub item: Option<String>,
+    /// The payload a push sends.
+    pub payload: Option<String>,
 }
 
 impl Invocation {
@@ -69,8 +73,45 @@ impl Invocation {
         Invocation::new(client, OpKind::FencedWrite { token }, resource, session, 0)
     }
 
+    /// Pushes one item with `payload` (JSON text) to `queue`.
+    pub fn push(client: u32, queue: &str, payload: &str) -> Invocation {
+        Invocation {
+            payload: Some(payload.to_owned()),
+            ..Invocation::new(client, OpKind::Push, queue, "", 0)
+        }
+    }
+
+    /// Claims at most one item of `queue` for `session`, naming the claim `request_id`.
+    pub fn claim(client: u32, session: &str, queue: &str, request_id: u64) -> Invocation {
+        Invocation::new(client, OpKind::Claim { request_id }, queue, session, 0)
+    }
+
+    /// Acks `item` of `queue`, claimed by `session` with `token`.
+    pub fn ack(client: u32, session: &str, queue: &str, item: &str, token: u64) -> Invocation {
+        Invocation {
+            item: Some(item.to_owned()),
+            ..Invocation::new(client, OpKind::Ack { token }, queue, session, 0)
+        }
+    }
+
+    /// Nacks `item` of `queue`, claimed by `session` with `token`.
+    pub fn nack(client: u32, session: &str, queue: &str, item: &str, token: u64) -> Invocation {
+        Invocation {
+            item: Some(item.to_owned()),
+            ..Invocation::new(client, OpKind::Nack { token }, queue, session, 0)
+        }
+    }
+
     fn new(client: u32, kind: OpKind, semaphore: &str, session: &str, permits: u64) -> Invocation {
-        Invocation { client, kind, semaphore: semaphore.to_owned(), session: session.to_owned(), permits }
+        Invocation {
+            client,
+            kind,
+            semaphore: semaphore.to_owned(),
+            session: session.to_owned(),
+            permits,
+            item: None,
+            payload: None,
+        }
     }
 }
 
@@ -107,6 +148,12 @@ pub struct Completion {
     pub released: Option<u64>,
     /// The holders a describe listed.
     pub holders: Vec<Holder>,
+    /// The item a push created or a claim took.
+    pub item: Option<String>,
+    /// The payload of the item a claim took.
+    pub payload: Option<String>,
+    /// The attempt of the item a claim took.
+    pub attempt: Option<u32>,
 }
 
 impl Completion {
@@ -136,6 +183,9 @@ impl Completion {
             valid: None,
             released: None,
             holders: Vec::new(),
+            item: None,
+            payload: None,
+            attempt: None,
         }
     }
 }
@@ -161,6 +211,9 @@ impl Op {
             valid: None,
             released: None,
             holders: Vec::new(),
+            item: invocation.item,
+            payload: invocation.payload,
+            attempt: None,
         }
     }
 
@@ -187,5 +240,12 @@ impl Op {
         self.valid = completion.valid;
         self.released = completion.released;
         self.holders = completion.holders;
+        if let Some(item) = completion.item {
+            self.item = Some(item);
+        }
+        if let Some(payload) = completion.payload {
+            self.payload = Some(payload);
+        }
+        self.attempt = completion.attempt;
     }
 }

@@ -42,6 +42,27 @@ pub enum OpKind {
         /// The token the writer presented.
         token: u64,
     },
+    /// A push of one item with [`Op::payload`] to the queue named [`Op::semaphore`]. `Ok`
+    /// carries the new item's id in [`Op::item`].
+    Push,
+    /// A claim of at most one item of the queue [`Op::semaphore`] for [`Op::session`]. `Ok`
+    /// carries the item claimed, if any: [`Op::item`], [`Op::payload`], [`Op::token`] and
+    /// [`Op::attempt`].
+    Claim {
+        /// Names the claim: a retry after a lost answer sends the same, and gets the same claim.
+        request_id: u64,
+    },
+    /// An ack of [`Op::item`] by [`Op::session`]. `Ok` means the item is gone for good; `Fail`
+    /// (`claim_lost`) that nothing changed.
+    Ack {
+        /// The claim's fencing token.
+        token: u64,
+    },
+    /// A nack of [`Op::item`] by [`Op::session`]: pending again, or dead-lettered.
+    Nack {
+        /// The claim's fencing token.
+        token: u64,
+    },
 }
 
 /// How a call ended, as far as the client knows.
@@ -119,6 +140,16 @@ pub struct Op {
     /// The holders an `Ok` describe listed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holders: Vec<Holder>,
+    /// The queue item: the one an ack or a nack settles, an `Ok` push created or an `Ok` claim
+    /// took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<String>,
+    /// The item's payload (JSON text): what a push sent, or what a claim handed out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
+    /// The claims of the item so far, this one included, as an `Ok` claim answered it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
 }
 
 /// The error code a try-acquire answers when the permits are not free; an `Acquire` `Fail`

@@ -22,6 +22,7 @@
 //! | I7 convergence | [`check_convergence`] |
 //! | I8 log hygiene | [`check_logs`] |
 //! | I9 no minority acks | [`check_minority_acks`] |
+//! | Q1-Q4 queues: no acknowledged push lost, acked once, one live claim, drained | [`check_queues`] |
 //!
 //! The simulation (`permit-sim`) records a richer history of its own (reads of sessions,
 //! resizes, `max_hold_ms`, one clock of simulated points) and draws from it the intervals its
@@ -51,6 +52,7 @@ mod history;
 mod linearizability;
 mod logs;
 mod minority;
+mod queue;
 mod recorder;
 mod report;
 mod tokens;
@@ -67,6 +69,7 @@ pub use history::{History, HistoryError, Holder, Op, OpId, OpKind, Outcome, UNAV
 pub use linearizability::{check_linearizability, SearchBudget};
 pub use logs::{check_logs, PANIC_MARKERS};
 pub use minority::{check_minority_acks, Isolation};
+pub use queue::{check_queues, FinalItem, QueueFinal};
 pub use recorder::{OpHandle, Recorder};
 pub use report::{Invariant, Report, Violation};
 pub use tokens::{check_tokens, token_order, TokenGrant};

@@ -31,6 +31,14 @@ pub enum Invariant {
     LogHygiene,
     /// I9: no node cut off from the majority acknowledges anything.
     MinorityAck,
+    /// Q1: no acknowledged push is lost: each is acked, dead-lettered or still queued.
+    PushKept,
+    /// Q2: no item is acked twice, nor handed out again after its ack.
+    AckedOnce,
+    /// Q3: no two live claims of one item; a later claim of an item has the larger token.
+    OneLiveClaim,
+    /// Q4: once faults stop and consumers drain, every item is acked or dead-lettered.
+    Drained,
 }
 
 impl Invariant {
@@ -47,6 +55,10 @@ impl Invariant {
             Invariant::Convergence => "I7 convergence",
             Invariant::LogHygiene => "I8 log hygiene",
             Invariant::MinorityAck => "I9 minority acks",
+            Invariant::PushKept => "Q1 push kept",
+            Invariant::AckedOnce => "Q2 acked once",
+            Invariant::OneLiveClaim => "Q3 one live claim",
+            Invariant::Drained => "Q4 drained",
         }
     }
 }
@@ -157,6 +169,19 @@ pub(crate) fn op_summary(op: &Op) -> String {
         OpKind::Describe => format!("describe `{}`", op.semaphore),
         OpKind::CloseSession => format!("close session `{}`", op.session),
         OpKind::FencedWrite { token } => format!("write to `{}` with token {token}", op.semaphore),
+        OpKind::Push => {
+            format!("push of {} to queue `{}`", op.payload.as_deref().unwrap_or("?"), op.semaphore)
+        }
+        OpKind::Claim { request_id } => {
+            format!("claim {request_id} of queue `{}` by `{}`", op.semaphore, op.session)
+        }
+        OpKind::Ack { token } | OpKind::Nack { token } => format!(
+            "{} of item {} of `{}` by `{}` with token {token}",
+            if matches!(op.kind, OpKind::Ack { .. }) { "ack" } else { "nack" },
+            op.item.as_deref().unwrap_or("?"),
+            op.semaphore,
+            op.session
+        ),
     };
     let mut answer = match op.outcome {
         Outcome::Ok => "ok".to_owned(),
@@ -171,6 +196,15 @@ pub(crate) fn op_summary(op: &Op) -> String {
     }
     if let Some(valid) = op.valid {
         answer.push_str(&format!(" valid {valid}"));
+    }
+    if matches!(op.kind, OpKind::Push | OpKind::Claim { .. }) && op.outcome == Outcome::Ok {
+        match (&op.item, &op.payload) {
+            (Some(item), Some(payload)) if matches!(op.kind, OpKind::Claim { .. }) => {
+                answer.push_str(&format!(" item {item} ({payload}) attempt {}", op.attempt.unwrap_or(0)))
+            }
+            (Some(item), _) => answer.push_str(&format!(" item {item}")),
+            (None, _) => answer.push_str(" nothing"),
+        }
     }
     if matches!(op.kind, OpKind::Describe) && op.outcome == Outcome::Ok {
         let holders: Vec<String> = op

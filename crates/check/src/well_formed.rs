@@ -80,6 +80,19 @@ fn problem(op: &Op) -> Option<&'static str> {
         OpKind::Validate { .. } | OpKind::Describe if op.semaphore.is_empty() => {
             Some("read without semaphore")
         }
+        OpKind::Push if op.semaphore.is_empty() || op.payload.is_none() => {
+            Some("push without queue or payload")
+        }
+        OpKind::Push if ok && op.item.is_none() => Some("acknowledged push has no item id"),
+        OpKind::Claim { .. } if op.session.is_empty() || op.semaphore.is_empty() => {
+            Some("claim without session or queue")
+        }
+        OpKind::Claim { .. } if ok && op.item.is_some() && (op.token.is_none() || op.payload.is_none()) => {
+            Some("claimed item without token or payload")
+        }
+        OpKind::Ack { .. } | OpKind::Nack { .. } if op.item.is_none() || op.session.is_empty() => {
+            Some("settle without item or session")
+        }
         _ => None,
     }
 }

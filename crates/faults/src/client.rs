@@ -237,10 +237,104 @@ impl Client {
         ok
     }
 
+    /// Pushes one item with `payload` (JSON text) to `queue`; the item's id when acknowledged.
+    pub async fn push(&mut self, queue: &str, payload: &str) -> Option<String> {
+        let handle = self.recorder.invoke(Invocation::push(self.id, queue, payload));
+        let value: Value = serde_json::from_str(payload).expect("the harness pushes JSON");
+        let answer =
+            self.call("POST", &format!("/v1/queues/{queue}/items"), json!({ "payload": value })).await;
+        let completion = self.complete(answer, |body| match body["items"][0]["id"].as_str() {
+            Some(id) => Completion { item: Some(id.to_owned()), ..Completion::ok() },
+            None => Completion::unknown("push answered no item"),
+        });
+        let item = completion.item.clone().filter(|_| completion.outcome == permit_check::Outcome::Ok);
+        handle.complete(completion);
+        item
+    }
+
+    /// Claims at most one item of `queue` for `session`, waiting up to `wait_ms`, as the claim
+    /// `request_id` (a retry sends the same). `Some(None)`: nothing was due; `None`: refused or
+    /// unknown.
+    pub async fn claim(
+        &mut self,
+        session: &str,
+        queue: &str,
+        request_id: u64,
+        wait_ms: u64,
+    ) -> Option<Option<Claimed>> {
+        let handle = self.recorder.invoke(Invocation::claim(self.id, session, queue, request_id));
+        let body = json!({ "session": session, "max": 1, "wait_ms": wait_ms, "request_id": request_id });
+        let answer = self.call("POST", &format!("/v1/queues/{queue}/claim"), body).await;
+        let completion = self.complete(answer, |body| match body["items"].as_array().map(Vec::as_slice) {
+            Some([]) => Completion::ok(),
+            Some([item]) => Completion {
+                item: item["id"].as_str().map(str::to_owned),
+                payload: Some(payload_text(&item["payload"])),
+                token: item["token"].as_u64(),
+                attempt: item["attempt"].as_u64().and_then(|a| u32::try_from(a).ok()),
+                ..Completion::ok()
+            },
+            _ => Completion::unknown("claim answered more items than asked for"),
+        });
+        let claimed = (completion.outcome == permit_check::Outcome::Ok).then(|| {
+            Some(Claimed {
+                id: completion.item.clone()?,
+                token: completion.token?,
+                payload: completion.payload.clone()?,
+            })
+        });
+        handle.complete(completion);
+        claimed
+    }
+
+    /// Acks a claimed item: `Some(true)` done, `Some(false)` refused (`claim_lost`), `None`
+    /// unknown.
+    pub async fn ack(&mut self, session: &str, queue: &str, item: &Claimed) -> Option<bool> {
+        let handle = self.recorder.invoke(Invocation::ack(self.id, session, queue, &item.id, item.token));
+        let body = json!({ "session": session, "token": item.token });
+        let answer = self.call("POST", &format!("/v1/queues/{queue}/items/{}/ack", item.id), body).await;
+        self.settled(handle, answer)
+    }
+
+    /// Nacks a claimed item (pending again at once, or dead-lettered): as [`Client::ack`].
+    pub async fn nack(&mut self, session: &str, queue: &str, item: &Claimed) -> Option<bool> {
+        let handle = self.recorder.invoke(Invocation::nack(self.id, session, queue, &item.id, item.token));
+        let body = json!({ "session": session, "token": item.token, "error": "harness nack" });
+        let answer = self.call("POST", &format!("/v1/queues/{queue}/items/{}/nack", item.id), body).await;
+        self.settled(handle, answer)
+    }
+
+    fn settled(&mut self, handle: permit_check::OpHandle, answer: Result<Answer, CallError>) -> Option<bool> {
+        let completion = self.complete(answer, |_| Completion::ok());
+        let result = match completion.outcome {
+            permit_check::Outcome::Ok => Some(true),
+            permit_check::Outcome::Fail => Some(false),
+            permit_check::Outcome::Unknown => None,
+        };
+        handle.complete(completion);
+        result
+    }
+
     /// The recorder this client writes to.
     pub fn recorder(&self) -> &Arc<Recorder> {
         &self.recorder
     }
+}
+
+/// An item a claim took.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claimed {
+    /// The item's id.
+    pub id: String,
+    /// The claim's fencing token.
+    pub token: u64,
+    /// The payload, as [`payload_text`] writes it.
+    pub payload: String,
+}
+
+/// A payload as the history records it: compact JSON text, whatever spacing the server kept.
+pub fn payload_text(payload: &Value) -> String {
+    payload.to_string()
 }
 
 /// The holders listed in a semaphore view.

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use permit_check::{
     check_capacity, check_convergence, check_durability, check_fenced_counter, check_fencing,
-    check_linearizability, check_logs, check_minority_acks, check_no_permit_lost, check_tokens,
-    check_well_formed, ClockAllowance, FinalRead, FreshAcquire, Isolation, Recorder, ReplicaDigest, Report,
-    SearchBudget,
+    check_linearizability, check_logs, check_minority_acks, check_no_permit_lost, check_queues, check_tokens,
+    check_well_formed, ClockAllowance, FinalItem, FinalRead, FreshAcquire, Isolation, QueueFinal, Recorder,
+    ReplicaDigest, Report, SearchBudget,
 };
 
 use crate::client::Client;
@@ -48,6 +48,10 @@ pub enum Fault {
     Membership,
     /// Cut a follower off until the leader compacts past it, then heal (F10).
     SnapshotCatchUp,
+    /// Fill the leader's disk (every node's data dir is on a small tmpfs of its own): it must
+    /// fail-stop (refuse work, exit) and lose nothing acknowledged; then free the space and
+    /// restart it (F12). Needs root, to mount the tmpfs.
+    FullDisk,
     /// Upgrade every node, one at a time, to this build (F11; `upgrade.rs`). The scenario's
     /// cluster starts with the older build that `run` is given.
     RollingUpgrade(PathBuf),
@@ -72,6 +76,9 @@ pub struct Scenario {
     pub server_args: Vec<String>,
     /// The bug to inject (`PERMIT_INJECT_BUG`), for self-tests.
     pub bug: Option<String>,
+    /// Longest the queues' drain may take once the faults stopped: the abandoned sessions'
+    /// claims come back after their TTL, and each item takes a claim and an ack.
+    pub drain_for: Duration,
 }
 
 /// The result of a run.
@@ -113,14 +120,44 @@ pub fn standard_workloads() -> Vec<Workload> {
     ]
 }
 
-/// Names of the standard scenarios, for `permit-faults --scenarios`.
-pub const STANDARD: [&str; 13] =
-    ["F0", "F1", "F2", "F3", "F4", "F5", "F5b", "F7a", "F7b", "F7c", "F8", "F9", "F10"];
+/// The queue workload: 2 producers, 3 consumers with TTL 2 s, on one queue whose items are
+/// dead-lettered after [`QUEUE_MAX_ATTEMPTS`] claims.
+pub fn queue_workloads() -> Vec<Workload> {
+    vec![Workload {
+        kind: Kind::Queue,
+        semaphores: vec![("work".into(), 0)],
+        clients: workload::QUEUE_PRODUCERS + 3,
+        ttl_ms: 2000,
+        hold_ms_max: 100,
+    }]
+}
+
+/// Claims of one item before the queue workload's queue dead-letters it: low, so that faults,
+/// nacks and abandoned sessions send some items there.
+pub const QUEUE_MAX_ATTEMPTS: u32 = 3;
+
+/// Names of the standard scenarios, for `permit-faults --scenarios`: the semaphore ones
+/// (`F..`), then faults under the queue workload (`QF..`). `F12` (a full disk under the
+/// semaphore workloads) runs by name only: the failed node's 503s leave the linearizable
+/// clients so many open calls that the linearizability search exhausts its budget.
+pub const STANDARD: [&str; 21] = [
+    "F0", "F1", "F2", "F3", "F4", "F5", "F5b", "F7a", "F7b", "F7c", "F8", "F9", "F10", "QF0", "QF1", "QF2",
+    "QF3", "QF4", "QF5", "QF8", "QF12",
+];
 
 impl Scenario {
     /// A standard scenario by its short name (`F0` .. `F10`), and whether it must fail the
     /// checks (F7c documents the clock assumption).
     pub fn standard(name: &str) -> Option<(Scenario, bool)> {
+        if let Some(fault) = name.strip_prefix('Q') {
+            let (mut scenario, must_fail) = Scenario::standard(fault)?;
+            if !fault.starts_with('F') || must_fail || scenario.fault == Fault::SnapshotCatchUp {
+                return None;
+            }
+            scenario.name = format!("Q{}", scenario.name);
+            scenario.workloads = queue_workloads();
+            return Some((scenario, false));
+        }
         let (fault, label) = match name {
             "F0" => (Fault::None, "F0-none"),
             "F1" => (Fault::IsolateLeader, "F1-isolate-leader"),
@@ -133,6 +170,7 @@ impl Scenario {
             "F8" => (Fault::Membership, "F8-membership"),
             "F9" => (Fault::Degrade, "F9-degrade"),
             "F10" => (Fault::SnapshotCatchUp, "F10-snapshot-catch-up"),
+            "F12" => (Fault::FullDisk, "F12-full-disk"),
             _ => return None,
         };
         let mut scenario = Scenario::new(label, fault);
@@ -147,6 +185,9 @@ impl Scenario {
                 scenario.server_args = vec!["--snapshot-logs".into(), "100".into()];
                 scenario.fault_for = Duration::from_secs(5);
             }
+            // Frequent snapshots: the full disk fails the next one (log appends go to space
+            // preallocated a MiB at a time, and may not fail for a while).
+            "F12" => scenario.server_args = vec!["--snapshot-logs".into(), "100".into()],
             _ => {}
         }
         Some((scenario, name == "F7c"))
@@ -163,11 +204,29 @@ impl Scenario {
             settle: Duration::from_secs(2),
             server_args: Vec::new(),
             bug: None,
+            drain_for: Duration::from_secs(15),
         }
     }
 
+    /// A scenario with the queue workload only (`QF..` in [`STANDARD`]).
+    pub fn queue(name: &str, fault: Fault) -> Scenario {
+        Scenario { workloads: queue_workloads(), ..Scenario::new(name, fault) }
+    }
+
     fn capacities(&self) -> BTreeMap<String, u64> {
-        self.workloads.iter().flat_map(|w| w.semaphores.iter().cloned()).collect()
+        self.workloads
+            .iter()
+            .filter(|w| w.kind != Kind::Queue)
+            .flat_map(|w| w.semaphores.iter().cloned())
+            .collect()
+    }
+
+    fn queues(&self) -> Vec<String> {
+        self.workloads
+            .iter()
+            .filter(|w| w.kind == Kind::Queue)
+            .flat_map(|w| w.semaphores.iter().map(|(name, _)| name.clone()))
+            .collect()
     }
 }
 
@@ -180,6 +239,14 @@ pub async fn run(scenario: &Scenario, bin: &Path, out: &Path, seed: u64) -> anyh
     let env: Vec<(String, String)> =
         scenario.bug.iter().map(|bug| ("PERMIT_INJECT_BUG".to_owned(), bug.clone())).collect();
     let args: Vec<&str> = scenario.server_args.iter().map(String::as_str).collect();
+    // The data dirs `Cluster::start` uses, each on a tmpfs of its own for a full disk; unmounted
+    // when the run ends, after the nodes.
+    let _tmpfs = match scenario.fault {
+        Fault::FullDisk => {
+            (1..=3).map(|id| Tmpfs::mount(&dir.join(format!("n{id}")))).collect::<Result<Vec<_>, _>>()?
+        }
+        _ => Vec::new(),
+    };
     let mut cluster =
         Cluster::start(bin, &dir, 3, &scenario.clocks, &args, &env).await.context("start cluster")?;
     let recorder = Arc::new(Recorder::new());
@@ -195,6 +262,10 @@ pub async fn run(scenario: &Scenario, bin: &Path, out: &Path, seed: u64) -> anyh
     let admin = cluster.urls()[0].clone();
     for (name, capacity) in &capacities {
         put_semaphore(&cluster.http, &admin, name, *capacity).await?;
+    }
+    for name in scenario.queues() {
+        let body = serde_json::json!({ "max_attempts": QUEUE_MAX_ATTEMPTS });
+        put(&cluster.http, &format!("{admin}/v1/queues/{name}"), body).await?;
     }
     let mut tasks = Vec::new();
     for (i, workload) in scenario.workloads.iter().enumerate() {
@@ -220,8 +291,15 @@ pub async fn run(scenario: &Scenario, bin: &Path, out: &Path, seed: u64) -> anyh
     for task in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
     }
+    let queues = scenario.queues();
+    if !queues.is_empty() {
+        let started = Instant::now();
+        let drained = drain(&cluster, &recorder, &queues, scenario.drain_for).await;
+        notes.push(format!("queues drained: {drained} items in {:.1}s", started.elapsed().as_secs_f64()));
+    }
 
-    let report = check(scenario, &cluster, &recorder, &resource, &capacities, &isolations).await?;
+    let report =
+        check(scenario, &cluster, &recorder, &resource, &capacities, &isolations, &mut notes).await?;
     let history = recorder.history();
     if !report.is_ok() || std::env::var_os("PERMIT_FAULTS_KEEP").is_some() {
         history.save(dir.join("history.jsonl"))?;
@@ -264,15 +342,183 @@ fn rfc3339_of_http_date(date: &str) -> anyhow::Result<String> {
 }
 
 async fn put_semaphore(http: &reqwest::Client, url: &str, name: &str, capacity: u64) -> anyhow::Result<()> {
-    let answer = http
-        .put(format!("{url}/v1/semaphores/{name}"))
-        .json(&serde_json::json!({ "capacity": capacity }))
-        .timeout(Duration::from_secs(10))
-        .send()
-        .await?;
-    anyhow::ensure!(answer.status().is_success(), "create {name}: {}", answer.status());
+    put(http, &format!("{url}/v1/semaphores/{name}"), serde_json::json!({ "capacity": capacity })).await
+}
+
+async fn put(http: &reqwest::Client, url: &str, body: serde_json::Value) -> anyhow::Result<()> {
+    let answer = http.put(url).json(&body).timeout(Duration::from_secs(10)).send().await?;
+    anyhow::ensure!(answer.status().is_success(), "PUT {url}: {}", answer.status());
     Ok(())
 }
+
+/// Drains the queues as one more consumer, recorded like the others: claims and acks every
+/// item until the linearizable counts show none pending, delayed or claimed, for at most
+/// `drain_for`. Returns the items it acked.
+async fn drain(cluster: &Cluster, recorder: &Arc<Recorder>, queues: &[String], drain_for: Duration) -> usize {
+    let mut client = Client::new(9_002, cluster.urls(), 0, recorder.clone());
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(9_002);
+    let deadline = Instant::now() + drain_for;
+    let mut acked = 0;
+    let mut session = None;
+    while Instant::now() < deadline {
+        let Some(id) = session.clone() else {
+            session = client.create_session(drain_for.as_millis() as u64 * 2).await;
+            if session.is_none() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            continue;
+        };
+        let mut idle = true;
+        for queue in queues {
+            if let Some(item) = workload::claim_one(&mut client, &id, queue, &mut rng).await {
+                idle = false;
+                if client.ack(&id, queue, &item).await == Some(true) {
+                    acked += 1;
+                }
+            } else if client.last_was_unknown() {
+                idle = false;
+            }
+        }
+        if idle && queues_empty(cluster, queues).await {
+            break;
+        }
+    }
+    if let Some(id) = session {
+        client.close_session(&id).await;
+    }
+    acked
+}
+
+/// Whether a linearizable read of each queue shows nothing pending, delayed or claimed.
+async fn queues_empty(cluster: &Cluster, queues: &[String]) -> bool {
+    for queue in queues {
+        let Ok(view) = get_json(cluster, &format!("/v1/queues/{queue}")).await else { return false };
+        if ["pending", "delayed", "claimed"].iter().any(|count| view[count].as_u64() != Some(0)) {
+            return false;
+        }
+    }
+    true
+}
+
+/// A GET from any node that answers 200, or the last error.
+async fn get_json(cluster: &Cluster, path: &str) -> anyhow::Result<serde_json::Value> {
+    let mut last = anyhow::anyhow!("no node answered {path}");
+    for url in cluster.urls() {
+        match cluster.http.get(format!("{url}{path}")).timeout(Duration::from_secs(3)).send().await {
+            Ok(answer) if answer.status().is_success() => return Ok(answer.json().await?),
+            Ok(answer) if answer.status() == 404 => anyhow::bail!("404 {path}"),
+            Ok(answer) => last = anyhow::anyhow!("{path}: {}", answer.status()),
+            Err(error) => last = error.into(),
+        }
+    }
+    Err(last)
+}
+
+/// Every item of `queue` (`None`: the queue does not exist), read linearizably page by page.
+async fn read_items(cluster: &Cluster, queue: &str) -> anyhow::Result<Vec<FinalItem>> {
+    let mut items = Vec::new();
+    let mut after = String::new();
+    loop {
+        let mut path = format!("/v1/queues/{queue}/items?limit=1000");
+        if !after.is_empty() {
+            path.push_str(&format!("&after={after}"));
+        }
+        let page = match get_json(cluster, &path).await {
+            Err(error) if error.to_string().starts_with("404") => return Ok(items),
+            page => page?,
+        };
+        for item in page["items"].as_array().into_iter().flatten() {
+            items.push(FinalItem {
+                id: item["id"].as_str().unwrap_or_default().to_owned(),
+                payload: crate::client::payload_text(&item["payload"]),
+                state: item["state"].as_str().unwrap_or_default().to_owned(),
+            });
+        }
+        match page["next_after"].as_str() {
+            Some(next) => after = next.to_owned(),
+            None => return Ok(items),
+        }
+    }
+}
+
+/// The final read of each queue and of its dead-letter queue, retried while no node answers.
+async fn final_queue_reads(
+    cluster: &Cluster,
+    recorder: &Recorder,
+    queues: &[String],
+) -> anyhow::Result<Vec<QueueFinal>> {
+    let mut finals = Vec::new();
+    for queue in queues {
+        let invoke_ns = recorder.now_ns();
+        let mut read = None;
+        for _ in 0..FINAL_ATTEMPTS {
+            let both = async {
+                let items = read_items(cluster, queue).await?;
+                let dead = read_items(cluster, &format!("{queue}{DEAD_LETTER_SUFFIX}")).await?;
+                anyhow::Ok((items, dead))
+            };
+            match both.await {
+                Ok(found) => {
+                    read = Some(found);
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+        let (items, dead) = read.with_context(|| format!("final read of queue {queue}"))?;
+        finals.push(QueueFinal { queue: queue.clone(), items, dead, drained: true, invoke_ns });
+    }
+    Ok(finals)
+}
+
+/// Size of each node's tmpfs in the full-disk scenario.
+const TMPFS_SIZE: &str = "64m";
+
+/// A tmpfs mounted on a node's data dir, unmounted (lazily) when dropped.
+struct Tmpfs {
+    path: PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(path: &Path) -> anyhow::Result<Tmpfs> {
+        std::fs::create_dir_all(path)?;
+        let output = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={TMPFS_SIZE}"), "tmpfs"])
+            .arg(path)
+            .output()
+            .context("run mount")?;
+        anyhow::ensure!(
+            output.status.success(),
+            "cannot mount a tmpfs on {} (the full-disk scenario needs root): {}",
+            path.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        Ok(Tmpfs { path: path.to_owned() })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// Writes `path` until its file system is full; returns the bytes written.
+fn fill(path: &Path) -> anyhow::Result<u64> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path)?;
+    let chunk = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    // Bounded by the tmpfs's size; ends at the first ENOSPC.
+    while file.write_all(&chunk).is_ok() {
+        written += chunk.len() as u64;
+    }
+    let _ = file.flush();
+    Ok(written)
+}
+
+/// Suffix of a queue's default dead-letter queue.
+const DEAD_LETTER_SUFFIX: &str = ".dead";
 
 /// Injects the scenario's fault, proves it happened, and heals.
 async fn inject(
@@ -355,6 +601,29 @@ async fn inject(
         }
         Fault::Membership => {
             notes.push(membership_change(cluster, leader).await?);
+        }
+        Fault::FullDisk => {
+            let ballast = cluster.nodes[leader].data_dir.join("ballast");
+            let filled = fill(&ballast)?;
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !cluster.has_exited(leader) {
+                if Instant::now() > deadline {
+                    bail!("the fault did not happen: node {leader_id} still runs on a full disk");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let new = elected_other_than(cluster, leader, Duration::from_secs(10)).await?;
+            let log = std::fs::read_to_string(&cluster.nodes[leader].log).unwrap_or_default();
+            let why = log.lines().find(|line| line.contains("os error 28")).unwrap_or("no ENOSPC in its log");
+            notes.push(format!(
+                "node {leader_id}'s disk filled ({} MiB of ballast); it exited; node {} took over; {}",
+                filled >> 20,
+                cluster.nodes[new].id,
+                why.trim()
+            ));
+            tokio::time::sleep(scenario.fault_for).await;
+            std::fs::remove_file(&ballast)?;
+            cluster.restart(leader, None)?;
         }
         Fault::RollingUpgrade(ref to) => {
             notes.extend(crate::upgrade::rolling_upgrade(cluster, to).await?);
@@ -476,6 +745,7 @@ async fn check(
     resource: &Resource,
     capacities: &BTreeMap<String, u64>,
     isolations: &[Isolation],
+    notes: &mut Vec<String>,
 ) -> anyhow::Result<Report> {
     let allowance = ClockAllowance::default();
     let history = recorder.history();
@@ -522,6 +792,21 @@ async fn check(
     let read = FinalRead { invoke_ns, complete_ns: recorder.now_ns(), holders };
     report.merge(check_durability(&history, &read, allowance));
     report.merge(check_minority_acks(&history, isolations));
+    let queues = scenario.queues();
+    if !queues.is_empty() {
+        let finals = final_queue_reads(cluster, recorder, &queues).await?;
+        let count = |kind: fn(&permit_check::OpKind) -> bool| {
+            history.ops().iter().filter(|op| op.is_ok() && kind(&op.kind) && op.item.is_some()).count()
+        };
+        notes.push(format!(
+            "{} pushes, {} claims, {} acks acknowledged; {} items dead-lettered",
+            count(|kind| *kind == permit_check::OpKind::Push),
+            count(|kind| matches!(kind, permit_check::OpKind::Claim { .. })),
+            count(|kind| matches!(kind, permit_check::OpKind::Ack { .. })),
+            finals.iter().map(|f| f.dead.len()).sum::<usize>()
+        ));
+        report.merge(check_queues(&history, &finals, allowance));
+    }
     // No permit lost: once every session of the run is gone, a fresh client takes everything.
     let fresh = fresh_acquires(cluster, capacities).await?;
     let within = Duration::from_secs(15).as_nanos() as u64;

@@ -28,7 +28,25 @@ pub enum Kind {
     FencedCounter,
     /// W3: long-TTL sessions (nothing expires); try-acquire, release, describe and validate.
     Linearizable,
+    /// Work queues (the workload's `semaphores` are its queues, capacities unused): the first
+    /// [`QUEUE_PRODUCERS`] clients push items with unique payloads; the others are consumers
+    /// with short-TTL sessions that claim one item at a time (retrying a lost claim with its
+    /// `request_id`), hold it a random while, and ack it, sometimes nack it, sometimes abandon
+    /// their session while holding it.
+    Queue,
 }
+
+/// Producers of a queue workload; the other clients consume.
+pub const QUEUE_PRODUCERS: u32 = 2;
+
+/// Chance per item that a consumer nacks it instead of acking.
+const NACK_PROBABILITY: f64 = 0.1;
+
+/// Longest a consumer's claim waits for an item (well within a call's timeout).
+const CLAIM_WAIT_MS: u64 = 300;
+
+/// Times a consumer sends a claim or an ack whose outcome it did not learn.
+const QUEUE_CALL_TRIES: u32 = 3;
 
 /// A workload's settings.
 #[derive(Clone, Debug)]
@@ -71,7 +89,11 @@ pub fn start(
             let keepalive = Client::new(id + 1, shared.urls.clone(), i as usize, shared.recorder.clone());
             let (workload, resource, stop) = (workload.clone(), shared.resource.clone(), shared.stop.clone());
             let rng = StdRng::seed_from_u64(seed ^ (u64::from(id) << 20));
-            tokio::spawn(run_client(workload, client, keepalive, resource, stop, rng))
+            match workload.kind {
+                Kind::Queue if i < QUEUE_PRODUCERS => tokio::spawn(produce(workload, client, stop, rng)),
+                Kind::Queue => tokio::spawn(consume(workload, client, keepalive, stop, rng)),
+                _ => tokio::spawn(run_client(workload, client, keepalive, resource, stop, rng)),
+            }
         })
         .collect()
 }
@@ -113,6 +135,7 @@ async fn run_client(
                 Kind::FencedCounter => {
                     fenced_step(&workload, &mut client, &session, &name, &resource, &mut rng).await
                 }
+                Kind::Queue => unreachable!("queue clients run `produce` and `consume`"),
                 Kind::Linearizable => {
                     linearizable_step(&mut client, &session, &name, capacity, &mut rng).await;
                     if client.last_was_unknown() {
@@ -202,4 +225,90 @@ async fn linearizable_step(client: &mut Client, session: &str, name: &str, capac
             client.validate(name, token).await;
         }
     }
+}
+
+/// A producer: pushes items whose payloads name the client and a counter, so that each payload
+/// is unique in the run. An unknown push is not retried (a retry would be a second item).
+async fn produce(workload: Workload, mut client: Client, stop: Arc<AtomicBool>, mut rng: StdRng) {
+    let mut count = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let queue = &workload.semaphores[rng.random_range(0..workload.semaphores.len())].0;
+        count += 1;
+        let payload = serde_json::json!({ "producer": client.id, "n": count }).to_string();
+        client.push(queue, &payload).await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(20..=80))).await;
+    }
+}
+
+/// A consumer: one session at a time, kept alive every TTL/3, claiming one item at a time.
+async fn consume(
+    workload: Workload,
+    mut client: Client,
+    keepalive_client: Client,
+    stop: Arc<AtomicBool>,
+    mut rng: StdRng,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let Some(session) = client.create_session(workload.ttl_ms).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let alive = Arc::new(AtomicBool::new(true));
+        let keepalive = tokio::spawn(keep_alive(
+            keepalive_client.clone(),
+            session.clone(),
+            Duration::from_millis(workload.ttl_ms / 3),
+            alive.clone(),
+            stop.clone(),
+        ));
+        while alive.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+            let queue = workload.semaphores[rng.random_range(0..workload.semaphores.len())].0.clone();
+            let Some(item) = claim_one(&mut client, &session, &queue, &mut rng).await else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            };
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..=workload.hold_ms_max))).await;
+            // Now and then a consumer "crashes" holding the item: its claim must end with the
+            // session, and the item go to another consumer.
+            if rng.random_bool(ABANDON_PROBABILITY) {
+                alive.store(false, Ordering::Relaxed);
+                keepalive.abort();
+                break;
+            }
+            let nack = rng.random_bool(NACK_PROBABILITY);
+            for _ in 0..QUEUE_CALL_TRIES {
+                let settled = match nack {
+                    true => client.nack(&session, &queue, &item).await,
+                    false => client.ack(&session, &queue, &item).await,
+                };
+                if settled.is_some() {
+                    break;
+                }
+            }
+        }
+        keepalive.abort();
+        if alive.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
+            client.close_session(&session).await;
+        }
+    }
+}
+
+/// Claims one item, sending the same claim again while its outcome is unknown; `None` when
+/// nothing was due or the claim failed.
+pub async fn claim_one(
+    client: &mut Client,
+    session: &str,
+    queue: &str,
+    rng: &mut StdRng,
+) -> Option<crate::client::Claimed> {
+    // The server takes ids up to 2^53 - 1 (JSON-safe integers).
+    let request_id = rng.random_range(1..(1u64 << 53));
+    for _ in 0..QUEUE_CALL_TRIES {
+        match client.claim(session, queue, request_id, CLAIM_WAIT_MS).await {
+            Some(claimed) => return claimed,
+            None if client.last_was_unknown() => continue,
+            None => return None,
+        }
+    }
+    None
 }

@@ -21,6 +21,9 @@ pub(crate) enum Bug {
     /// Serve reads and validations from local state without confirming leadership, and never
     /// forward them.
     StaleReads,
+    /// Answer a queue item's ack as done without proposing it: the item stays claimed, and is
+    /// handed out again when its session ends.
+    LostAck,
     /// Not a bug: every snapshot's encoding takes [`SLOW_SNAPSHOT_ENCODE`] longer, so that a test
     /// can show that writes keep flowing while a snapshot is encoded.
     SlowSnapshotEncode,
@@ -39,7 +42,7 @@ pub(crate) const SLOW_SNAPSHOT_ENCODE: std::time::Duration = std::time::Duration
 impl Bug {
     /// Every bug, with its name in `PERMIT_INJECT_BUG`.
     #[cfg(feature = "bug-injection")]
-    const ALL: [(&'static str, Bug); 8] = [
+    const ALL: [(&'static str, Bug); 9] = [
         ("ack_before_commit", Bug::AckBeforeCommit),
         ("ignore_ttl", Bug::IgnoreTtl),
         ("non_monotonic_token", Bug::NonMonotonicToken),
@@ -48,6 +51,7 @@ impl Bug {
         ("slow_snapshot_encode", Bug::SlowSnapshotEncode),
         ("no_keepalive_batch", Bug::NoKeepaliveBatch),
         ("speaks_version_1", Bug::SpeaksVersion1),
+        ("lost_ack", Bug::LostAck),
     ];
 }
 

@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use permit_core::{Acquire, Command, Key, Name, Outcome, Refusal, SessionId, State};
+use permit_core::{Acquire, Command, Key, Name, NewItem, Outcome, QueueSettings, Refusal, SessionId, State};
 use permit_server::Node;
 use rand::Rng;
 use tokio::time::Instant;
 
 use crate::cluster::Cluster;
-use crate::history::{Answer, ClientId, Event, Operation, SeenHold};
+use crate::history::{Answer, ClientId, Event, Operation, SeenHold, SeenItem};
 use crate::recorder::Recorder;
 
 /// Longest a client waits for some node to claim leadership before giving up an operation.
@@ -95,6 +95,15 @@ impl Gateway {
             Outcome::Waiting { .. } => Answer::Waiting,
             Outcome::Released { permits } => Answer::Released { permits: *permits },
             Outcome::Refused(refusal) => Answer::Refused(refusal.to_string()),
+            Outcome::Pushed { items } if items.len() == 1 => Answer::Pushed { item: items[0].id },
+            Outcome::Claimed { items } if items.len() <= 1 => {
+                Answer::Claimed(items.first().map(|item| SeenItem {
+                    id: item.id,
+                    payload: item.payload.clone(),
+                    token: item.token,
+                }))
+            }
+            Outcome::Acked | Outcome::Nacked { .. } => Answer::Settled,
             other => {
                 self.recorder
                     .violation(format!("client {} got an outcome it cannot cause: {other:?}", self.client));
@@ -149,6 +158,51 @@ impl Gateway {
     pub async fn release(&self, rng: &mut impl Rng, session: SessionId, key: &Key) -> Option<Outcome> {
         let operation = Operation::Release { session, key: key.clone() };
         self.propose(rng, operation, Command::Release { key: key.clone(), session }).await
+    }
+
+    /// Creates a queue whose items are dead-lettered after `max_attempts` claims. Setup, not a
+    /// client's call: not recorded. `None` when no leader was found or the outcome is unknown.
+    pub async fn put_queue(&self, rng: &mut impl Rng, name: &Name, max_attempts: u32) -> Option<Outcome> {
+        let node = self.leader(rng).await?;
+        let settings = QueueSettings { max_attempts: Some(max_attempts), ..QueueSettings::default() };
+        node.propose(Command::PutQueue { name: name.clone(), settings, creator: None }).await.ok()
+    }
+
+    /// Pushes one item.
+    pub async fn push(&self, rng: &mut impl Rng, queue: &Name, payload: String) -> Option<Outcome> {
+        let item = NewItem { payload: payload.clone(), delay_ms: 0, key: None };
+        let command = Command::Push { queue: queue.clone(), items: vec![item], creator: None };
+        self.propose(rng, Operation::Push { queue: queue.clone(), payload }, command).await
+    }
+
+    /// Claims at most one item without waiting, as the claim `request`.
+    pub async fn claim(
+        &self,
+        rng: &mut impl Rng,
+        session: SessionId,
+        queue: &Name,
+        request: u64,
+    ) -> Option<Outcome> {
+        let operation = Operation::Claim { session, queue: queue.clone(), request };
+        let command = Command::Claim { queue: queue.clone(), session, request, max: 1, wait_ms: 0 };
+        self.propose(rng, operation, command).await
+    }
+
+    /// Acks (`ack`) or nacks (pending again at once) a claimed item.
+    pub async fn settle(
+        &self,
+        rng: &mut impl Rng,
+        session: SessionId,
+        queue: &Name,
+        item: &SeenItem,
+        ack: bool,
+    ) -> Option<Outcome> {
+        let (id, token, queue) = (item.id, item.token, queue.clone());
+        let command = match ack {
+            true => Command::Ack { queue: queue.clone(), id, session, token },
+            false => Command::Nack { queue: queue.clone(), id, session, token, delay_ms: 0, error: None },
+        };
+        self.propose(rng, Operation::Settle { session, queue, item: id, token, ack }, command).await
     }
 
     /// Closes a session.

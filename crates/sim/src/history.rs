@@ -7,7 +7,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use permit_core::{Key, SessionId};
+use permit_core::{Key, Name, SessionId};
 use permit_server::raft::NodeId;
 
 /// A moment of the simulation: simulated time since its start, and the sequence number of the
@@ -81,6 +81,37 @@ pub enum Answer {
     Closed,
     /// Refused; nothing changed.
     Refused(String),
+    /// The item is in the queue with this id.
+    Pushed {
+        /// The item's id.
+        item: u64,
+    },
+    /// The claim took this item, or none (nothing was due).
+    Claimed(Option<SeenItem>),
+    /// The item's ack or nack took effect.
+    Settled,
+}
+
+/// An item a claim took, as its client was told.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeenItem {
+    /// The item's id.
+    pub id: u64,
+    /// Its payload.
+    pub payload: String,
+    /// The claim's fencing token.
+    pub token: u64,
+}
+
+/// An item a final read found, with its state (`pending`, `delayed`, `claimed`, `dead`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuedItem {
+    /// The item's id.
+    pub id: u64,
+    /// Its payload.
+    pub payload: String,
+    /// Its state.
+    pub state: &'static str,
 }
 
 /// An operation a client sent.
@@ -130,6 +161,35 @@ pub enum Operation {
         /// The session.
         session: SessionId,
     },
+    /// Push one item.
+    Push {
+        /// The queue.
+        queue: Name,
+        /// The payload (JSON text, unique in the run).
+        payload: String,
+    },
+    /// Claim at most one item without waiting, as the claim `request` (a retry sends the same).
+    Claim {
+        /// The claiming session.
+        session: SessionId,
+        /// The queue.
+        queue: Name,
+        /// The claim request's id.
+        request: u64,
+    },
+    /// Ack (`ack`) or nack a claimed item: the client relies on its claim no more from here on.
+    Settle {
+        /// The session that claimed it.
+        session: SessionId,
+        /// The queue.
+        queue: Name,
+        /// The item.
+        item: u64,
+        /// The claim's token.
+        token: u64,
+        /// Ack (true) or nack.
+        ack: bool,
+    },
 }
 
 /// Something a client did or was told.
@@ -155,6 +215,17 @@ pub enum Event {
     SessionMissing {
         /// The session.
         session: SessionId,
+    },
+    /// The driver's linearizable read of a queue and its dead-letter queue after the run.
+    QueueRead {
+        /// The queue.
+        queue: Name,
+        /// Its items.
+        items: Vec<QueuedItem>,
+        /// The items of its dead-letter queue.
+        dead: Vec<QueuedItem>,
+        /// Whether the driver drained it first (then it must be empty).
+        drained: bool,
     },
     /// A linearizable read of the session on the leader.
     Observed {
@@ -220,12 +291,14 @@ impl Operation {
     /// The session the operation concerns, if any.
     pub fn session(&self) -> Option<SessionId> {
         match self {
-            Operation::PutSemaphore { .. } => None,
+            Operation::PutSemaphore { .. } | Operation::Push { .. } => None,
             Operation::CreateSession { session, .. }
             | Operation::Keepalive { session }
             | Operation::Acquire { session, .. }
             | Operation::Release { session, .. }
-            | Operation::CloseSession { session } => Some(*session),
+            | Operation::CloseSession { session }
+            | Operation::Claim { session, .. }
+            | Operation::Settle { session, .. } => Some(*session),
         }
     }
 }

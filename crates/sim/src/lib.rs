@@ -8,13 +8,14 @@
 //! slow links, crashes with restarts on the same data dir, and storage faults on each node's
 //! simulated disk ([`disk`], which holds its Raft log): failed fsyncs (the node must
 //! fail-stop), fsyncs that hang, and torn log tails after a power cut. Random [`client`]s run sessions,
-//! acquires, releases and resizes against whichever node believes it leads, and every answer
-//! goes into a [`history::History`].
+//! acquires, releases and resizes, and [`queue`] producers and consumers push, claim, ack and
+//! nack, against whichever node believes it leads; every answer goes into a
+//! [`history::History`].
 //!
 //! Invariants are checked as the run goes ([`observer`]: election safety, votes and applied
 //! indexes that never go back, `State::verify`, equal digests at equal indexes), after healing
 //! ([`liveness`]: convergence, catch-up, replicas agree, no permit lost forever), and over the
-//! history ([`checker`]: tokens, capacity, leases and acknowledged holds). [`early_expiry`]
+//! history ([`checker`]: tokens, capacity, leases, acknowledged holds and the queue promises). [`early_expiry`]
 //! notes sessions that vanished from a leader before its deadline there (closes included), to
 //! explain a lease violation when one is found.
 //!
@@ -37,6 +38,7 @@ pub mod liveness;
 pub mod nemesis;
 pub mod observer;
 pub mod panics;
+pub mod queue;
 pub mod recorder;
 mod report;
 pub mod router;

@@ -20,7 +20,8 @@ impl Run {
         let s = &self.stats;
         format!(
             "permit-sim seed {}: {} in {:.1}s wall for {}s simulated; {} records, {} grants, {} faults ({} \
-             crashes, {} fsync failures, {} torn tails), {} terms led, {} snapshot installs, applied index {}, {} messages delivered, {} lost",
+             crashes, {} fsync failures, {} torn tails), {} terms led, {} snapshot installs, applied index {}, {} messages delivered, {} lost; \
+             queue: {} pushed, {} acked, {} dead-lettered",
             self.seed,
             if self.failed() { "FAILED" } else { "ok" },
             self.wall.as_secs_f64(),
@@ -36,6 +37,9 @@ impl Run {
             s.applied_max,
             s.messages.0,
             s.messages.1,
+            s.queue.0,
+            s.queue.1,
+            s.queue.2,
         )
     }
 

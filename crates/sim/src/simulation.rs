@@ -3,8 +3,9 @@
 //!
 //! Phases: start the nodes (each forms the cluster from `--peers`); create the semaphores; run
 //! the clients and the nemesis for `Settings::simulated`; stop both and heal; converge; read
-//! every live session one last time; stop the keepalives and wait every TTL out; check that no
-//! permit was lost and that the replicas agree; shut down; check the history.
+//! every live session one last time; stop the keepalives and wait every TTL out; drain the
+//! queue and read it; check that no permit was lost and that the replicas agree; shut down;
+//! check the history.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +21,7 @@ use crate::gateway::Gateway;
 use crate::history::{History, DRIVER};
 use crate::liveness;
 use crate::observer::Observer;
+use crate::queue;
 use crate::recorder::Recorder;
 use crate::router::Router;
 use crate::traffic::Traffic;
@@ -41,11 +43,19 @@ pub struct Settings {
     /// Self-test only: every crash loses the crashed node's last acknowledged log entries (a
     /// disk that lies about fsync), which the checks must catch.
     pub lying_disk: bool,
+    /// Whether the queue's producers and consumers run ([`crate::queue`]).
+    pub queues: bool,
 }
 
 impl Default for Settings {
     fn default() -> Settings {
-        Settings { simulated: Duration::from_secs(30), clients: 5, faults: true, lying_disk: false }
+        Settings {
+            simulated: Duration::from_secs(30),
+            clients: 5,
+            faults: true,
+            lying_disk: false,
+            queues: true,
+        }
     }
 }
 
@@ -70,6 +80,9 @@ pub struct Stats {
     pub messages: (u64, u64),
     /// Injected fsync failures that stopped a node, and power cuts that tore a log tail.
     pub storage: (u64, u64),
+    /// Queue items whose push was acknowledged, acks acknowledged, and items the final read
+    /// found dead-lettered.
+    pub queue: (usize, usize, usize),
 }
 
 /// The result of one simulation.
@@ -138,12 +151,13 @@ pub fn run(seed: u64, settings: &Settings) -> Run {
         }));
     }
     let grants = checker::Facts::of(&history).grants.len();
+    let queue = queue::counts(&history);
     Run {
         seed,
         settings: settings.clone(),
         violations,
         trace: recorder.trace_tail(TRACE_LINES),
-        stats: Stats { records: history.records.len(), grants, ..stats },
+        stats: Stats { records: history.records.len(), grants, queue, ..stats },
         history,
         wall: wall.elapsed(),
     }
@@ -169,17 +183,25 @@ async fn simulate(seed: u64, settings: &Settings, recorder: Arc<Recorder>, obser
     cluster.set_lying_disk(settings.lying_disk);
     let names: Vec<Name> = SEMAPHORES.iter().map(|name| Name::new(*name).expect("valid name")).collect();
     let driver = Gateway::new(cluster.clone(), recorder.clone(), DRIVER);
-    if !create_semaphores(&driver, &mut rng, &names).await {
+    let queues_made = !settings.queues || create_queue(&driver, &mut rng).await;
+    if !create_semaphores(&driver, &mut rng, &names).await || !queues_made {
         cluster.shutdown().await;
         return Stats::default();
     }
 
-    let mut traffic =
-        Traffic::start(&cluster, &router, &recorder, &mut rng, (settings.clients, settings.faults), &names);
+    let queue_clients = if settings.queues { queue::PRODUCERS + queue::CONSUMERS } else { 0 };
+    let mut traffic = Traffic::start(
+        &cluster,
+        &router,
+        &recorder,
+        &mut rng,
+        (settings.clients, queue_clients, settings.faults),
+        &names,
+    );
     tokio::time::sleep(settings.simulated).await;
     recorder.note("traffic ends; healing");
     let (faults, crashes) = traffic.stop_clients_and_faults().await;
-    heal_and_check(&cluster, &recorder, &observer, &mut traffic, &mut rng, &names).await;
+    heal_and_check(&cluster, &recorder, &observer, &mut traffic, &mut rng, (&names, settings.queues)).await;
     let stats = Stats {
         faults,
         crashes,
@@ -195,14 +217,15 @@ async fn simulate(seed: u64, settings: &Settings, recorder: Arc<Recorder>, obser
 }
 
 /// After healing: converge, read every live session one last time (durability), let every TTL
-/// pass, then check that no permit was lost and that the replicas agree.
+/// pass, drain the queue and read it, then check that no permit was lost and that the replicas
+/// agree.
 async fn heal_and_check(
     cluster: &Arc<Cluster>,
     recorder: &Arc<Recorder>,
     observer: &Observer,
     traffic: &mut Traffic,
     rng: &mut StdRng,
-    names: &[Name],
+    (names, queues): (&[Name], bool),
 ) {
     if liveness::converge(cluster, recorder, CONVERGE_PATIENCE).await {
         liveness::read_sessions(&traffic.sessions(), rng).await;
@@ -211,12 +234,28 @@ async fn heal_and_check(
     let ttl_ms_max = TTLS_MS.iter().max().copied().unwrap_or(0);
     tokio::time::sleep(Duration::from_millis(2 * ttl_ms_max + MAX_HOLD_MS_MAX + 2000)).await;
     let driver = Gateway::new(cluster.clone(), recorder.clone(), DRIVER);
+    if queues && liveness::converge(cluster, recorder, CONVERGE_PATIENCE).await {
+        queue::drain_and_read(&driver, rng).await;
+    }
     if liveness::converge(cluster, recorder, CONVERGE_PATIENCE).await {
         liveness::check_no_permit_lost(&driver, rng, names).await;
     }
     if liveness::converge(cluster, recorder, CONVERGE_PATIENCE).await {
         liveness::check_replicas_agree(cluster, recorder, observer.applied_max());
     }
+}
+
+/// Creates the clients' queue; false (and a violation) when no leader answers.
+async fn create_queue(driver: &Gateway, rng: &mut StdRng) -> bool {
+    for _ in 0..10 {
+        if let Some(Outcome::QueuePut { .. }) =
+            driver.put_queue(rng, &queue::name(), queue::MAX_ATTEMPTS).await
+        {
+            return true;
+        }
+    }
+    driver.recorder().violation(format!("queue {} could not be created: no leader answers", queue::QUEUE));
+    false
 }
 
 /// Creates the semaphores with random capacities; false (and a violation) when no leader

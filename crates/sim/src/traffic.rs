@@ -13,6 +13,7 @@ use crate::client::{self, Client, LeaseSlot};
 use crate::cluster::Cluster;
 use crate::gateway::Gateway;
 use crate::nemesis::{Nemesis, FAULT_MS_MAX};
+use crate::queue;
 use crate::recorder::Recorder;
 use crate::router::Router;
 
@@ -28,13 +29,15 @@ pub struct Traffic {
 }
 
 impl Traffic {
-    /// Starts `clients` clients on the semaphores `names`, and the nemesis if `faults`.
+    /// Starts `clients` clients on the semaphores `names`, `queue_clients` producers and
+    /// consumers of the queue ([`queue`]: the first [`queue::PRODUCERS`] produce), and the
+    /// nemesis if `faults`.
     pub fn start(
         cluster: &Arc<Cluster>,
         router: &Arc<Router>,
         recorder: &Arc<Recorder>,
         rng: &mut StdRng,
-        (clients, faults): (u32, bool),
+        (clients, queue_clients, faults): (u32, u32, bool),
         names: &[Name],
     ) -> Traffic {
         let (stop_clients, clients_stopped) = watch::channel(false);
@@ -66,6 +69,26 @@ impl Traffic {
             recorder.clone(),
             StdRng::seed_from_u64(rng.random()),
         );
+        // Queue clients, numbered after the semaphore clients, seeded after the nemesis (which
+        // keeps the nemesis of each seed as it was before queues).
+        for id in clients..clients + queue_clients {
+            let gateway = Gateway::new(cluster.clone(), recorder.clone(), id);
+            let client_rng = StdRng::seed_from_u64(rng.random());
+            if id < clients + queue::PRODUCERS {
+                let producer = queue::produce(gateway, client_rng, id, clients_stopped.clone());
+                traffic.clients.push(tokio::spawn(producer));
+                continue;
+            }
+            let lease = LeaseSlot::default();
+            let consumer =
+                queue::consume(gateway.clone(), client_rng, lease.clone(), clients_stopped.clone());
+            traffic.clients.push(tokio::spawn(consumer));
+            let keepalive_rng = StdRng::seed_from_u64(rng.random());
+            let keepalive =
+                client::keep_alive(gateway.clone(), keepalive_rng, lease.clone(), keepalives_stopped.clone());
+            traffic.keepalives.push(tokio::spawn(keepalive));
+            traffic.leases.push((gateway, lease));
+        }
         traffic.nemesis = faults.then(|| tokio::spawn(nemesis.run(clients_stopped)));
         traffic
     }

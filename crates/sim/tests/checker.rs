@@ -4,9 +4,10 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use permit_check::Invariant;
 use permit_core::{Key, Name, SessionId};
 use permit_sim::checker::{self, Facts, Rule};
-use permit_sim::history::{Answer, Event, History, Operation, DRIVER};
+use permit_sim::history::{Answer, Event, History, Operation, QueuedItem, SeenItem, DRIVER};
 use permit_sim::{Run, Settings};
 
 /// A fake session planted by the tests; no client draws these bytes.
@@ -16,8 +17,7 @@ const FAKE_SESSION: SessionId = SessionId::from_bytes([0xfa; 16]);
 fn recorded() -> &'static Run {
     static RUN: OnceLock<Run> = OnceLock::new();
     RUN.get_or_init(|| {
-        let settings =
-            Settings { simulated: Duration::from_secs(10), clients: 5, faults: false, lying_disk: false };
+        let settings = Settings { simulated: Duration::from_secs(10), faults: false, ..Settings::default() };
         let run = permit_sim::run(42, &settings);
         assert!(!run.failed(), "{}", run.report());
         run
@@ -150,4 +150,129 @@ fn a_session_missing_while_its_lease_holds_is_reported() {
     let (index, grant) = relied_grant(&history);
     history.insert(index + 1, DRIVER, Event::SessionMissing { session: grant.session });
     assert_reports(&history, Rule::Lease, grant.session);
+}
+
+/// The records of the first acknowledged ack of an item: the index of its answer, the item, the
+/// session and the token.
+fn acknowledged_ack(history: &History) -> (usize, u64, SessionId, u64) {
+    let mut acks = std::collections::BTreeMap::new();
+    for (index, record) in history.records.iter().enumerate() {
+        match &record.event {
+            Event::Invoked {
+                op,
+                operation: Operation::Settle { session, item, token, ack: true, .. },
+                ..
+            } => {
+                acks.insert(*op, (*item, *session, *token));
+            }
+            Event::Acked { op, answer: Answer::Settled } if acks.contains_key(op) => {
+                let (item, session, token) = acks[op];
+                return (index, item, session, token);
+            }
+            _ => {}
+        }
+    }
+    panic!("a fault-free run acks items")
+}
+
+fn queue() -> Name {
+    Name::new(permit_sim::queue::QUEUE).expect("valid name")
+}
+
+fn assert_reports_queue(history: &History, invariant: Invariant, session: Option<SessionId>) {
+    let violations = checker::check(history);
+    assert!(
+        violations.iter().any(|violation| violation.rule == Rule::Queue(invariant)
+            && session.is_none_or(|session| violation.sessions.contains(&session))),
+        "expected a {invariant:?} violation involving {session:?}, got {violations:#?}"
+    );
+}
+
+#[test]
+fn an_item_acked_twice_is_reported() {
+    let mut history = recorded().history.clone();
+    let (index, item, session, token) = acknowledged_ack(&history);
+    let again = Operation::Settle { session, queue: queue(), item, token, ack: true };
+    history.insert(index + 1, DRIVER, Event::Invoked { op: 1_000_010, node: 0, operation: again });
+    history.insert(index + 2, DRIVER, Event::Acked { op: 1_000_010, answer: Answer::Settled });
+    assert_reports_queue(&history, Invariant::AckedOnce, Some(session));
+}
+
+#[test]
+fn a_second_live_claim_of_an_item_is_reported() {
+    let mut history = recorded().history.clone();
+    let (index, item, _, _) = acknowledged_ack(&history);
+    // Right after the claim that the ack settles was answered, while its session relies on
+    // it, another session gets the item.
+    let claimed = history.records[..index]
+        .iter()
+        .rposition(|record| matches!(&record.event, Event::Acked { answer: Answer::Claimed(Some(seen)), .. } if seen.id == item))
+        .expect("the acked item was claimed");
+    let Event::Acked { answer: Answer::Claimed(Some(seen)), .. } = history.records[claimed].event.clone()
+    else {
+        unreachable!("matched above")
+    };
+    let events = [
+        Event::Invoked {
+            op: 1_000_011,
+            node: 0,
+            operation: Operation::CreateSession { session: FAKE_SESSION, ttl_ms: 600_000 },
+        },
+        Event::Acked { op: 1_000_011, answer: Answer::SessionCreated },
+        Event::Invoked {
+            op: 1_000_012,
+            node: 0,
+            operation: Operation::Claim { session: FAKE_SESSION, queue: queue(), request: 7 },
+        },
+        Event::Acked {
+            op: 1_000_012,
+            answer: Answer::Claimed(Some(SeenItem { token: u64::MAX - 7, ..seen })),
+        },
+    ];
+    for (offset, event) in events.into_iter().enumerate() {
+        history.insert(claimed + 1 + offset, DRIVER, event);
+    }
+    assert_reports_queue(&history, Invariant::OneLiveClaim, Some(FAKE_SESSION));
+}
+
+#[test]
+fn an_acknowledged_push_that_vanished_is_reported() {
+    let mut history = recorded().history.clone();
+    let (_, item, _, _) = acknowledged_ack(&history);
+    // Every ack of the item said `claim_lost`: nothing acked it, and the final read lacks it.
+    let acks: Vec<u64> = history
+        .records
+        .iter()
+        .filter_map(|record| match &record.event {
+            Event::Invoked { op, operation: Operation::Settle { item: i, ack: true, .. }, .. }
+                if *i == item =>
+            {
+                Some(*op)
+            }
+            _ => None,
+        })
+        .collect();
+    for record in &mut history.records {
+        if let Event::Acked { op, answer } = &mut record.event {
+            if acks.contains(op) {
+                *answer = Answer::Refused("claim_lost".into());
+            }
+        }
+    }
+    assert_reports_queue(&history, Invariant::PushKept, None);
+}
+
+#[test]
+fn an_item_left_after_the_drain_is_reported() {
+    let mut history = recorded().history.clone();
+    let read = history
+        .records
+        .iter_mut()
+        .find_map(|record| match &mut record.event {
+            Event::QueueRead { items, .. } => Some(items),
+            _ => None,
+        })
+        .expect("the run reads the queue at the end");
+    read.push(QueuedItem { id: u64::MAX, payload: "\"planted\"".into(), state: "pending" });
+    assert_reports_queue(&history, Invariant::Drained, None);
 }

@@ -221,7 +221,13 @@ fn model_op<'h>(op: &'h Op, intern: &mut impl FnMut(&'h str) -> SessionIndex) ->
         OpKind::CloseSession => Call::Close { session: intern(&op.session) },
         OpKind::Describe => Call::Describe,
         OpKind::Validate { token } => Call::Validate { token },
-        OpKind::CreateSession { .. } | OpKind::Keepalive | OpKind::FencedWrite { .. } => return None,
+        OpKind::CreateSession { .. }
+        | OpKind::Keepalive
+        | OpKind::FencedWrite { .. }
+        | OpKind::Push
+        | OpKind::Claim { .. }
+        | OpKind::Ack { .. }
+        | OpKind::Nack { .. } => return None,
     };
     let complete_ns = if ret == Return::Unknown { None } else { op.complete_ns };
     Some(ModelOp { invoke_ns: op.invoke_ns, complete_ns, call, ret })

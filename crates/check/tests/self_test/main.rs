@@ -9,6 +9,7 @@ mod fencing;
 mod generated;
 mod history;
 mod linearizability;
+mod queue;
 mod serial;
 mod support;
 mod tokens;

@@ -184,6 +184,8 @@ fn invocation_of(op: &Op) -> Invocation {
         semaphore: op.semaphore.clone(),
         session: op.session.clone(),
         permits: op.permits,
+        item: op.item.clone(),
+        payload: op.payload.clone(),
     }
 }
 

@@ -141,6 +141,54 @@ impl Script {
         self.unanswered(Invocation::fenced_write(client, session, resource, token), invoke_ms)
     }
 
+    pub fn push(&mut self, client: u32, queue: &str, payload: &str, at: (u64, u64), item: &str) -> OpId {
+        let answer = Completion { item: Some(item.to_owned()), ..Completion::ok() };
+        self.answered(Invocation::push(client, queue, payload), at, answer)
+    }
+
+    /// A claim that took `item` (with `payload`) under `token`; `request_id` is `token`.
+    pub fn claim(
+        &mut self,
+        client: u32,
+        session: &str,
+        queue: &str,
+        (item, payload, token): (&str, &str, u64),
+        at: (u64, u64),
+    ) -> OpId {
+        let answer = Completion {
+            item: Some(item.to_owned()),
+            payload: Some(payload.to_owned()),
+            token: Some(token),
+            attempt: Some(1),
+            ..Completion::ok()
+        };
+        self.answered(Invocation::claim(client, session, queue, token), at, answer)
+    }
+
+    pub fn ack(
+        &mut self,
+        client: u32,
+        session: &str,
+        queue: &str,
+        item: &str,
+        token: u64,
+        at: (u64, u64),
+    ) -> OpId {
+        self.answered(Invocation::ack(client, session, queue, item, token), at, Completion::ok())
+    }
+
+    pub fn nack(
+        &mut self,
+        client: u32,
+        session: &str,
+        queue: &str,
+        item: &str,
+        token: u64,
+        at: (u64, u64),
+    ) -> OpId {
+        self.answered(Invocation::nack(client, session, queue, item, token), at, Completion::ok())
+    }
+
     /// Marks which node answered op `id`.
     pub fn answered_by(&mut self, id: OpId, node: u64) {
         self.ops[id as usize].node = Some(node);

@@ -114,6 +114,17 @@ async fn f10_follower_catches_up_by_snapshot() {
     must_pass(scenario).await;
 }
 
+/// The queue workload under a leader's `kill -9` and restart (the failover happens under
+/// traffic): no acknowledged push lost, no item acked twice, no two live claims of one item,
+/// everything acked or dead-lettered once the consumers drain (`permit_check::check_queues`).
+/// The other faults under the queue workload (`QF1` isolated leader, `QF2` minority split,
+/// `QF4` every node killed, `QF5` paused leader, `QF8` membership, `QF12` full disk) run in
+/// `permit-faults`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qf3_queue_leader_kill_9_loses_no_item_and_doubles_no_claim() {
+    must_pass(Scenario::queue("QF3-kill-leader", Fault::KillLeader)).await;
+}
+
 /// Runs a scenario whose servers carry a known defect: the checkers must report `expected`.
 async fn must_catch(mut scenario: Scenario, bug: Option<&str>, expected: &[&str]) {
     scenario.bug = bug.map(str::to_owned);
@@ -160,6 +171,27 @@ async fn self_test_catches_non_monotonic_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn self_test_catches_expiry_at_half_the_ttl() {
     must_catch(Scenario::new("bug-early-expiry", Fault::None), Some("early_expiry"), &["I1"]).await;
+}
+
+/// A server that answers acks without committing them: the item comes back when its claiming
+/// session ends, and is acked again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_test_catches_lost_queue_acks() {
+    let mut scenario = Scenario::queue("bug-lost-ack", Fault::None);
+    // Items acked in vain stay claimed by live sessions: the drain cannot empty the queue, and
+    // the second acks come within the first seconds of it.
+    (scenario.fault_for, scenario.settle, scenario.drain_for) =
+        (Duration::from_secs(1), Duration::from_secs(1), Duration::from_secs(3));
+    must_catch(scenario, Some("lost_ack"), &["Q2"]).await;
+}
+
+/// Sessions that expire at half their TTL end claims their consumers still rely on: another
+/// consumer gets the item meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_test_catches_claims_ended_early() {
+    let mut scenario = Scenario::queue("bug-early-claim-expiry", Fault::None);
+    (scenario.fault_for, scenario.settle) = (Duration::from_secs(2), Duration::from_secs(1));
+    must_catch(scenario, Some("early_expiry"), &["Q3"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

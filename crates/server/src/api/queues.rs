@@ -385,6 +385,9 @@ pub(crate) async fn ack(
     let id = parse_item_id(&id)?;
     let session = parse_session(&request.session)?;
     caller.check_owns(&app, session)?;
+    if crate::bugs::is(crate::bugs::Bug::LostAck) {
+        return Ok(axum::Json(SettleResponse { id: id.to_string(), state: None }));
+    }
     match app.propose(Command::Ack { queue: name, id, session, token: request.token }).await? {
         Outcome::Acked => Ok(axum::Json(SettleResponse { id: id.to_string(), state: None })),
         Outcome::Refused(refusal) => Err(refusal.into()),

@@ -119,7 +119,7 @@ impl Facts {
                     }
                     _ => self.malformed(format!("answer to unknown or answered op {op}")),
                 },
-                Event::SessionMissing { .. } | Event::Observed { .. } => {}
+                Event::SessionMissing { .. } | Event::Observed { .. } | Event::QueueRead { .. } => {}
             }
         }
     }

@@ -6,7 +6,10 @@
 //! - **capacity** ([`capacity`]): at no instant do the holds that clients rely on exceed the
 //!   largest capacity sent for the semaphore so far;
 //! - **leases** ([`leases`]): a session is never reported missing while its lease holds, and a
-//!   linearizable read of a session shows every hold its client relies on, with its token.
+//!   linearizable read of a session shows every hold its client relies on, with its token;
+//! - **queues** ([`queues`]): no acknowledged push lost, no item acked twice, no two live claims
+//!   of one item, every item acked or dead-lettered once the driver drained the queue
+//!   (`permit_check::check_queues`).
 //!
 //! A client relies on a hold from the answer (or read) that first showed it until it sends a
 //! release or a close, until `acquire sent + max_hold_ms`, and only while its session's lease
@@ -19,6 +22,7 @@
 pub mod capacity;
 pub mod facts;
 pub mod leases;
+pub mod queues;
 pub mod tokens;
 
 use std::fmt;
@@ -44,6 +48,8 @@ pub enum Rule {
     Lease,
     /// A read lacks a hold its client relies on.
     Durability,
+    /// A queue promise is broken (`permit_check`'s Q1-Q4).
+    Queue(permit_check::Invariant),
 }
 
 /// One broken rule, with the sessions involved.
@@ -77,5 +83,6 @@ pub fn check(history: &History) -> Vec<Violation> {
     violations.extend(tokens::check(&facts));
     violations.extend(capacity::check(&facts));
     violations.extend(leases::check(history, &facts));
+    violations.extend(queues::check(history));
     violations
 }
