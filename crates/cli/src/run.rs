@@ -383,7 +383,7 @@ impl Hold {
             eprintln!(
                 "permit: lost {} ({}); stopping the command with SIGTERM",
                 self.what,
-                why_lost(session, &ended)
+                why_lost(session, held, &ended)
             );
         };
         // Stop when the hold is lost, or `kill_after` before the local deadline when keepalives
@@ -431,16 +431,28 @@ impl Hold {
         tokio::select! {
             _ = signals.recv() => Outcome { code: 0, lost: false },
             () = held.lost(client, &ended) => {
-                eprintln!("permit: lost {} ({})", self.what, why_lost(session, &ended));
+                eprintln!("permit: lost {} ({})", self.what, why_lost(session, held, &ended));
                 Outcome { code: EXIT_LOST, lost: true }
             }
         }
     }
 }
 
+/// How early the server's end of a hold may be seen before this process's own `--max-hold`
+/// deadline and still be that deadline's doing: the server counts it from the grant, the client
+/// from its request, and a loaded machine runs the client's timer late.
+const MAX_HOLD_SEEN_EARLY: Duration = Duration::from_millis(250);
+
 /// Why a hold was lost, for messages.
-fn why_lost(session: &Session, ended_on_server: &AtomicBool) -> &'static str {
-    if ended_on_server.load(Ordering::Relaxed) {
+fn why_lost(session: &Session, held: &Held, ended_on_server: &AtomicBool) -> &'static str {
+    let max_hold_due = match held {
+        Held::Permit(permit) => {
+            permit.deadline() < session.deadline()
+                && permit.deadline() <= tokio::time::Instant::now() + MAX_HOLD_SEEN_EARLY
+        }
+        Held::Leadership(_) => false,
+    };
+    if ended_on_server.load(Ordering::Relaxed) && !max_hold_due {
         return "the server ended it: revoked (permit revoke) or released for the session, which lives on";
     }
     match session.state() {
