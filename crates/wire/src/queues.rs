@@ -78,7 +78,7 @@ pub struct QueueList {
 pub struct PushItem {
     /// Any JSON value (`null` too), at most 64 KiB encoded; handed back byte for byte to the
     /// claimer.
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    #[cfg_attr(feature = "openapi", schema(value_type = serde_json::Value))]
     pub payload: Box<RawValue>,
     /// Keep the item out of claims for this long after the push, in ms: 0..=604800000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -99,7 +99,7 @@ pub struct PushItem {
 pub struct PushRequest {
     /// One item's payload: any JSON value (`null` too), at most 64 KiB encoded.
     #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    #[cfg_attr(feature = "openapi", schema(value_type = serde_json::Value))]
     pub payload: Option<Box<RawValue>>,
     /// One item's delay, as [`PushItem::delay_ms`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -198,7 +198,7 @@ pub struct ClaimedItem {
     /// Its place in the queue.
     pub seq: u64,
     /// The payload, as pushed.
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    #[cfg_attr(feature = "openapi", schema(value_type = serde_json::Value))]
     pub payload: Box<RawValue>,
     /// Claims of this item so far, this one included (1 on the first claim).
     pub attempt: u32,
@@ -297,7 +297,7 @@ pub struct ItemView {
     /// Why its last claim ended without an ack (a nack's `error`, or its session's end).
     pub last_error: Option<String>,
     /// The payload.
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    #[cfg_attr(feature = "openapi", schema(value_type = serde_json::Value))]
     pub payload: Box<RawValue>,
 }
 
