@@ -320,7 +320,26 @@ fn session_of(command: &Command) -> Option<SessionId> {
         | Command::CancelClaim { session, .. }
         | Command::Ack { session, .. }
         | Command::Nack { session, .. } => Some(*session),
-        _ => None,
+        // Listed, not a wildcard: a new command must be placed here (the queue commands were
+        // missed behind a wildcard, and every handoff waited out the whole wait).
+        Command::CreateSession { .. }
+        | Command::ExpireSessions { .. }
+        | Command::PutSemaphore { .. }
+        | Command::DeleteSemaphore { .. }
+        | Command::ExpireHolds
+        | Command::CreateOwnedSession { .. }
+        | Command::CreateToken { .. }
+        | Command::DeleteToken { .. }
+        | Command::Revoke { .. }
+        | Command::PutSemaphoreBy { .. }
+        | Command::SetTokenSalt { .. }
+        | Command::SetClusterVersion { .. }
+        | Command::Proclaim { .. }
+        | Command::PutQueue { .. }
+        | Command::DeleteQueue { .. }
+        | Command::Push { .. }
+        | Command::RemoveItem { .. }
+        | Command::PromoteDueItems => None,
     }
 }
 
