@@ -787,9 +787,9 @@ class Session:
                 self._check()
         finally:
             if armed:
-                self._abandon_claim(queue, request_id, most)
+                self._abandon_claim(queue, request_id)
 
-    def _abandon_claim(self, queue: str, request_id: int, most: int) -> None:
+    def _abandon_claim(self, queue: str, request_id: int) -> None:
         """Ends a claim left unanswered (cancelled, failed): `claim/cancel` ends its wait on the
         server without taking anything and answers what it took, which is nacked back. Best
         effort: whatever stays claimed is pending again when the session ends."""

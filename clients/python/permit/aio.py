@@ -801,9 +801,9 @@ class Session:
                 self._check()
         finally:
             if armed:
-                await self._abandon_claim(queue, request_id, most)
+                await self._abandon_claim(queue, request_id)
 
-    async def _abandon_claim(self, queue: str, request_id: int, most: int) -> None:
+    async def _abandon_claim(self, queue: str, request_id: int) -> None:
         """Ends a claim left unanswered (cancelled, failed): `claim/cancel` ends its wait on the
         server without taking anything and answers what it took, which is nacked back. Best
         effort: whatever stays claimed is pending again when the session ends."""
