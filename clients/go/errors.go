@@ -136,6 +136,7 @@ var codes = map[string][]error{
 	"payload_too_large":             {ErrInvalidRequest},
 	"claim_lost":                    {ErrClaimLost, ErrConflict},
 	"item_not_found":                {ErrNotFound},
+	"rate_limited":                  {ErrLimitExceeded},
 
 	// Found on this side.
 	"connection":        {ErrClusterUnavailable},

@@ -227,6 +227,7 @@ CODES: Dict[str, Type[PermitError]] = {
     "payload_too_large": InvalidRequest,
     "claim_lost": Conflict,
     "item_not_found": NotFound,
+    "rate_limited": LimitExceeded,
 }
 
 

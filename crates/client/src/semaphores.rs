@@ -41,7 +41,8 @@ impl Client {
     ///
     /// Dropping the future may or may not set the capacity; repeating the call is harmless.
     pub async fn put_semaphore(&self, name: &str, capacity: u64) -> Result<SemaphoreView> {
-        let call = Call::new(Method::PUT, semaphore_path(name, "")).body(&PutSemaphoreRequest { capacity });
+        let call = Call::new(Method::PUT, semaphore_path(name, ""))
+            .body(&PutSemaphoreRequest { capacity, ..PutSemaphoreRequest::default() });
         self.transport.send(&call).await?.json()
     }
 
@@ -219,6 +220,7 @@ impl Client {
     ///     capacity: Some(8),
     ///     max_hold_ms: None,
     ///     ephemeral: true,
+    ///     group: None,
     /// };
     /// match client.acquire("db.orders", &request).await? {
     ///     AcquireResponse::Acquired { token, .. } => println!("token {token}"),

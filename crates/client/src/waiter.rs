@@ -92,6 +92,7 @@ impl Ask<'_> {
                     capacity: *capacity,
                     max_hold_ms: max_hold.map(duration_ms),
                     ephemeral: *ephemeral,
+                    group: None,
                 };
                 Ok(match client.acquire(name, &request).await? {
                     AcquireResponse::Acquired { permits, token } => Answer::Granted { permits, token },

@@ -19,12 +19,14 @@ pub(crate) struct ApiError {
     pub(crate) code: ErrorCode,
     /// Message for humans.
     pub(crate) message: String,
+    /// With `rate_limited`: when the rate allows the request, in ms (also `Retry-After`).
+    pub(crate) retry_after_ms: Option<u64>,
 }
 
 impl ApiError {
     /// An error with this code and message.
     pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
-        ApiError { code, message: message.into() }
+        ApiError { code, message: message.into(), retry_after_ms: None }
     }
 
     /// `session_not_found`.
@@ -52,8 +54,16 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status =
             StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = ErrorBody { error: ErrorDetail { code: self.code, message: self.message } };
-        (status, axum::Json(body)).into_response()
+        let retry_after_ms = self.retry_after_ms;
+        let body =
+            ErrorBody { error: ErrorDetail { code: self.code, message: self.message, retry_after_ms } };
+        let mut response = (status, axum::Json(body)).into_response();
+        if let Some(ms) = retry_after_ms {
+            // Whole seconds, rounded up, so that a client that honours only the header is never early.
+            let seconds = ms.div_ceil(1000).max(1);
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }
 

@@ -442,6 +442,7 @@ async fn refuse_plain_http(mut stream: TcpStream) {
         error: ErrorDetail {
             code: ErrorCode::TlsRequired,
             message: "this port serves HTTPS only: use an https:// URL".to_owned(),
+            retry_after_ms: None,
         },
     };
     let body = serde_json::to_string(&body).unwrap_or_default();

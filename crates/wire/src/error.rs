@@ -23,6 +23,10 @@ pub struct ErrorDetail {
     pub code: ErrorCode,
     /// What went wrong, for humans; may change between versions.
     pub message: String,
+    /// With `rate_limited`: milliseconds until the rate allows the request (the `Retry-After`
+    /// header carries it in whole seconds, rounded up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 macro_rules! error_codes {
@@ -161,6 +165,9 @@ error_codes! {
     ClaimLost = "claim_lost", 409;
     /// The queue has no item with this id (never pushed, acked, dead-lettered or removed).
     ItemNotFound = "item_not_found", 404;
+    /// A take (or a take's wait) found no room in the semaphore's rate: nothing was taken.
+    /// `retry_after_ms` says when the rate allows it.
+    RateLimited = "rate_limited", 429;
 }
 
 #[cfg(feature = "openapi")]
@@ -208,7 +215,7 @@ mod tests {
         membership_change_in_progress leader_unreachable unauthenticated permission_denied \
         token_not_found storage_error tls_required misdirected_request body_timeout \
         feature_unavailable wrong_cluster not_leader queue_not_found queue_busy queue_full \
-        payload_too_large claim_lost item_not_found";
+        payload_too_large claim_lost item_not_found rate_limited";
 
     #[test]
     fn error_codes_match_the_published_list() {

@@ -6,9 +6,11 @@
 #![deny(missing_docs)]
 
 mod error;
+mod policies;
 mod queues;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+pub use policies::*;
 pub use queues::*;
 
 use serde::{Deserialize, Serialize};
@@ -229,14 +231,39 @@ pub struct SessionList {
     pub next_after: Option<String>,
 }
 
-/// `PUT /v1/semaphores/{name}`: create a semaphore or set its capacity.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// `PUT /v1/semaphores/{name}`: create a semaphore or set its capacity and policies.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PutSemaphoreRequest {
     /// Capacity in permits: 1..=1000000.
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000000))]
     pub capacity: u64,
+    /// A rate next to the capacity: permits granted (by acquire or take) obey a generic cell
+    /// rate algorithm on leader time. Absent keeps the current rate; `null` removes it.
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Rate>, nullable))]
+    pub rate: Option<Option<Rate>>,
+    /// How long the permits of a hold that ends by expiry or revoke stay out of circulation, in
+    /// ms: 0..=60000 (0: none). A release returns permits at once. Absent keeps the current value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 60000))]
+    pub lock_delay_ms: Option<u64>,
+    /// Most permits that the holders of one group (an acquire's `group`) may hold at once:
+    /// 1..=1000000. Absent keeps the current cap; `null` removes it.
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>, nullable, minimum = 1, maximum = 1000000))]
+    pub group_max: Option<Option<u64>>,
+}
+
+/// Deserialises a field that is present (as a value or `null`): absent stays `None` through
+/// `#[serde(default)]`, `null` becomes `Some(None)`.
+fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
 }
 
 /// A holder in `GET /v1/semaphores/{name}`.
@@ -258,6 +285,9 @@ pub struct HolderView {
     /// Milliseconds since the grant, in leader time (as the answering node reads it).
     #[serde(default)]
     pub held_ms: u64,
+    /// The group the acquire named, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// A waiter in `GET /v1/semaphores/{name}`.
@@ -276,6 +306,13 @@ pub struct WaiterView {
     /// applied the acquire, or loaded the snapshot that held it: a lower bound after a restart).
     #[serde(default)]
     pub waiting_ms: Option<u64>,
+    /// The group the acquire named, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// A waiting take (`POST .../take`), not an acquire: it holds nothing once served, and
+    /// `session` is the take's own id, not a session's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub take: bool,
 }
 
 /// `GET /v1/semaphores/{name}` (and the answer to `PUT`).
@@ -288,7 +325,7 @@ pub struct SemaphoreView {
     pub capacity: u64,
     /// Permits held now (may exceed `capacity` right after a shrink).
     pub held: u64,
-    /// Permits free now: `capacity - held`, or 0.
+    /// Permits free now: `capacity - held - ` the delayed permits, or 0.
     pub available: u64,
     /// Raft log index of the last change (also in the `Permit-Index` header).
     pub index: u64,
@@ -299,6 +336,21 @@ pub struct SemaphoreView {
     /// Deleted when its last holder and waiter leave (created by an ephemeral acquire).
     #[serde(default)]
     pub ephemeral: bool,
+    /// The rate, with its state now; absent when the semaphore has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateView>,
+    /// Lock-delay in ms (0: none).
+    #[serde(default)]
+    pub lock_delay_ms: u64,
+    /// Permits of failed holds kept out of circulation by the lock-delay, soonest first.
+    #[serde(default)]
+    pub delayed: Vec<DelayedPermits>,
+    /// The cap of permits per group, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_max: Option<u64>,
+    /// Holdings and waiters per group, in group order (groups with neither are absent).
+    #[serde(default)]
+    pub groups: Vec<GroupView>,
 }
 
 /// `GET /v1/semaphores/{name}/history`: what the answering node saw of a semaphore, one sample
@@ -351,8 +403,14 @@ pub struct SemaphoreSummary {
     pub capacity: u64,
     /// Permits held.
     pub held: u64,
-    /// Permits free.
+    /// Permits free (capacity less held and delayed permits).
     pub available: u64,
+    /// Permits kept out of circulation by the lock-delay.
+    #[serde(default)]
+    pub delayed: u64,
+    /// Whether the semaphore has a rate.
+    #[serde(default)]
+    pub rated: bool,
     /// Number of holders.
     pub holders: u64,
     /// Number of waiters.
@@ -403,6 +461,10 @@ pub struct AcquireRequest {
     /// makes it permanent. Default false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ephemeral: bool,
+    /// The group this acquire counts against (the semaphore's `group_max`): 1-64 bytes of
+    /// `[A-Za-z0-9._:-]`. A session that holds or waits keeps the group it first named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// Answer to an acquire: `200` acquired or `202` waiting.

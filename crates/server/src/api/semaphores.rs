@@ -60,6 +60,7 @@ pub(crate) fn view(
                 granted_index: hold.granted_index,
                 expires_in_ms: hold.expires_at_ms.map(|at| at.saturating_sub(state.now_ms())),
                 held_ms: now_ms.saturating_sub(hold.granted_at_ms),
+                group: None,
             })
             .collect(),
         waiters: object
@@ -72,9 +73,16 @@ pub(crate) fn view(
                 permits: waiter.permits,
                 position: i as u64 + 1,
                 waiting_ms: waited(waiter.session).map(millis),
+                group: None,
+                take: false,
             })
             .collect(),
         ephemeral: state.is_ephemeral(&Key::semaphore(name.clone())),
+        rate: None,
+        lock_delay_ms: 0,
+        delayed: Vec::new(),
+        group_max: None,
+        groups: Vec::new(),
     }
 }
 
@@ -115,6 +123,12 @@ pub(crate) async fn put(
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
     validate_capacity(request.capacity)?;
+    if request.rate.is_some() || request.lock_delay_ms.is_some() || request.group_max.is_some() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidArgument,
+            "rate, lock_delay_ms and group_max are not served yet",
+        ));
+    }
     caller.check_objects_cap(&app, &Key::semaphore(name.clone())).await?;
     let (capacity, creator) = (request.capacity, caller.creator(&app));
     let command = match creator {
@@ -277,6 +291,8 @@ pub(crate) async fn list(
             capacity: object.capacity,
             held: object.held,
             available: object.available(),
+            delayed: 0,
+            rated: false,
             holders: object.holders.len() as u64,
             waiters: object.queue.len() as u64,
             oldest_wait_ms: app.observer.oldest_wait(key).map(millis),
@@ -326,6 +342,9 @@ pub(crate) async fn acquire(
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
     let session = parse_session(&request.session)?;
+    if request.group.is_some() {
+        return Err(ApiError::new(ErrorCode::InvalidArgument, "group is not served yet"));
+    }
     caller.check_owns(&app, session)?;
     let wait_ms = capped_wait(request.wait_ms);
     let _poll = if wait_ms > 0 { Some(caller.long_poll(&app).await?) } else { None };

@@ -141,7 +141,11 @@ pub(crate) async fn keepalive_batch(
                     }
                     Err(error) => KeepaliveResult::Refused {
                         id: text.clone(),
-                        error: ErrorDetail { code: error.code, message: error.message },
+                        error: ErrorDetail {
+                            code: error.code,
+                            message: error.message,
+                            retry_after_ms: error.retry_after_ms,
+                        },
                     },
                 })
                 .collect();
