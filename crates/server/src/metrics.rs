@@ -82,6 +82,18 @@ pub(crate) struct ObjectCounts {
     expirations: Option<Counter>,
     /// By how the hold ended, in the order of [`HOLD_ENDS`].
     hold_seconds: [Option<Histogram>; HOLD_ENDS.len()],
+    /// Takes served and refused by the rate.
+    takes: [Option<Counter>; 2],
+}
+
+/// The `result` label of `permit_semaphore_takes_total`, served first.
+const TAKE_RESULTS: [&str; 2] = ["taken", "rate_limited"];
+
+/// The labels of an object's take series with `result`.
+fn take_labels(labels: &Labels, result: &str) -> Labels {
+    let mut with = labels.clone();
+    with.push(("result".to_owned(), result.to_owned()));
+    with
 }
 
 /// The labelled families of one kind of object.
@@ -100,6 +112,8 @@ struct ObjectFamilies {
     hold_seconds: Family<Labels, Histogram>,
     leader_changes: Family<Labels, Counter>,
     tenure_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
+    takes: Family<Labels, Counter>,
+    delayed: Family<Labels, Gauge>,
 }
 
 impl ObjectFamilies {
@@ -119,6 +133,8 @@ impl ObjectFamilies {
             hold_seconds: Family::new_with_constructor(seconds),
             leader_changes: Family::default(),
             tenure_seconds: Family::default(),
+            takes: Family::default(),
+            delayed: Family::default(),
         }
     }
 
@@ -135,6 +151,10 @@ impl ObjectFamilies {
         self.wait_seconds.remove(labels);
         self.leader_changes.remove(labels);
         self.tenure_seconds.remove(labels);
+        self.delayed.remove(labels);
+        for result in TAKE_RESULTS {
+            self.takes.remove(&take_labels(labels, result));
+        }
         for how in HOLD_ENDS {
             self.hold_seconds.remove(&hold_labels(labels, how));
         }
@@ -685,6 +705,20 @@ impl Metrics {
         histogram.observe(held);
     }
 
+    /// Counts a take of the semaphore series `labels`: served, or refused by the rate.
+    pub(crate) fn take_answered(&self, labels: &Labels, series: &mut ObjectCounts, taken: bool) {
+        let slot = usize::from(!taken);
+        let f = &self.semaphore;
+        series.takes[slot]
+            .get_or_insert_with(|| f.takes.get_or_create(&take_labels(labels, TAKE_RESULTS[slot])).clone())
+            .inc();
+    }
+
+    /// Moves the permits kept out by the lock-delay in the semaphore series `labels`.
+    pub(crate) fn delayed_permits(&self, labels: &Labels, delta: i64) {
+        self.semaphore.delayed.get_or_create(labels).inc_by(delta);
+    }
+
     /// The gauges of the queue series `labels` (created at zero if new).
     pub(crate) fn queue_series(&self, labels: &Labels) -> QueueGauges {
         let q = &self.queue;
@@ -910,6 +944,16 @@ fn register_objects(registry: &mut Registry, s: &ObjectFamilies, e: &ObjectFamil
         "semaphore_hold_seconds",
         "Time from granted to the end of the hold (leader time), per semaphore and how it ended",
         s.hold_seconds.clone(),
+    );
+    registry.register(
+        "semaphore_takes",
+        "Takes (POST /v1/semaphores/{name}/take) per semaphore, by result: taken or rate_limited",
+        s.takes.clone(),
+    );
+    registry.register(
+        "semaphore_delayed_permits",
+        "Permits of failed holds that the lock-delay keeps out of circulation, per semaphore",
+        s.delayed.clone(),
     );
     registry.register("election_has_leader", "1 while the election has a leader", e.holders.clone());
     registry.register("election_candidates", "Candidates queued per election", e.waiters.clone());

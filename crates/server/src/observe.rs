@@ -275,10 +275,11 @@ impl Observer {
             for (key, object) in state.objects_after(kind, None) {
                 self.track(&mut tracker, key, object.capacity);
                 let tracked = tracker.objects.get_mut(key).expect("tracked above");
+                let takers = state.policy(key).map_or(0, |policy| policy.takers.len());
                 m.change_object(&tracked.gauges, |g| {
                     g.held.inc_by(object.held as i64);
                     g.holders.inc_by(object.holders.len() as i64);
-                    g.waiters.inc_by(object.queue.len() as i64);
+                    g.waiters.inc_by((object.queue.len() - takers) as i64);
                 });
                 if key.kind == Kind::Election && !object.holders.is_empty() {
                     tracked.leader_since = Some(now);
@@ -290,7 +291,17 @@ impl Observer {
                     history.set(second, object.held, object.capacity, object.queue.len() as u64);
                 }
                 let own = tracked.own;
-                let waiters: Vec<SessionId> = object.queue.iter().map(|waiter| waiter.session).collect();
+                let policy = state.policy(key);
+                if let Some(delayed) = policy.map(permit_core::Policy::delayed_permits).filter(|d| *d > 0) {
+                    m.delayed_permits(&tracked.labels, delayed as i64);
+                }
+                // Waiting takes are not acquires: they have no `queued` event and no gauge.
+                let waiters: Vec<SessionId> = object
+                    .queue
+                    .iter()
+                    .map(|waiter| waiter.session)
+                    .filter(|session| !policy.is_some_and(|policy| policy.takers.contains_key(session)))
+                    .collect();
                 for session in waiters {
                     tracker.next_wait += 1;
                     let seq = tracker.next_wait;
@@ -471,7 +482,13 @@ impl Observer {
                 });
                 let held = event.held_ms.unwrap_or(0) as f64 / 1000.0;
                 m.hold_ended(key.kind, &tracked.labels, &mut tracked.counts, event.kind, held);
+                if event.delay_ms.is_some() {
+                    m.delayed_permits(&tracked.labels, permits);
+                }
             }
+            EventKind::DelayEnded => m.delayed_permits(&tracked.labels, -permits),
+            EventKind::Taken => m.take_answered(&tracked.labels, &mut tracked.counts, true),
+            EventKind::RateLimited => m.take_answered(&tracked.labels, &mut tracked.counts, false),
             EventKind::LeaderChanged => {
                 tracked.leader_since = session.map(|_| Instant::now());
                 m.leader_changed(labels);
@@ -661,6 +678,8 @@ fn render(seq: u64, index: u64, now_ms: u64, event: &Event) -> String {
         #[serde(skip_serializing_if = "Option::is_none")]
         dead_letter: Option<&'a str>,
         #[serde(skip_serializing_if = "Option::is_none")]
+        delay_ms: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<&'a str>,
         index: u64,
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -690,6 +709,7 @@ fn render(seq: u64, index: u64, now_ms: u64, event: &Event) -> String {
         attempt: event.attempt,
         capacity: event.capacity,
         dead_letter: event.dead_letter.as_ref().map(|name| name.as_str()),
+        delay_ms: event.delay_ms,
         error: event.error.as_deref(),
         index,
         item: event.item.map(|id| id.to_string()),

@@ -75,6 +75,20 @@ async fn a_cluster_refuses_a_newer_feature_until_every_member_speaks_it_and_neve
     let refused = push().await;
     assert_eq!((refused.status, refused.code()), (409, "feature_unavailable"), "{refused:?}");
     assert_eq!(api.get("/v1/queues/jobs").await.code(), "queue_not_found");
+    // Semaphore policies need version 5: a policy, a grouped acquire and a take are refused; a
+    // plain capacity change still works.
+    let policy =
+        || api.send("PUT", "/v1/semaphores/db", Some(json!({ "capacity": 2, "lock_delay_ms": 100 })));
+    let refused = policy().await;
+    assert_eq!((refused.status, refused.code()), (409, "feature_unavailable"), "{refused:?}");
+    let other = api.session(30_000).await;
+    let grouped = api.acquire("db", json!({ "session": other, "group": "g" })).await;
+    assert_eq!((grouped.status, grouped.code()), (409, "feature_unavailable"), "{grouped:?}");
+    let take = || api.post("/v1/semaphores/db/take", json!({}));
+    assert_eq!(take().await.code(), "feature_unavailable");
+    let plain = api.send("PUT", "/v1/semaphores/db", Some(json!({ "capacity": 1 }))).await;
+    assert_eq!(plain.status, 200, "{plain:?}");
+    assert_eq!(plain.body["lock_delay_ms"], 0, "{plain:?}");
 
     // Node 3 upgraded (restarted without the injection): the leader raises the version.
     cluster.nodes[2].restart();
@@ -88,6 +102,8 @@ async fn a_cluster_refuses_a_newer_feature_until_every_member_speaks_it_and_neve
     let proclaimed = api.post("/v1/elections/e/proclaim", json!({ "session": session, "value": "b" })).await;
     assert_eq!((proclaimed.status, proclaimed.body["value"].as_str()), (200, Some("b")), "{proclaimed:?}");
     assert_eq!(push().await.status, 201);
+    assert_eq!(policy().await.body["lock_delay_ms"], 100);
+    assert_eq!(take().await.status, 200);
 
     // A member that speaks less than the cluster's version is not added.
     let secret = cluster.secret_file.display().to_string();

@@ -14,6 +14,7 @@ mod io_errors;
 mod isolation;
 mod observability;
 mod openapi;
+mod policies;
 mod queues;
 mod sd_notify;
 mod semaphores;
