@@ -129,6 +129,11 @@
     return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
   }
 
+  // A length of time that may be under a second (a rate's period, a lock-delay).
+  function period(ms) {
+    return ms < 1000 ? `${ms} ms` : duration(ms);
+  }
+
   function short(id) {
     return id ? id.slice(0, 8) : '';
   }
@@ -548,8 +553,10 @@
   }
 
   // A link to a session's page, shown by its name (or its short id).
-  function sessionLink(id, name) {
-    return h('a', { href: `#/session/${id}`, class: 'session-link', 'data-session': id }, name || short(id));
+  // A link to a session's page; with its acquire's group, when it named one.
+  function sessionLink(id, name, group) {
+    const link = h('a', { href: `#/session/${id}`, class: 'session-link', 'data-session': id }, name || short(id));
+    return group ? h('span', {}, link, ' ', h('span', { class: 'pill group' }, group)) : link;
   }
 
   // The list view's sort and filter, kept while the tab lives.
@@ -799,13 +806,14 @@
         stat('Available', body.available, 'available'),
         stat('Waiting', body.waiters.length, 'waiting'),
         stat('Grants/s', sparkline(body.name))),
+      policyCard(body),
       h('h2', {}, 'Held and waiting, last 15 minutes'),
       chart(body.name),
       h('h2', {}, `Holders (${body.holders.length})`),
     ];
     const holderRows = body.holders.map((holder) =>
       h('tr', { 'data-session': holder.session },
-        td('Session', sessionLink(holder.session, holder.session_name || '(unnamed)')),
+        td('Session', sessionLink(holder.session, holder.session_name || '(unnamed)', holder.group)),
         td('Id', h('code', { title: holder.session }, short(holder.session))),
         td('Permits', holder.permits, 'num'),
         td('Token', holder.token, 'num'),
@@ -825,7 +833,8 @@
       if (waiter.waiting_ms !== null && waiter.waiting_ms !== undefined) waited = duration(waiter.waiting_ms + age);
       return h('tr', { 'data-session': waiter.session },
         td('Position', waiter.position, 'num'),
-        td('Session', sessionLink(waiter.session, waiter.session_name || '(unnamed)')),
+        td('Session', waiter.take ? h('span', { class: 'muted' }, 'take (no session)')
+          : sessionLink(waiter.session, waiter.session_name || '(unnamed)', waiter.group)),
         td('Id', h('code', { title: waiter.session }, short(waiter.session))),
         td('Permits', waiter.permits, 'num'),
         td('Waiting', waited, 'num'));
@@ -837,6 +846,30 @@
       : h('p', { class: 'muted', id: 'queue' }, 'Nobody waits.'));
     if (admin) out.push(adminForm(body));
     return out;
+  }
+
+  // A semaphore's policies (rate, lock-delay, group cap) and their state; nothing without any.
+  function policyCard(body) {
+    const delayed = body.delayed || [];
+    const groups = body.groups || [];
+    if (!body.rate && !body.lock_delay_ms && !body.group_max && !groups.length && !delayed.length) return null;
+    const parts = [];
+    if (body.rate) {
+      const r = body.rate;
+      const next = r.available > 0 ? `${r.available} available now` : `next in ${period(r.next_in_ms)}`;
+      parts.push(h('div', { id: 'rate' }, h('strong', {}, 'Rate '), `${r.permits} per ${period(r.per_ms)}, burst ${r.burst}: `, next));
+    }
+    if (body.lock_delay_ms || delayed.length) {
+      const out = delayed.map((d) => `${d.permits} back in ${period(d.remaining_ms)}`).join(', ');
+      parts.push(h('div', { id: 'lock-delay' }, h('strong', {}, 'Lock-delay '), period(body.lock_delay_ms),
+        delayed.length ? h('span', { class: 'bad', id: 'delayed' }, ` (delayed: ${out})`) : ''));
+    }
+    if (body.group_max || groups.length) {
+      const list = groups.map((g) => `${g.group}: ${g.held} held, ${g.waiters} waiting`).join('; ');
+      parts.push(h('div', { id: 'groups' }, h('strong', {}, 'Groups '),
+        body.group_max ? `at most ${body.group_max} each` : 'no cap', list ? ` (${list})` : ''));
+    }
+    return h('div', { class: 'card', id: 'policy' }, ...parts);
   }
 
   // The admin form outlives repaints (a repaint every second would lose what is being typed).

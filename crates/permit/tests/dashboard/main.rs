@@ -39,7 +39,7 @@ return {
   holders: rows('holders'), queue: rows('queue'), semaphores: rows('semaphores'),
   elections: rows('elections'), sessions: rows('sessions'), members: rows('members'),
   items: rows('items'), queues: rows('queues'),
-  capacity: text('capacity'), held: text('held'), error: text('view-error'),
+  capacity: text('capacity'), held: text('held'), error: text('view-error'), policy: text('policy'),
   session_holds: rows('session-holds'), semaphore_name: text('semaphore-name'), session_name: text('session-name'),
   node: [text('node-id'), text('node-addr'), text('node-role')],
   chart_points: Number((document.getElementById('chart') || { dataset: {} }).dataset.points || 0),
@@ -250,6 +250,20 @@ async fn the_dashboard_shows_live_state_and_admin_actions_to_those_allowed() {
     })
     .await;
     assert!(shown, "the revoke is not shown: {now}");
+
+    // Policies: the rate, the lock-delay and the groups show once set.
+    assert!(now["policy"].is_null(), "no policy card without a policy: {now}");
+    let policy = json!({ "capacity": 5, "rate": { "permits": 10, "per_ms": 1000, "burst": 3 }, "lock_delay_ms": 2500, "group_max": 2 });
+    assert_eq!(root.send("PUT", "/v1/semaphores/gpu", Some(policy)).await.status, 200);
+    let (shown, now) = until(&browser, SHOW_WITHIN, |p| {
+        p["policy"].as_str().is_some_and(|text| {
+            text.contains("Rate 10 per 1s, burst 3")
+                && text.contains("Lock-delay 2s")
+                && text.contains("at most 2 each")
+        })
+    })
+    .await;
+    assert!(shown, "the policies are not shown: {now}");
 
     // The other views.
     browser.goto(&format!("{}/ui#/semaphores", server.url)).await;
