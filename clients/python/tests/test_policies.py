@@ -16,8 +16,10 @@ import pytest
 
 import permit
 import permit.aio
-from conftest import Server, eventually
+from conftest import Server, eventually, metric_sum, metrics
 from permit._common import answer_failure
+
+TAKE_ROUTE = 'route="/v1/semaphores/{name}/take"'
 
 
 def run(main: Any) -> Any:
@@ -107,6 +109,21 @@ def test_a_take_whose_wait_passes_is_rate_limited_and_leaves_no_waiter(server: S
         assert refused.value.retry_after is not None and 50.0 < refused.value.retry_after <= 60.0
         assert client.semaphore(name).waiters == ()
 
+
+def test_a_take_longer_than_one_request_asks_again_until_served(
+    server: Server, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server waits at most 60 s per take; here the client's slice is 0.3 s, so that a wait
+    # of a few seconds takes several requests.
+    monkeypatch.setattr(permit._common, "TAKE_WAIT_MAX", 0.3)
+    with permit.Client(server.url) as client:
+        client.set_capacity(name, 1, rate=permit.Rate(1, per=1.5))
+        first = client.take(name)
+        before = metric_sum(metrics(server.url), "permit_http_requests_total", TAKE_ROUTE)
+        assert client.take(name, timeout=10.0) > first
+        asked = metric_sum(metrics(server.url), "permit_http_requests_total", TAKE_ROUTE) - before
+        assert 2 <= asked <= 40, asked
+        assert client.semaphore(name).waiters == ()
 
 def test_set_capacity_round_trips_each_policy_and_keeps_or_removes_it(server: Server, name: str) -> None:
     with permit.Client(server.url) as client:
