@@ -12,7 +12,22 @@ Example::
             print(p.token)
 """
 
-from ._common import Event, Holder, ItemInfo, Leader, NewItem, Pushed, QueueInfo, SemaphoreInfo, Waiter
+from ._common import (
+    KEEP,
+    DelayedPermits,
+    Event,
+    GroupInfo,
+    Holder,
+    ItemInfo,
+    Leader,
+    NewItem,
+    Pushed,
+    QueueInfo,
+    Rate,
+    RateInfo,
+    SemaphoreInfo,
+    Waiter,
+)
 from ._errors import (
     CODES,
     AlreadyHeld,
@@ -24,6 +39,7 @@ from ._errors import (
     LimitExceeded,
     NotFound,
     PermitError,
+    RateLimited,
     SessionForked,
     SessionLost,
     Timeout,
@@ -43,6 +59,11 @@ __all__ = [
     "SemaphoreInfo",
     "Holder",
     "Waiter",
+    "Rate",
+    "RateInfo",
+    "DelayedPermits",
+    "GroupInfo",
+    "KEEP",
     "Leader",
     "QueueInfo",
     "ItemInfo",
@@ -59,6 +80,7 @@ __all__ = [
     "Unavailable",
     "AlreadyHeld",
     "LimitExceeded",
+    "RateLimited",
     "AuthError",
     "ClusterUnavailable",
     "InternalError",

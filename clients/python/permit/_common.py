@@ -11,6 +11,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Type, Union
 from urllib.parse import quote, urlsplit
 
@@ -243,10 +244,15 @@ def answer_failure(endpoint: str, response: httpx.Response) -> Failure:
         return Failure(error, False)
     error = error_for(code, response.status_code, message)
     if isinstance(error, LimitExceeded):
-        try:
-            error.retry_after = float(response.headers.get("retry-after", ""))
-        except ValueError:
-            pass
+        # The body's ``retry_after_ms`` (``rate_limited``) is exact; the header is whole seconds.
+        retry_after_ms = body["error"].get("retry_after_ms")
+        if isinstance(retry_after_ms, (int, float)) and not isinstance(retry_after_ms, bool):
+            error.retry_after = retry_after_ms / 1000.0
+        else:
+            try:
+                error.retry_after = float(response.headers.get("retry-after", ""))
+            except ValueError:
+                pass
     return Failure(error, code in ("leader_unreachable", "storage_error"))
 
 
@@ -315,23 +321,27 @@ def check_pid(pid: int, session_id: str) -> None:
 
 @dataclass(frozen=True)
 class Holder:
-    """A holder of a semaphore: its session id, permits and fencing token.
+    """A holder of a semaphore: its session id, permits, fencing token and the ``group`` its
+    acquire named (``None`` if none).
 
     Example::
 
         for h in client.semaphore("gpu").holders:
-            print(h.session, h.permits, h.token)
+            print(h.session, h.permits, h.token, h.group)
     """
 
     session: str
     permits: int
     token: int
     session_name: Optional[str] = None
+    group: Optional[str] = None
 
 
 @dataclass(frozen=True)
 class Waiter:
-    """A queued session of a semaphore, with its 1-based position.
+    """A queued acquire of a semaphore, with its 1-based position and ``group``; ``take`` is
+    true for a waiting :meth:`Client.take` (then ``session`` is the take's own id, not a
+    session's).
 
     Example::
 
@@ -342,11 +352,107 @@ class Waiter:
     permits: int
     position: int
     session_name: Optional[str] = None
+    group: Optional[str] = None
+    take: bool = False
+
+
+#: Longest wait the server gives one take; a longer ``timeout`` asks again.
+TAKE_WAIT_MAX = 60.0
+#: Pause before asking again after a take refused early without a ``retry_after``.
+TAKE_PAUSE = 0.1
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A rate next to a semaphore's capacity: ``permits`` per ``per`` seconds sustained, at
+    most ``burst`` at once after a quiet spell (default ``permits``). Permits granted by
+    acquires and takes both count. The server decides on the leader's clock, so clients'
+    clocks never matter. ``per`` is sent in whole milliseconds (1 ms to a day).
+
+    Example::
+
+        client.set_capacity("openai", 4, rate=permit.Rate(60, per=60.0, burst=10))
+    """
+
+    permits: int
+    per: float = 1.0
+    burst: Optional[int] = None
+
+
+def rate_body(rate: Rate) -> Dict[str, Any]:
+    """The rate as ``PUT /v1/semaphores/{name}`` takes it."""
+    # Rounded to the nearest millisecond: the period is a setting, not a wait, and a float
+    # like 0.1 * 3 must not become 301 ms.
+    per_ms = round(rate.per * 1000)
+    if per_ms < 1:
+        raise ValueError(f"a rate's period is at least 1 ms, not {rate.per!r} s")
+    body: Dict[str, Any] = {"permits": rate.permits, "per_ms": per_ms}
+    if rate.burst is not None:
+        body["burst"] = rate.burst
+    return body
+
+
+@dataclass(frozen=True)
+class RateInfo:
+    """A semaphore's rate as the server reads it now: the setting (``permits`` per ``per``
+    seconds, ``burst``), the permits it would grant now (``available``, 0..burst) and the
+    seconds until it allows one more (``next_in``, 0 when ``available`` > 0).
+
+    Example::
+
+        rate = client.semaphore("api.quota").rate
+        if rate is not None and rate.available == 0:
+            print("next permit in", rate.next_in, "s")
+    """
+
+    permits: int
+    per: float
+    burst: int
+    available: int
+    next_in: float
+
+
+@dataclass(frozen=True)
+class DelayedPermits:
+    """Permits of a failed hold (ended by its session's expiry or a revoke, not a release)
+    that the lock-delay keeps out of circulation: they return at leader time ``until_ms``,
+    ``remaining`` seconds from the read.
+
+    Example::
+
+        for d in client.semaphore("gpu").delayed:
+            print(d.permits, "permits back in", d.remaining, "s")
+    """
+
+    permits: int
+    until_ms: int
+    remaining: float
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """One group of a semaphore (the ``group`` of acquires): the permits its holders hold, its
+    holders and its waiting acquires.
+
+    Example::
+
+        for g in client.semaphore("gpu").groups:
+            print(g.group, g.held, g.holders, g.waiters)
+    """
+
+    group: str
+    held: int
+    holders: int
+    waiters: int
 
 
 @dataclass(frozen=True)
 class SemaphoreInfo:
-    """A semaphore as the server sees it now (a linearizable read).
+    """A semaphore as the server sees it now (a linearizable read): capacity, ``held``,
+    ``available`` (capacity less held and delayed permits), holders and waiters, and its
+    policies: ``rate`` (a :class:`RateInfo`, ``None`` without one), ``lock_delay`` (seconds,
+    0 for none), the ``delayed`` permits of failed holds, ``group_max`` (``None`` without a
+    cap) and the ``groups`` that hold or wait.
 
     Example::
 
@@ -361,6 +467,41 @@ class SemaphoreInfo:
     holders: Tuple[Holder, ...]
     waiters: Tuple[Waiter, ...]
     index: int
+    rate: Optional[RateInfo] = None
+    lock_delay: float = 0.0
+    delayed: Tuple[DelayedPermits, ...] = ()
+    group_max: Optional[int] = None
+    groups: Tuple[GroupInfo, ...] = ()
+
+
+class _Keep(Enum):
+    KEEP = "keep"
+
+    def __repr__(self) -> str:
+        return "permit.KEEP"
+
+
+#: The default of :meth:`Client.set_capacity`'s policies: the semaphore keeps what it has
+#: (``None`` removes the policy instead).
+KEEP = _Keep.KEEP
+
+
+def put_semaphore_body(
+    capacity: int,
+    rate: Union[Rate, None, _Keep],
+    lock_delay: Union[float, None, _Keep],
+    group_max: Union[int, None, _Keep],
+) -> Dict[str, Any]:
+    """The ``PUT /v1/semaphores/{name}`` request: a policy left at :data:`KEEP` is absent (the
+    server keeps it), ``None`` removes it (``null``; a lock-delay of 0)."""
+    body: Dict[str, Any] = {"capacity": capacity}
+    if rate is not KEEP:
+        body["rate"] = None if rate is None else rate_body(rate)
+    if lock_delay is not KEEP:
+        body["lock_delay_ms"] = 0 if lock_delay is None else ms(lock_delay)
+    if group_max is not KEEP:
+        body["group_max"] = group_max
+    return body
 
 
 class Leader(NamedTuple):
@@ -379,18 +520,31 @@ class Leader(NamedTuple):
 
 
 def semaphore_info(body: Any) -> SemaphoreInfo:
+    # The policy fields are absent from the answers of servers older than them.
+    rate = body.get("rate")
     return SemaphoreInfo(
         name=body["name"],
         capacity=body["capacity"],
         held=body["held"],
         available=body["available"],
         holders=tuple(
-            Holder(h["session"], h["permits"], h["token"], h.get("session_name")) for h in body["holders"]
+            Holder(h["session"], h["permits"], h["token"], h.get("session_name"), h.get("group"))
+            for h in body["holders"]
         ),
         waiters=tuple(
-            Waiter(w["session"], w["permits"], w["position"], w.get("session_name")) for w in body["waiters"]
+            Waiter(
+                w["session"], w["permits"], w["position"], w.get("session_name"), w.get("group"), bool(w.get("take", False))
+            )
+            for w in body["waiters"]
         ),
         index=body["index"],
+        rate=None
+        if rate is None
+        else RateInfo(rate["permits"], rate["per_ms"] / 1000.0, rate["burst"], rate["available"], rate["next_in_ms"] / 1000.0),
+        lock_delay=body.get("lock_delay_ms", 0) / 1000.0,
+        delayed=tuple(DelayedPermits(d["permits"], d["until_ms"], d["remaining_ms"] / 1000.0) for d in body.get("delayed", ())),
+        group_max=body.get("group_max"),
+        groups=tuple(GroupInfo(g["group"], g["held"], g["holders"], g["waiters"]) for g in body.get("groups", ())),
     )
 
 
@@ -408,6 +562,7 @@ def acquire_body(
     capacity: Optional[int],
     max_hold: Optional[float],
     ephemeral: bool,
+    group: Optional[str] = None,
 ) -> Dict[str, Any]:
     """The acquire request; ``ephemeral`` matters only when ``capacity`` creates the semaphore
     (the server then deletes it when its last holder and waiter leave, as the CLI's semaphores
@@ -419,7 +574,20 @@ def acquire_body(
         body["max_hold_ms"] = ms(max_hold)
     if ephemeral and capacity is not None:
         body["ephemeral"] = True
+    if group is not None:
+        body["group"] = group
     return body
+
+
+def take_slice(deadline: Optional[float], try_once: bool) -> float:
+    """How long the next take asks the server to wait: at most ``TAKE_WAIT_MAX``; 0 to try
+    once, else at least 1 ms so that it waits."""
+    if try_once:
+        return 0.0
+    chunk = TAKE_WAIT_MAX
+    if deadline is not None:
+        chunk = min(chunk, deadline - time.monotonic())
+    return max(chunk, 0.001)
 
 
 # Pauses between the asks of a blocked acquire or campaign while the cluster is unavailable

@@ -111,6 +111,20 @@ class LimitExceeded(PermitError):
     retry_after: Optional[float] = None
 
 
+class RateLimited(LimitExceeded):
+    """A semaphore's rate refused a :meth:`Client.take` (``rate_limited``): nothing was
+    taken. ``retry_after`` is when the rate allows it, in seconds (the server's
+    ``retry_after_ms``, to the millisecond).
+
+    Example::
+
+        try:
+            client.take("api.quota")
+        except permit.RateLimited as error:
+            time.sleep(error.retry_after or 1.0)
+    """
+
+
 class AuthError(PermitError):
     """Auth is on and the request has no valid token (``unauthenticated``) or lacks the
     permission (``permission_denied``).
@@ -227,7 +241,7 @@ CODES: Dict[str, Type[PermitError]] = {
     "payload_too_large": InvalidRequest,
     "claim_lost": Conflict,
     "item_not_found": NotFound,
-    "rate_limited": LimitExceeded,
+    "rate_limited": RateLimited,
 }
 
 

@@ -16,10 +16,16 @@ import httpx
 
 from ._sync_io import is_cancellation, join, spawn, track, unless_set, untrack, wait_event, wait_riders
 from ._common import (
+    KEEP,
     Claims,
+    DelayedPermits,
     Event,
+    GroupInfo,
     Holder,
+    Rate,
+    RateInfo,
     Waiter,
+    _Keep,
     IDEMPOTENT,
     KEEPALIVE_BATCH_MAX,
     LIST_PAGE_MAX,
@@ -65,6 +71,9 @@ from ._common import (
     retry_pause,
     segment,
     semaphore_info,
+    put_semaphore_body,
+    take_slice,
+    TAKE_PAUSE,
     transport_failure,
     OUTAGE_PAUSE_MAX,
     OUTAGE_PAUSE_MIN,
@@ -79,6 +88,7 @@ from ._errors import (
     LimitExceeded,
     NotFound,
     PermitError,
+    RateLimited,
     SessionForked,
     SessionLost,
     Timeout,
@@ -220,15 +230,87 @@ class Client:
         _, answer = self._request("POST", "/v1/sessions", json=body, policy=UNSENT)
         return Session(self, answer["id"], answer["ttl_ms"] / 1000.0, name, on_lost, sent)
 
-    def set_capacity(self, name: str, capacity: int) -> SemaphoreInfo:
-        """Creates semaphore ``name`` with ``capacity`` permits, or changes its capacity.
+    def set_capacity(
+        self,
+        name: str,
+        capacity: int,
+        *,
+        rate: Union[Rate, None, _Keep] = KEEP,
+        lock_delay: Union[float, None, _Keep] = KEEP,
+        group_max: Union[int, None, _Keep] = KEEP,
+    ) -> SemaphoreInfo:
+        """Creates semaphore ``name`` with ``capacity`` permits, or changes its capacity, and
+        sets its policies. Each policy left at ``permit.KEEP`` (the default) stays as it is
+        (a new semaphore has none); ``None`` removes it:
+
+        - ``rate``: a :class:`permit.Rate`; permits granted by acquires and takes obey it as
+          well as the capacity.
+        - ``lock_delay``: seconds (0 to 60; ``None`` or 0: none) that the permits of a hold
+          ended by its session's expiry or a revoke stay out of circulation; a release returns
+          them at once.
+        - ``group_max``: most permits the holders of one ``group`` (see :meth:`Session.acquire`)
+          may hold at once.
+
+        A cluster with a member too old for the policies answers :class:`permit.Conflict`
+        ``feature_unavailable``.
 
         Example::
 
             info = client.set_capacity("gpu", 8)   # info.capacity == 8
+            client.set_capacity("api", 4, rate=permit.Rate(10, per=1.0), lock_delay=5.0)
+            client.set_capacity("api", 4, rate=None)   # no rate; the lock-delay stays
         """
-        _, body = self._request("PUT", f"/v1/semaphores/{segment(name)}", json={"capacity": capacity})
-        return semaphore_info(body)
+        body = put_semaphore_body(capacity, rate, lock_delay, group_max)
+        _, answer = self._request("PUT", f"/v1/semaphores/{segment(name)}", json=body)
+        return semaphore_info(answer)
+
+    def take(self, name: str, permits: int = 1, *, timeout: Optional[float] = 0.0) -> int:
+        """Takes ``permits`` of semaphore ``name``'s rate, holding nothing and needing no
+        session (a rate limiter): answers the take's token (from the counter of grants, larger
+        than every token before it). A semaphore without a rate takes at once, always. When the
+        rate has no room (or others wait first), ``timeout=0`` (the default) raises
+        :class:`permit.RateLimited` at once, with ``retry_after`` (seconds) saying when the
+        rate allows it; a ``timeout`` (seconds; ``None`` waits as long as it takes) waits in
+        the semaphore's FIFO queue, behind earlier acquires and takes, and raises
+        ``RateLimited`` if it passes first. The server waits at most 60 s per request: a
+        longer wait asks again, joining the queue at its end.
+
+        A take is re-sent only when it certainly did not arrive (it consumes the rate), so a
+        connection lost in the middle raises :class:`permit.ClusterUnavailable`, taken or not.
+        A waiting take whose caller stops waiting (cancelled or interrupted, or its connection
+        lost) keeps its place on the server until its wait ends, and may still be served,
+        using the rate.
+
+        Example::
+
+            token = client.take("api.quota", timeout=30.0)
+            call_the_api()
+        """
+        path = f"/v1/semaphores/{segment(name)}/take"
+        try_once = timeout is not None and timeout <= 0
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = take_slice(deadline, try_once)
+            body = {"permits": permits, "wait_ms": ms(wait)}
+            sent = time.monotonic()
+            try:
+                _, answer = self._request(
+                    "POST", path, json=body, policy=UNSENT, timeout=max(self.timeout, wait + LONG_POLL_MARGIN)
+                )
+            except RateLimited as error:
+                now = time.monotonic()
+                if try_once or (deadline is not None and now >= deadline):
+                    raise
+                if now - sent < wait:
+                    # Refused before its wait was up (the server saw the rate cannot allow it in
+                    # time): ask again when it says the rate allows it, if that is in time. So
+                    # this loop never spins.
+                    pause = error.retry_after if error.retry_after is not None else TAKE_PAUSE
+                    if deadline is not None and now + pause >= deadline:
+                        raise
+                    time.sleep(pause)
+                continue
+            return int(answer["token"])
 
     def semaphore(self, name: str) -> SemaphoreInfo:
         """Capacity, availability, holders and waiters of a semaphore (linearizable).
@@ -587,6 +669,7 @@ class Session:
         timeout: Optional[float] = None,
         max_hold: Optional[float] = None,
         ephemeral: bool = True,
+        group: Optional[str] = None,
         on_lost: Optional[OnLost] = None,
     ) -> "Permit":
         """Waits its turn (strict FIFO) for ``permits`` of semaphore ``name`` and returns the
@@ -596,14 +679,19 @@ class Session:
         as the CLI does (``ephemeral=False`` keeps it, like the CLI's ``--keep``; a
         ``set_capacity`` also makes it permanent); ``timeout`` (seconds, ``None`` = forever, ``0`` = try once) raises
         :class:`permit.Timeout` and gives the queue place up (:class:`permit.Unavailable` when
-        0); ``max_hold`` makes the server release the hold after that long.
+        0); ``max_hold`` makes the server release the hold after that long; ``group`` (1 to
+        64 of ``A-Z a-z 0-9 . _ : -``) counts the hold against the semaphore's ``group_max``:
+        an acquire whose group is at its cap is passed over, keeping its place, and others
+        behind it are served. A semaphore's rate and lock-delay hold back grants too.
 
         Example::
 
             with session.acquire("gpu", permits=2, capacity=8, timeout=30.0) as p:
                 do_work(p.token)
+            with session.acquire("gpu", group="team-a") as p:
+                do_work(p.token)
         """
-        return self._acquire(name, permits, capacity, timeout, max_hold, ephemeral, on_lost)
+        return self._acquire(name, permits, capacity, timeout, max_hold, ephemeral, group, on_lost)
 
     def _acquire(
         self,
@@ -613,9 +701,10 @@ class Session:
         timeout: Optional[float],
         max_hold: Optional[float],
         ephemeral: bool,
+        group: Optional[str],
         on_lost: Optional[OnLost],
     ) -> "Permit":
-        body: Callable[[float], Dict[str, Any]] = lambda wait: acquire_body(self.id, permits, wait, capacity, max_hold, ephemeral)  # noqa: E731
+        body: Callable[[float], Dict[str, Any]] = lambda wait: acquire_body(self.id, permits, wait, capacity, max_hold, ephemeral, group)  # noqa: E731
         answer, not_before = self._wait_claimed("semaphores", name, body, timeout)
         hold = Permit(self, name, answer["permits"], answer["token"], on_lost)
         if max_hold is not None:
@@ -631,10 +720,12 @@ class Session:
         capacity: Optional[int] = None,
         max_hold: Optional[float] = None,
         ephemeral: bool = True,
+        group: Optional[str] = None,
         on_lost: Optional[OnLost] = None,
     ) -> Optional["Permit"]:
         """The :class:`Permit` if ``permits`` are free and nobody queues first, else ``None``;
-        never queues.
+        never queues. The options are those of :meth:`acquire`; a rate with no room, or
+        permits in lock-delay, also answer ``None``.
 
         Example::
 
@@ -644,7 +735,7 @@ class Session:
                     do_work(p.token)
         """
         try:
-            return self._acquire(name, permits, capacity, 0, max_hold, ephemeral, on_lost)
+            return self._acquire(name, permits, capacity, 0, max_hold, ephemeral, group, on_lost)
         except Unavailable:
             return None
 
@@ -1591,6 +1682,11 @@ __all__ = [
     "Item",
     "OnLost",
     "SemaphoreInfo",
+    "Rate",
+    "RateInfo",
+    "DelayedPermits",
+    "GroupInfo",
+    "KEEP",
     "QueueInfo",
     "ItemInfo",
     "Pushed",
@@ -1604,6 +1700,7 @@ __all__ = [
     "Conflict",
     "Unavailable",
     "LimitExceeded",
+    "RateLimited",
     "AuthError",
     "ClusterUnavailable",
     "InternalError",

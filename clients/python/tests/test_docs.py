@@ -55,3 +55,23 @@ def test_readme_queue_section_runs_as_is(server: Server) -> None:
     assert [(i["payload"], i["state"], i["attempt"], i["last_error"]) for i in eve] == [
         ({"to": "eve@example.com"}, "delayed", 2, "smtp still down")
     ]
+
+
+def test_readme_policies_section_runs_as_is(server: Server) -> None:
+    readme = (HERE / "README.md").read_text()
+    section = readme.split("\n## Rate limits, lock-delay and groups\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2, "a blocking and an asyncio example in the README's policies section"
+    outputs = []
+    for block in blocks:
+        code = block.replace("http://127.0.0.1:7376", server.url)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
+    assert "5.0 8 [('team-a', 2)]" in outputs[0] and "taken: " in outputs[0], outputs[0]
+    # What the examples left: the rate removed, the other policies kept.
+    api = httpx.get(server.url + "/v1/semaphores/api.example", timeout=5.0, trust_env=False).json()
+    gpu = httpx.get(server.url + "/v1/semaphores/gpu.pool", timeout=5.0, trust_env=False).json()
+    rated = httpx.get(server.url + "/v1/semaphores/api.async", timeout=5.0, trust_env=False).json()
+    assert ("rate" not in api, gpu["lock_delay_ms"], gpu["group_max"], gpu["held"]) == (True, 5000, 8, 0)
+    assert (rated["rate"]["permits"], rated["rate"]["per_ms"]) == (100, 60000)
