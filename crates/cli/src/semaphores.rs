@@ -43,8 +43,8 @@ pub struct SetCapacityArgs {
     /// (permits 1-1000000, a period of whole milliseconds up to a day).
     #[arg(long, value_parser = parse_rate, conflicts_with = "no_rate")]
     pub rate: Option<Rate>,
-    /// Most permits the rate grants at once after a quiet spell: 1-1000000 (default: the
-    /// rate's permits).
+    /// Most permits the rate grants at once after a quiet spell, given with --rate: 1-1000000
+    /// (default: the rate's permits).
     #[arg(long, requires = "rate")]
     pub burst: Option<u64>,
     /// Remove the rate.
