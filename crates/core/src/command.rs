@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::policy::PolicyChange;
 use crate::queue::{NewItem, QueueSettings};
 use crate::{Key, Name, SessionId, Token, TokenId};
 
@@ -247,6 +248,53 @@ pub enum Command {
     },
     /// Moves delayed items whose time came to pending and hands them to blocked claims.
     PromoteDueItems,
+    /// Like [`Command::PutSemaphore`] (or [`Command::PutSemaphoreBy`] with a creator), and
+    /// changes the semaphore's policy: its rate, lock-delay and group cap.
+    PutSemaphorePolicy {
+        /// The semaphore.
+        name: Name,
+        /// Its capacity in permits.
+        capacity: u64,
+        /// What changes of its policy.
+        policy: PolicyChange,
+        /// The token on whose behalf, and its cap of objects (`None` with auth off).
+        creator: Option<Creator>,
+    },
+    /// Like [`Command::Acquire`] (or its ephemeral and token forms), counted against `group`
+    /// under the semaphore's `group_max`.
+    AcquireInGroup {
+        /// The acquire.
+        acquire: Acquire,
+        /// Whether a semaphore it creates is ephemeral.
+        ephemeral: bool,
+        /// The token on whose behalf, and its cap of objects (`None` with auth off).
+        creator: Option<Creator>,
+        /// The group.
+        group: Name,
+    },
+    /// Takes `permits` of the semaphore's rate without a session: served at once when the rate
+    /// allows and nobody waits before it; otherwise refused, or (with `wait_ms`) queued in the
+    /// semaphore's FIFO queue under the id `taker` until served or `wait_ms` of leader time passes.
+    Take {
+        /// The semaphore.
+        name: Name,
+        /// The take's id, drawn at random by the proposing server (it stands in the queue where
+        /// a session would).
+        taker: SessionId,
+        /// Permits to take.
+        permits: u64,
+        /// How long to wait in the queue, in leader ms.
+        wait_ms: u64,
+    },
+    /// Ends a waiting take (its client stopped waiting).
+    CancelTake {
+        /// The semaphore.
+        name: Name,
+        /// The take's id.
+        taker: SessionId,
+    },
+    /// Ends the lock-delays and take waits whose time came, and grants what the rate allows now.
+    PolicyTick,
 }
 
 /// The feature version this build's commands speak: the highest [`Command::feature_version`].
@@ -257,7 +305,8 @@ pub enum Command {
 /// - 3: [`Command::Proclaim`].
 /// - 4: work queues ([`Command::PutQueue`] to [`Command::PromoteDueItems`], and tokens with
 ///   rules on [`crate::Resource::Queue`]).
-pub const FEATURE_VERSION: u32 = 4;
+/// - 5: semaphore policies ([`Command::PutSemaphorePolicy`] to [`Command::PolicyTick`]).
+pub const FEATURE_VERSION: u32 = 5;
 
 impl Command {
     /// The cluster feature version a command needs: the version in which it appeared. A new
@@ -294,6 +343,11 @@ impl Command {
             | Command::Nack { .. }
             | Command::RemoveItem { .. }
             | Command::PromoteDueItems => 4,
+            Command::PutSemaphorePolicy { .. }
+            | Command::AcquireInGroup { .. }
+            | Command::Take { .. }
+            | Command::CancelTake { .. }
+            | Command::PolicyTick => 5,
         }
     }
 }

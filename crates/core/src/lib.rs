@@ -16,6 +16,7 @@ mod hex;
 pub mod limits;
 mod name;
 mod outcome;
+mod policy;
 mod queue;
 mod semaphore;
 mod session;
@@ -30,6 +31,9 @@ pub use acl::{
 pub use command::{Acquire, Batch, Command, Creator, FEATURE_VERSION};
 pub use name::{InvalidName, Key, Kind, Name};
 pub use outcome::{Effect, Event, EventKind, Field, Limit, Outcome, Refusal, WaitEndReason};
+pub use policy::{
+    validate_group, validate_policy_change, validate_rate, validate_take, Delayed, Policy, PolicyChange, Rate,
+};
 pub use queue::{
     validate_claim, validate_nack, validate_push, validate_queue_settings, Claim, ClaimedItem, Claimer, Item,
     ItemState, NewItem, PushedItem, Queue, QueueCounts, QueueSettings, Settled, DEAD_LETTER_SUFFIX,

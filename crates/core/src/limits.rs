@@ -83,3 +83,16 @@ const _: () = assert!(WAITERS_PER_OBJECT_MAX <= SESSIONS_MAX);
 const _: () = assert!(EXPIRE_SESSIONS_PER_COMMAND_MAX <= COMMANDS_PER_BATCH_MAX);
 // Sums of permits must never overflow a u64, even with every object at full capacity.
 const _: () = assert!((SEMAPHORE_CAPACITY_MAX as u128) * (OBJECTS_MAX as u128) < u64::MAX as u128);
+
+/// Longest lock-delay of a semaphore, in ms.
+pub const LOCK_DELAY_MS_MAX: u64 = 60_000;
+/// Most permits of a rate's period and of its burst (and of one take).
+pub const RATE_PERMITS_MAX: u64 = 1_000_000;
+/// Longest period of a rate, in ms (a day).
+pub const RATE_PER_MS_MAX: u64 = 86_400_000;
+/// Longest group name, in bytes.
+pub const GROUP_BYTES_MAX: usize = 64;
+/// Longest wait of a take, in leader ms.
+pub const TAKE_WAIT_MS_MAX: u64 = 60_000;
+/// Most semaphores one `PolicyTick` visits.
+pub const POLICY_TICK_KEYS_MAX: usize = 1024;

@@ -103,6 +103,23 @@ pub enum Outcome {
         /// Items moved.
         promoted: u64,
     },
+    /// A take was served: the rate granted its permits.
+    Taken {
+        /// The take's fencing token.
+        token: u64,
+    },
+    /// A take waits in the semaphore's queue for the rate.
+    TakeWaiting,
+    /// A take's wait was ended at its client's request.
+    TakeCancelled {
+        /// Whether it was still waiting (false: it was served or its wait ran out before).
+        waiting: bool,
+    },
+    /// Due delays and take waits ended, and what they allowed was granted.
+    PoliciesTicked {
+        /// Semaphores visited.
+        semaphores: u64,
+    },
 }
 
 /// Why a command changed nothing. Every variant is something a client can cause; bugs are
@@ -194,6 +211,12 @@ pub enum Refusal {
     /// The queue has no item with this id.
     #[error("item not found")]
     ItemNotFound,
+    /// The semaphore's rate (or earlier waiters) leaves no room for the take now.
+    #[error("the semaphore's rate allows this in {retry_after_ms} ms")]
+    RateLimited {
+        /// Leader ms until the rate would allow it (at least 1).
+        retry_after_ms: u64,
+    },
 }
 
 /// Request fields that can be out of range.
@@ -235,6 +258,14 @@ pub enum Field {
     WaitMs,
     /// `error` of a nack.
     Error,
+    /// `rate` of a semaphore.
+    Rate,
+    /// `lock_delay_ms` of a semaphore.
+    LockDelayMs,
+    /// `group_max` of a semaphore.
+    GroupMax,
+    /// `group` of an acquire.
+    Group,
 }
 
 impl Field {
@@ -259,6 +290,10 @@ impl Field {
             Field::Max => "max",
             Field::WaitMs => "wait_ms",
             Field::Error => "error",
+            Field::Rate => "rate",
+            Field::LockDelayMs => "lock_delay_ms",
+            Field::GroupMax => "group_max",
+            Field::Group => "group",
         }
     }
 }
@@ -356,6 +391,22 @@ pub enum Effect {
         /// Leader time of the earliest due item.
         due_ms: u64,
     },
+    /// A waiting take was served (its long-poll reads the token here: a take holds nothing in
+    /// the state to read it from).
+    Taken {
+        /// The semaphore.
+        key: Key,
+        /// The take's id.
+        taker: SessionId,
+        /// Its fencing token.
+        token: u64,
+    },
+    /// A semaphore's policy has something due at this leader time (the timer may need
+    /// re-arming).
+    PolicyDueSet {
+        /// Leader time.
+        at_ms: u64,
+    },
 }
 
 /// What happened, for observers. The shell numbers events and adds the log index and leader
@@ -397,11 +448,17 @@ pub enum EventKind {
     Nacked,
     /// An item claimed `max_attempts` times moved to its dead-letter queue.
     Dead,
+    /// A take was served by the semaphore's rate.
+    Taken,
+    /// A take was refused by the semaphore's rate, or its wait for the rate ran out.
+    RateLimited,
+    /// Permits that the lock-delay kept out of circulation returned.
+    DelayEnded,
 }
 
 impl EventKind {
     /// Every kind, in documentation order.
-    pub const ALL: [EventKind; 17] = [
+    pub const ALL: [EventKind; 20] = [
         EventKind::SessionCreated,
         EventKind::SessionExpired,
         EventKind::SessionClosed,
@@ -419,6 +476,9 @@ impl EventKind {
         EventKind::Acked,
         EventKind::Nacked,
         EventKind::Dead,
+        EventKind::Taken,
+        EventKind::RateLimited,
+        EventKind::DelayEnded,
     ];
 
     /// The kind's name on the wire.
@@ -441,6 +501,9 @@ impl EventKind {
             EventKind::Acked => "acked",
             EventKind::Nacked => "nacked",
             EventKind::Dead => "dead",
+            EventKind::Taken => "taken",
+            EventKind::RateLimited => "rate_limited",
+            EventKind::DelayEnded => "delay_ended",
         }
     }
 
@@ -513,7 +576,8 @@ pub struct Event {
     pub attempt: Option<u32>,
     /// `nacked`, `dead`: why the last claim ended.
     pub error: Option<String>,
-    /// `pushed`: the item's delay, when it has one.
+    /// `pushed`: the item's delay, when it has one; `expired`, `revoked`: the semaphore's
+    /// lock-delay, when the hold's permits stay out of circulation that long.
     pub delay_ms: Option<u64>,
     /// `dead`: the dead-letter queue it moved to.
     pub dead_letter: Option<Name>,

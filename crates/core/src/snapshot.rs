@@ -8,6 +8,7 @@ use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::policy::Policy;
 use crate::queue::{Queue, QueueRecord};
 use crate::semaphore::Semaphore;
 use crate::session::{KeySet, Session};
@@ -25,7 +26,13 @@ use crate::{Key, Name, SessionId, State, Token, TokenId};
 /// Version 5 adds the queues and the last item id. It is written only for a cluster version of
 /// 4 or more (queues exist only from there), so every member of a cluster that can receive it
 /// reads it; below that, version 4 (or 3) as before.
-pub const SNAPSHOT_FORMAT_VERSION: u8 = 5;
+///
+/// Version 6 adds the semaphore policies, for a cluster version of 5 or more.
+pub const SNAPSHOT_FORMAT_VERSION: u8 = 6;
+/// The format of a state whose cluster version is 4.
+const SNAPSHOT_FORMAT_V5: u8 = 5;
+/// The first cluster version whose snapshots are written in format 6.
+const POLICIES_CLUSTER_VERSION: u32 = 5;
 /// The format of a state whose cluster version is 2 or 3.
 const SNAPSHOT_FORMAT_V4: u8 = 4;
 /// The first cluster version whose snapshots are written in format 5.
@@ -70,6 +77,7 @@ pub struct SnapshotView {
     cluster_version: u32,
     queues: OrdMap<Name, Arc<Queue>>,
     last_item: u64,
+    policies: OrdMap<Key, Arc<Policy>>,
 }
 
 /// A map serialized as a map in key order, exactly as serde serializes a `BTreeMap`: postcard
@@ -154,6 +162,19 @@ impl Serialize for ItemsInOrder<'_> {
     }
 }
 
+/// The policies in key order, each as its policy (not its `Arc`).
+struct PoliciesInOrder<'a>(&'a OrdMap<Key, Arc<Policy>>);
+
+impl Serialize for PoliciesInOrder<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (key, policy) in self.0 {
+            map.serialize_entry(key, &**policy)?;
+        }
+        map.end()
+    }
+}
+
 /// A set serialized as a sequence in order, as serde serializes a `BTreeSet`.
 struct SetInOrder<'a, K>(&'a OrdSet<K>);
 
@@ -209,10 +230,20 @@ impl SnapshotView {
             return postcard::to_extend(&(view, self.cluster_version), vec![SNAPSHOT_FORMAT_V4])
                 .expect("encoding to memory cannot fail");
         }
-        // Version 5: version 4's fields, then the queues and the last item id.
         let queues = QueuesInOrder(&self.queues);
+        if self.cluster_version < POLICIES_CLUSTER_VERSION {
+            assert!(self.policies.is_empty(), "semaphore policies below cluster version 5");
+            // Version 5: version 4's fields, then the queues and the last item id.
+            return postcard::to_extend(
+                &(view, self.cluster_version, queues, self.last_item),
+                vec![SNAPSHOT_FORMAT_V5],
+            )
+            .expect("encoding to memory cannot fail");
+        }
+        // Version 6: version 5's fields, then the policies in key order.
+        let policies = PoliciesInOrder(&self.policies);
         postcard::to_extend(
-            &(view, self.cluster_version, queues, self.last_item),
+            &(view, self.cluster_version, queues, self.last_item, policies),
             vec![SNAPSHOT_FORMAT_VERSION],
         )
         .expect("encoding to memory cannot fail")
@@ -301,6 +332,7 @@ impl State {
             cluster_version: self.cluster_version,
             queues: self.queues.clone(),
             last_item: self.last_item,
+            policies: self.policies.clone(),
         }
     }
 
@@ -361,6 +393,7 @@ impl State {
         let mut cluster_version = 0;
         let mut queues: Vec<(Name, QueueRecord)> = Vec::new();
         let mut last_item = 0;
+        let mut policies: Vec<(Key, Policy)> = Vec::new();
         let ((sessions, sessions_per_owner), v3) = match version {
             1 => {
                 let (sessions, rest) = postcard::from_bytes::<SnapshotV1>(body)?.upgrade();
@@ -383,10 +416,10 @@ impl State {
                 cluster_version = version;
                 (sessions, rest)
             }
-            SNAPSHOT_FORMAT_VERSION => {
+            SNAPSHOT_FORMAT_V5 => {
                 let (sessions, SnapshotV5Rest(rest, version, queue_records, items)) =
                     decode_streamed::<SnapshotV5Rest>(body)?;
-                if version < QUEUES_CLUSTER_VERSION {
+                if version != QUEUES_CLUSTER_VERSION {
                     return Err(InvariantViolation(format!(
                         "cluster version {version} in a version 5 snapshot"
                     ))
@@ -395,6 +428,21 @@ impl State {
                 cluster_version = version;
                 queues = queue_records;
                 last_item = items;
+                (sessions, rest)
+            }
+            SNAPSHOT_FORMAT_VERSION => {
+                let (sessions, SnapshotV6Rest(rest, version, queue_records, items, policy_records)) =
+                    decode_streamed::<SnapshotV6Rest>(body)?;
+                if version < POLICIES_CLUSTER_VERSION {
+                    return Err(InvariantViolation(format!(
+                        "cluster version {version} in a version 6 snapshot"
+                    ))
+                    .into());
+                }
+                cluster_version = version;
+                queues = queue_records;
+                last_item = items;
+                policies = policy_records;
                 (sessions, rest)
             }
             other => return Err(SnapshotError::UnsupportedVersion(other)),
@@ -423,6 +471,9 @@ impl State {
             queued_items: 0,
             items_due: Default::default(),
             queue_sessions: Default::default(),
+            policies: Default::default(),
+            policy_due: Default::default(),
+            policy_due_at: Default::default(),
         };
         if let Some(pair) = queues.windows(2).find(|pair| pair[0].0 >= pair[1].0) {
             return Err(
@@ -463,6 +514,14 @@ impl State {
                 }
             }
         }
+        let policies = sorted_map(policies, "policy")?;
+        for key in policies.keys() {
+            if !state.objects.contains_key(key) {
+                return Err(InvariantViolation(format!("{key}: a policy without its semaphore")).into());
+            }
+        }
+        state.policies = policies.into_iter().map(|(key, policy)| (key, Arc::new(policy))).collect();
+        state.reindex_policies();
         Ok(state)
     }
 
@@ -531,6 +590,10 @@ struct SnapshotV4Rest(SnapshotV3Rest, u32);
 /// last item id.
 #[derive(Deserialize)]
 struct SnapshotV5Rest(SnapshotV3Rest, u32, Vec<(Name, QueueRecord)>, u64);
+
+/// Version 6 after the sessions: version 5's fields, then the semaphore policies (in key order).
+#[derive(Deserialize)]
+struct SnapshotV6Rest(SnapshotV3Rest, u32, Vec<(Name, QueueRecord)>, u64, Vec<(Key, Policy)>);
 
 /// Decodes version 2, 3 or 4 (whose fields after the sessions are `Rest`) with the sessions
 /// streamed to a second thread in chunks, which builds their persistent map while this one goes
@@ -815,11 +878,26 @@ mod tests {
         // one this build wrote.
         state.apply(4, 1, &raise(4), &mut Vec::new());
         let v5 = state.encode_snapshot();
-        assert_eq!(v5[0], SNAPSHOT_FORMAT_VERSION);
+        assert_eq!(v5[0], SNAPSHOT_FORMAT_V5);
         assert_eq!(State::decode_snapshot(&v5).unwrap(), state);
         let mut v4_claiming_4 = v4.clone();
         *v4_claiming_4.last_mut().unwrap() = 4;
         assert!(matches!(State::decode_snapshot(&v4_claiming_4), Err(SnapshotError::Inconsistent(_))));
+        // From version 5 on (semaphore policies), format 6, with a policy that round-trips.
+        state.apply(5, 1, &raise(5), &mut Vec::new());
+        let name = crate::Name::new("api").unwrap();
+        let change = crate::PolicyChange {
+            rate: Some(Some(crate::Rate { permits: 10, per_ms: 1000, burst: 5 })),
+            lock_delay_ms: Some(500),
+            group_max: Some(Some(2)),
+        };
+        let put = Command::PutSemaphorePolicy { name, capacity: 4, policy: change, creator: None };
+        let outcomes = state.apply(6, 1, &Batch { now_ms: 7, commands: vec![put] }, &mut Vec::new());
+        assert_eq!(outcomes, vec![crate::Outcome::SemaphoreCreated]);
+        let v6 = state.encode_snapshot();
+        assert_eq!(v6[0], SNAPSHOT_FORMAT_VERSION);
+        assert_eq!(State::decode_snapshot(&v6).unwrap(), state);
+        assert!(State::decode_snapshot(&v5).is_ok(), "format 5 still reads");
     }
 
     #[test]

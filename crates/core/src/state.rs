@@ -9,6 +9,7 @@ use imbl::{OrdMap, OrdSet};
 use crate::command::{Acquire, Batch, Command, Creator};
 use crate::limits::*;
 use crate::outcome::{Effect, Event, EventKind, Field, Limit, Outcome, Refusal, WaitEndReason};
+use crate::policy::Policy;
 use crate::queue::Queue;
 use crate::semaphore::{Hold, Semaphore, Waiter};
 use crate::session::{KeySet, Session};
@@ -93,6 +94,14 @@ pub struct State {
     /// Derived index: the queues in which each session has claimed items or a blocked claim
     /// (sessions with none are absent).
     pub(crate) queue_sessions: BTreeMap<SessionId, BTreeSet<Name>>,
+    /// Semaphore policies (rates, lock-delays, group caps, waiting takes), by semaphore; only
+    /// semaphores with one are present.
+    pub(crate) policies: OrdMap<Key, Arc<Policy>>,
+    /// Derived index: when each policy has something due (a delay's end, a take's deadline, the
+    /// rate's turn of a waiter), as (leader time, semaphore).
+    pub(crate) policy_due: BTreeSet<(u64, Key)>,
+    /// Derived: each semaphore's entry in `policy_due`.
+    pub(crate) policy_due_at: BTreeMap<Key, u64>,
 }
 
 /// Debug builds check every invariant ([`State::verify`]) after a batch; the check walks the
@@ -181,18 +190,18 @@ impl State {
                 self.put_semaphore(index, name, *capacity, None, effects)
             }
             Command::DeleteSemaphore { name } => self.delete_semaphore(name, effects),
-            Command::Acquire(acquire) => self.acquire(index, acquire, None, effects),
-            Command::AcquireEphemeral(acquire) => self.acquire_ephemeral(index, acquire, None, effects),
+            Command::Acquire(acquire) => self.acquire(index, acquire, None, None, effects),
+            Command::AcquireEphemeral(acquire) => self.acquire_ephemeral(index, acquire, None, None, effects),
             Command::Release { key, session } => self.release(index, key, *session, false, effects),
             Command::ExpireHolds => Ok(self.expire_holds(index, effects)),
             Command::PutSemaphoreBy { name, capacity, creator } => {
                 self.put_semaphore(index, name, *capacity, Some(creator), effects)
             }
             Command::AcquireBy { acquire, ephemeral: false, creator } => {
-                self.acquire(index, acquire, Some(creator), effects)
+                self.acquire(index, acquire, Some(creator), None, effects)
             }
             Command::AcquireBy { acquire, ephemeral: true, creator } => {
-                self.acquire_ephemeral(index, acquire, Some(creator), effects)
+                self.acquire_ephemeral(index, acquire, Some(creator), None, effects)
             }
             Command::SetTokenSalt { salt, root } => self.set_token_salt(*salt, root.as_ref()),
             Command::SetClusterVersion { version } => {
@@ -224,6 +233,23 @@ impl State {
             }
             Command::RemoveItem { queue, id } => self.remove_queued_item(index, queue, *id, effects),
             Command::PromoteDueItems => Ok(self.promote_due_items(index, effects)),
+            Command::PutSemaphorePolicy { name, capacity, policy, creator } => {
+                self.put_semaphore_policy(index, name, *capacity, policy, creator.as_ref(), effects)
+            }
+            Command::AcquireInGroup { acquire, ephemeral, creator, group } => {
+                crate::policy::validate_group(group.as_str()).and_then(|_| {
+                    if *ephemeral {
+                        self.acquire_ephemeral(index, acquire, creator.as_ref(), Some(group), effects)
+                    } else {
+                        self.acquire(index, acquire, creator.as_ref(), Some(group), effects)
+                    }
+                })
+            }
+            Command::Take { name, taker, permits, wait_ms } => {
+                self.take(index, name, *taker, *permits, *wait_ms, effects)
+            }
+            Command::CancelTake { name, taker } => self.cancel_take(index, name, *taker, effects),
+            Command::PolicyTick => Ok(self.policy_tick(index, effects)),
         };
         result.unwrap_or_else(Outcome::Refused)
     }
@@ -310,6 +336,7 @@ impl State {
         for key in &session.waits {
             let object = self.object_mut(key).expect("a wait's object exists");
             let waiter = object.queue.remove(id).expect("a session's wait is queued");
+            self.policy_hold_or_wait_ended(key, id, 0, false, None);
             effects.push(Effect::WaitEnded { key: key.clone(), session: id });
             let mut event = Event::new(EventKind::WaitEnded);
             event.key = Some(key.clone());
@@ -324,7 +351,9 @@ impl State {
         let hold_end = if expired { EventKind::Expired } else { EventKind::Released };
         for key in &session.holds {
             let hold = self.remove_hold(key, id);
-            emit(effects, self.hold_ended(hold_end, key, id, session.name.clone(), &hold));
+            let mut event = self.hold_ended(hold_end, key, id, session.name.clone(), &hold);
+            self.policy_hold_or_wait_ended(key, id, hold.permits, expired, Some(&mut event));
+            emit(effects, event);
             self.touch(index, key, effects);
             self.pump(index, key, effects);
             self.leader_check(key, effects);
@@ -342,7 +371,7 @@ impl State {
         emit(effects, event);
     }
 
-    fn put_semaphore(
+    pub(crate) fn put_semaphore(
         &mut self,
         index: u64,
         name: &Name,
@@ -369,8 +398,13 @@ impl State {
         object.capacity_set_token = last_token;
         self.ephemeral.remove(&key);
         // Waiters that can never fit would block the queue forever: their waits end, refused.
-        let dropped = object.queue.remove_where(|waiter| waiter.permits > capacity);
+        let takers = self.policies.get(&key).map(|policy| policy.takers.clone()).unwrap_or_default();
+        let object = self.object_mut(&key).expect("exists");
+        let dropped = object
+            .queue
+            .remove_where(|waiter| waiter.permits > capacity && !takers.contains_key(&waiter.session));
         for waiter in dropped {
+            self.policy_hold_or_wait_ended(&key, waiter.session, 0, false, None);
             let session = self.sessions.get_mut(&waiter.session).expect("a waiter's session exists");
             session.waits.remove(&key);
             effects.push(Effect::WaitEnded { key: key.clone(), session: waiter.session });
@@ -390,7 +424,8 @@ impl State {
     fn delete_semaphore(&mut self, name: &Name, effects: &mut Vec<Effect>) -> Result<Outcome, Refusal> {
         let key = Key::semaphore(name.clone());
         let object = self.objects.get(&key).ok_or(Refusal::SemaphoreNotFound)?;
-        if !object.is_idle() {
+        let delayed = self.policies.get(&key).is_some_and(|policy| !policy.delayed.is_empty());
+        if !object.is_idle() || delayed {
             return Err(Refusal::SemaphoreBusy);
         }
         self.remove_object(&key, effects);
@@ -403,24 +438,30 @@ impl State {
         index: u64,
         acquire: &Acquire,
         creator: Option<&Creator>,
+        group: Option<&Name>,
         effects: &mut Vec<Effect>,
     ) -> Result<Outcome, Refusal> {
         let created = acquire.key.kind == Kind::Semaphore && !self.objects.contains_key(&acquire.key);
-        let outcome = self.acquire(index, acquire, creator, effects);
+        let outcome = self.acquire(index, acquire, creator, group, effects);
         if created && self.objects.contains_key(&acquire.key) {
             self.ephemeral.insert(acquire.key.clone());
         }
         outcome
     }
 
+    /// An acquire or campaign; `group` (semaphores only) counts it against the group's cap.
     fn acquire(
         &mut self,
         index: u64,
         acquire: &Acquire,
         creator: Option<&Creator>,
+        group: Option<&Name>,
         effects: &mut Vec<Effect>,
     ) -> Result<Outcome, Refusal> {
         validate_acquire(acquire)?;
+        if group.is_some() && acquire.key.kind != Kind::Semaphore {
+            return Err(out_of_range(Field::Group, "only semaphores have groups".into()));
+        }
         let session = self.sessions.get(&acquire.session).ok_or(Refusal::SessionNotFound)?;
         let key = &acquire.key;
         let capacity = match (self.objects.get(key), key.kind) {
@@ -461,19 +502,29 @@ impl State {
                 emit(effects, capacity_event(key, capacity));
             }
         }
-        let object = self.object_mut(key).expect("created above");
-        if object.queue.is_empty() && object.fits(acquire.permits) {
+        if let Some(group) = group {
+            self.record_group(key, acquire.session, group);
+        }
+        if self.grantable_now(key, acquire.session, acquire.permits) {
             let waiter = waiter_of(index, acquire);
             let token = self.grant(index, key, waiter, false, effects);
             return Ok(Outcome::Acquired { permits: acquire.permits, token });
         }
-        if !acquire.wait {
+        let object = self.object_mut(key).expect("created above");
+        let refusal = if !acquire.wait {
             effects.push(Effect::TryAcquireRefused { key: key.clone() });
-            return Err(Refusal::Unavailable);
+            Some(Refusal::Unavailable)
+        } else if object.queue.len() >= WAITERS_PER_OBJECT_MAX {
+            Some(Refusal::LimitExceeded(Limit::WaitersPerObject))
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            // The group recorded above goes with the refused acquire.
+            self.policy_hold_or_wait_ended(key, acquire.session, 0, false, None);
+            return Err(refusal);
         }
-        if object.queue.len() >= WAITERS_PER_OBJECT_MAX {
-            return Err(Refusal::LimitExceeded(Limit::WaitersPerObject));
-        }
+        let object = self.object_mut(key).expect("created above");
         object.queue.push(waiter_of(index, acquire));
         let position = object.queue.position(acquire.session).expect("just queued");
         let session = self.sessions.get_mut(&acquire.session).expect("checked above");
@@ -485,6 +536,17 @@ impl State {
         event.permits = Some(acquire.permits);
         emit(effects, event);
         self.touch(index, key, effects);
+        if self.policies.contains_key(key) {
+            // Leader time moved since the last pump: a waiter held back by the rate (this one,
+            // or one before it) may be due now.
+            self.pump(index, key, effects);
+            let object = self.objects.get(key).expect("exists");
+            if let Some(hold) = object.holders.get(&acquire.session) {
+                return Ok(Outcome::Acquired { permits: hold.permits, token: hold.token });
+            }
+            let position = object.queue.position(acquire.session).expect("still queued");
+            return Ok(Outcome::Waiting { position });
+        }
         Ok(Outcome::Waiting { position })
     }
 
@@ -509,9 +571,12 @@ impl State {
             session.holds.remove(key);
             let name = session.name.clone();
             let kind = if revoke { EventKind::Revoked } else { EventKind::Released };
-            emit(effects, self.hold_ended(kind, key, session_id, name, &hold));
+            let mut event = self.hold_ended(kind, key, session_id, name, &hold);
+            self.policy_hold_or_wait_ended(key, session_id, hold.permits, revoke, Some(&mut event));
+            emit(effects, event);
             hold.permits
         } else if let Some(waiter) = object.queue.remove(session_id) {
+            self.policy_hold_or_wait_ended(key, session_id, 0, false, None);
             let session = self.sessions.get_mut(&session_id).expect("checked above");
             session.waits.remove(key);
             effects.push(Effect::WaitEnded { key: key.clone(), session: session_id });
@@ -585,7 +650,9 @@ impl State {
             let session = self.sessions.get_mut(session_id).expect("a holder's session exists");
             session.holds.remove(key);
             let name = session.name.clone();
-            emit(effects, self.hold_ended(EventKind::Expired, key, *session_id, name, &hold));
+            let mut event = self.hold_ended(EventKind::Expired, key, *session_id, name, &hold);
+            self.policy_hold_or_wait_ended(key, *session_id, hold.permits, true, Some(&mut event));
+            emit(effects, event);
             self.touch(index, key, effects);
             self.pump(index, key, effects);
             self.leader_check(key, effects);
@@ -596,7 +663,10 @@ impl State {
 
     /// Grants waiters from the head of the queue while the head fits. A head that does not fit
     /// blocks everyone behind it: strict FIFO, so large requests are never starved.
-    fn pump(&mut self, index: u64, key: &Key, effects: &mut Vec<Effect>) {
+    pub(crate) fn pump(&mut self, index: u64, key: &Key, effects: &mut Vec<Effect>) {
+        if self.policies.contains_key(key) {
+            return self.pump_policy(index, key, effects);
+        }
         loop {
             let object = self.object_mut(key).expect("pumped object exists");
             match object.queue.head() {
@@ -612,7 +682,7 @@ impl State {
     }
 
     /// Gives `waiter` its permits with a new token. The caller checked that they fit.
-    fn grant(
+    pub(crate) fn grant(
         &mut self,
         index: u64,
         key: &Key,
@@ -634,7 +704,12 @@ impl State {
         let object = self.object_mut(key).expect("granted object exists");
         assert!(object.fits(hold.permits), "grant over capacity");
         object.held += hold.permits;
+        let (held, capacity, permits) = (object.held, object.capacity, hold.permits);
         object.holders.insert(waiter.session, hold);
+        if let Some(policy) = self.policies.get(key) {
+            assert!(held + policy.delayed_permits() <= capacity, "grant into delayed permits");
+            self.policy_granted(key, waiter.session, permits);
+        }
         let session = self.sessions.get_mut(&waiter.session).expect("a grantee's session exists");
         session.holds.insert(key.clone());
         let mut event = Event::new(EventKind::Granted);
@@ -687,6 +762,7 @@ impl State {
     /// of an object goes through here, so a token's count of objects is always of live ones.
     pub(crate) fn remove_object(&mut self, key: &Key, effects: &mut Vec<Effect>) {
         self.objects.remove(key);
+        self.forget_policy(key);
         self.ephemeral.remove(key);
         self.forget_creator(key);
         effects.push(Effect::ObjectRemoved { key: key.clone() });
@@ -788,7 +864,7 @@ impl State {
         self.objects.get_mut(key).map(Arc::make_mut)
     }
 
-    fn touch(&mut self, index: u64, key: &Key, effects: &mut Vec<Effect>) {
+    pub(crate) fn touch(&mut self, index: u64, key: &Key, effects: &mut Vec<Effect>) {
         if let Some(object) = self.object_mut(key) {
             object.modified_index = index;
         }

@@ -55,14 +55,25 @@ impl State {
             }
             hold_count += object.holders.len();
             object.queue.check();
+            let policy = self.policy(key);
+            let takers = policy.map_or(0, |policy| policy.takers.len());
             for waiter in object.queue.iter() {
-                ensure!(waiter.permits <= object.capacity, "{key}: waiter can never fit");
+                let taker = policy.is_some_and(|policy| policy.takers.contains_key(&waiter.session));
+                ensure!(taker || waiter.permits <= object.capacity, "{key}: waiter can never fit");
             }
-            wait_count += object.queue.len();
-            if let Some(head) = object.queue.head() {
-                ensure!(!object.fits(head.permits), "{key}: head waiter fits but was not granted");
+            wait_count += object.queue.len() - takers;
+            match policy {
+                // With a policy, the pump's own checks hold it to the rate, the delays and the
+                // group caps; `verify_policies` checks its records.
+                Some(_) => {}
+                None => {
+                    if let Some(head) = object.queue.head() {
+                        ensure!(!object.fits(head.permits), "{key}: head waiter fits but was not granted");
+                    }
+                }
             }
         }
+        self.verify_policies()?;
         self.verify_queues(&mut tokens)?;
         // Tokens are global: every hold's and claim's token is distinct.
         tokens.sort_unstable();
@@ -106,6 +117,49 @@ impl State {
     /// Every queue's indexes match its items; every claim and blocked claim belongs to a live
     /// session; no item is pending while a claimer that could take it waits; the state's queue
     /// indexes match. Adds the claims' tokens to `tokens`.
+    fn verify_policies(&self) -> Result<(), InvariantViolation> {
+        for (key, policy) in &self.policies {
+            let object = self.objects.get(key);
+            ensure!(key.kind == Kind::Semaphore, "{key}: a policy on an election or queue");
+            let Some(object) = object else {
+                return Err(InvariantViolation(format!("{key}: a policy without its semaphore")));
+            };
+            let mut rebuilt = (**policy).clone();
+            rebuilt.reindex(object);
+            ensure!(rebuilt == **policy, "{key}: a policy's index is out of date");
+            ensure!(**policy != crate::Policy::default(), "{key}: an empty policy is kept");
+            ensure!(
+                policy.delayed.is_sorted_by_key(|delayed| delayed.until_ms),
+                "{key}: delays out of order"
+            );
+            for session in policy.groups.keys() {
+                let present = object.holders.contains_key(session) || object.queue.get(*session).is_some();
+                ensure!(present, "{key}: a group recorded for {session}, which neither holds nor waits");
+            }
+            for taker in policy.takers.keys() {
+                ensure!(object.queue.get(*taker).is_some(), "{key}: take {taker} is not queued");
+                ensure!(!self.sessions.contains_key(taker), "{key}: take {taker} is also a session");
+                ensure!(!policy.groups.contains_key(taker), "{key}: take {taker} has a group");
+            }
+            if let Some(rate) = policy.rate {
+                for taker in policy.takers.keys() {
+                    let permits = object.queue.get(*taker).map_or(0, |waiter| waiter.permits);
+                    ensure!(permits <= rate.burst, "{key}: a take beyond the burst waits");
+                }
+            }
+            ensure!(
+                self.policy_due_at.get(key).copied() == self.policy_due_of(key),
+                "{key}: the policy's due time is out of date"
+            );
+        }
+        for (key, at) in &self.policy_due_at {
+            ensure!(self.policies.contains_key(key), "{key}: due without a policy");
+            ensure!(self.policy_due.contains(&(*at, key.clone())), "{key}: due index out of date");
+        }
+        ensure!(self.policy_due.len() == self.policy_due_at.len(), "due index out of date");
+        Ok(())
+    }
+
     fn verify_queues(&self, tokens: &mut Vec<u64>) -> Result<(), InvariantViolation> {
         let mut items = 0u64;
         let mut due = BTreeSet::new();

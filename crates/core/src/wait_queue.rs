@@ -52,6 +52,14 @@ impl WaitQueue {
         self.by_seq.values()
     }
 
+    /// Waiters in queue order after the one with sequence number `after` (all, for `None`), with
+    /// their sequence numbers.
+    pub fn entries_after(&self, after: Option<u64>) -> impl Iterator<Item = (u64, &Waiter)> {
+        use std::ops::Bound;
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.by_seq.range((from, Bound::Unbounded)).map(|(seq, waiter)| (*seq, waiter))
+    }
+
     /// The waiter of `session`, if it waits here.
     pub fn get(&self, session: SessionId) -> Option<&Waiter> {
         self.seq_of.get(&session).and_then(|seq| self.by_seq.get(seq))

@@ -77,9 +77,10 @@ pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> 
         ("GET", "/v1/semaphores") => Authenticated,
         ("GET", "/v1/semaphores/{name}" | "/v1/semaphores/{name}/history") => Named(Semaphore, Read),
         ("PUT" | "DELETE", "/v1/semaphores/{name}") => Named(Semaphore, Admin),
-        ("POST", "/v1/semaphores/{name}/acquire" | "/v1/semaphores/{name}/release") => {
-            Named(Semaphore, Write)
-        }
+        (
+            "POST",
+            "/v1/semaphores/{name}/acquire" | "/v1/semaphores/{name}/release" | "/v1/semaphores/{name}/take",
+        ) => Named(Semaphore, Write),
         ("POST", "/v1/semaphores/{name}/validate") => Named(Semaphore, Read),
         ("POST", "/v1/semaphores/{name}/revoke") => Named(Semaphore, Admin),
         ("GET", "/v1/elections") => Authenticated,

@@ -29,6 +29,11 @@ impl ApiError {
         ApiError { code, message: message.into(), retry_after_ms: None }
     }
 
+    /// `rate_limited`, allowed again in `retry_after_ms`.
+    pub(crate) fn rate_limited(message: impl Into<String>, retry_after_ms: u64) -> ApiError {
+        ApiError { retry_after_ms: Some(retry_after_ms), ..ApiError::new(ErrorCode::RateLimited, message) }
+    }
+
     /// `session_not_found`.
     pub(crate) fn session_not_found() -> ApiError {
         ApiError::new(ErrorCode::SessionNotFound, "session not found (never created, closed, or expired)")
@@ -105,6 +110,9 @@ impl From<Refusal> for ApiError {
             Refusal::ItemNotFound => ErrorCode::ItemNotFound,
             Refusal::LimitExceeded(Limit::Queues | Limit::Items | Limit::ClaimsPerSession) => {
                 ErrorCode::LimitExceeded
+            }
+            Refusal::RateLimited { retry_after_ms } => {
+                return ApiError::rate_limited(message, retry_after_ms)
             }
         };
         ApiError::new(code, message)

@@ -1,6 +1,7 @@
 //! The expiry driver: on the leader, proposes `ExpireSessions` when a session's deadline passes,
-//! `ExpireHolds` when a hold's `max_hold_ms` runs out, and `PromoteDueItems` when a delayed queue
-//! item comes due.
+//! `ExpireHolds` when a hold's `max_hold_ms` runs out, `PromoteDueItems` when a delayed queue
+//! item comes due, and `PolicyTick` when a semaphore's lock-delay ends, a take's wait runs out
+//! or the rate's turn of a waiter comes.
 //!
 //! The timer is armed at the earliest deadline (not a coarse poll), so expiry fires within a few
 //! milliseconds of it, plus one commit.
@@ -83,7 +84,8 @@ impl ExpiryDriver {
         let session = replica.lessor.next_deadline();
         let hold = replica.state.next_hold_deadline_ms().map(|ms| self.clock.instant_of(ms));
         let item = replica.state.next_item_due_ms().map(|ms| self.clock.instant_of(ms));
-        session.into_iter().chain(hold).chain(item).min()
+        let policy = replica.state.next_policy_due_ms().map(|ms| self.clock.instant_of(ms));
+        session.into_iter().chain(hold).chain(item).chain(policy).min()
     }
 
     /// Proposes the expiries that are due; false when it proposed nothing.
@@ -91,7 +93,7 @@ impl ExpiryDriver {
         // The decision belongs to this leadership: if the command is written in another term
         // (it waited in the proposer's queue across a re-election), it does nothing.
         let Some(decided_term) = self.leading.borrow().map(|barrier| barrier.term) else { return false };
-        let (sessions, holds_due, items_due) = {
+        let (sessions, holds_due, items_due, policies_due) = {
             let mut replica = self.replica.write();
             if replica.lessor.promoted_term() != Some(decided_term) {
                 return false;
@@ -100,7 +102,8 @@ impl ExpiryDriver {
             let now_ms = self.clock.now_ms(replica.state.now_ms());
             let holds_due = replica.state.next_hold_deadline_ms().is_some_and(|at| at <= now_ms);
             let items_due = replica.state.next_item_due_ms().is_some_and(|at| at <= now_ms);
-            (sessions, holds_due, items_due)
+            let policies_due = replica.state.next_policy_due_ms().is_some_and(|at| at <= now_ms);
+            (sessions, holds_due, items_due, policies_due)
         };
         if !sessions.is_empty() {
             tracing::debug!(count = sessions.len(), "expiring sessions");
@@ -136,6 +139,17 @@ impl ExpiryDriver {
                 }
             }
         }
-        !sessions.is_empty() || holds_due || items_due
+        if policies_due {
+            // Policies exist only from cluster version 5 on, so the command is never gated.
+            match self.proposer.propose(Command::PolicyTick).await {
+                Ok(Outcome::PoliciesTicked { .. }) => {}
+                Ok(other) => tracing::error!(?other, "unexpected outcome of PolicyTick"),
+                Err(error) => {
+                    tracing::warn!(%error, "could not propose a policy tick");
+                    tokio::time::sleep(RETRY_DELAY).await;
+                }
+            }
+        }
+        !sessions.is_empty() || holds_due || items_due || policies_due
     }
 }

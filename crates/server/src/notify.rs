@@ -25,6 +25,10 @@ pub struct Notifier {
     /// [`WOKEN_MAX`]: their requests are being answered, so their clients' next commands are on
     /// the way (the proposer waits a moment for them, see `raft/proposer.rs`).
     woken: Mutex<Vec<SessionId>>,
+    /// Tokens of waiting takes that an apply served (`Effect::Taken`), for their long-polls: a
+    /// take holds nothing in the state to read its token from. Only registered takes are kept,
+    /// and each leaves with its registration.
+    taken: Mutex<HashMap<(Key, SessionId), u64>>,
 }
 
 /// Most woken sessions kept for the proposer between two of its batches.
@@ -51,11 +55,18 @@ pub(crate) struct Subscription<K: Registry> {
 pub(crate) trait Registry: std::hash::Hash + Eq + Clone + Sized {
     /// The registry of this key type in `notifier`.
     fn interests(notifier: &Notifier) -> &Interests<Self>;
+
+    /// Forgets what the notifier kept for `key` once nobody is registered for it.
+    fn forget(_notifier: &Notifier, _key: &Self) {}
 }
 
 impl Registry for (Key, SessionId) {
     fn interests(notifier: &Notifier) -> &Interests<Self> {
         &notifier.waits
+    }
+
+    fn forget(notifier: &Notifier, key: &Self) {
+        notifier.taken.lock().expect("notifier lock").remove(key);
     }
 }
 
@@ -79,6 +90,7 @@ impl Notifier {
             watches: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
             woken: Mutex::new(Vec::new()),
+            taken: Mutex::new(HashMap::new()),
         })
     }
 
@@ -146,6 +158,13 @@ impl Notifier {
                             interest
                         }
                         Effect::ObjectChanged { key } => watches.get(key),
+                        Effect::Taken { key, taker, token } => {
+                            let wait = (key.clone(), *taker);
+                            if waits.contains_key(&wait) {
+                                self.taken.lock().expect("notifier lock").insert(wait, *token);
+                            }
+                            None
+                        }
                         _ => None,
                     };
                     if let Some((notify, _)) = interest {
@@ -154,6 +173,11 @@ impl Notifier {
                 }
             }
         }
+    }
+
+    /// The token of the registered take `taker` on `key`, once an apply served it.
+    pub(crate) fn taken(&self, key: &Key, taker: SessionId) -> Option<u64> {
+        self.taken.lock().expect("notifier lock").get(&(key.clone(), taker)).copied()
     }
 
     /// Moves the sessions whose waits ended since the last call into `into` (see
@@ -191,6 +215,7 @@ impl<K: Registry> Drop for Subscription<K> {
             entry.1 -= 1;
             if entry.1 == 0 {
                 interests.remove(&self.key);
+                K::forget(&self.notifier, &self.key);
             }
         }
     }

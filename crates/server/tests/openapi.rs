@@ -37,6 +37,11 @@ fn the_spec_declares_the_enforced_limits() {
     assert_eq!(range("PutQueueRequest", "max_items"), (Some(1), Some(QUEUE_ITEMS_MAX)));
     assert_eq!(range("ClaimRequest", "max"), (Some(1), Some(QUEUE_CLAIM_ITEMS_MAX as u64)));
     assert_eq!(range("NackRequest", "delay_ms"), (Some(0), Some(QUEUE_DELAY_MS_MAX)));
+    assert_eq!(range("PutSemaphoreRequest", "lock_delay_ms"), (Some(0), Some(LOCK_DELAY_MS_MAX)));
+    assert_eq!(range("Rate", "permits"), (Some(1), Some(RATE_PERMITS_MAX)));
+    assert_eq!(range("Rate", "per_ms"), (Some(1), Some(RATE_PER_MS_MAX)));
+    assert_eq!(range("Rate", "burst"), (Some(1), Some(RATE_PERMITS_MAX)));
+    assert_eq!(range("TakeRequest", "permits"), (Some(1), Some(RATE_PERMITS_MAX)));
     let mut names = 0;
     for (path, item) in spec["paths"].as_object().unwrap() {
         for (method, operation) in item.as_object().unwrap() {
@@ -61,7 +66,7 @@ fn the_spec_declares_the_enforced_limits() {
         }
     }
     assert_eq!(
-        names, 26,
-        "twenty-three `{{name}}` path parameters and the `after` of the semaphore, election and queue lists"
+        names, 27,
+        "twenty-four `{{name}}` path parameters and the `after` of the semaphore, election and queue lists"
     );
 }

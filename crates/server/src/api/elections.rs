@@ -58,7 +58,7 @@ pub(crate) async fn campaign(
     validate_acquire(&acquire)?;
     caller.check_objects_cap(&app, &acquire.key).await?;
     // A waiting campaign ends (401) when its token is deleted.
-    let grant = grant::acquire(&app, acquire, wait_ms, false, caller.creator(&app));
+    let grant = grant::acquire(&app, acquire, wait_ms, false, caller.creator(&app), None);
     let grant = if wait_ms > 0 { caller.unless_cut_off(&app, false, grant).await? } else { grant.await? };
     Ok(match grant {
         Grant::Acquired { token, .. } => {

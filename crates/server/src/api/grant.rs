@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use permit_core::{Acquire, Command, Creator, Key, Limit, Outcome, Refusal, SessionId};
+use permit_core::{Acquire, Command, Creator, Key, Limit, Name, Outcome, Refusal, SessionId};
 use permit_wire::{ErrorCode, WAIT_MS_MAX};
 use tokio::time::Instant;
 
@@ -42,8 +42,9 @@ pub(crate) async fn acquire(
     wait_ms: u64,
     ephemeral: bool,
     creator: Option<Creator>,
+    group: Option<Name>,
 ) -> Result<Grant, ApiError> {
-    let grant = acquire_correctly(app, acquire, wait_ms, ephemeral, creator).await;
+    let grant = acquire_correctly(app, acquire, wait_ms, ephemeral, creator, group).await;
     match (grant, crate::bugs::active()) {
         (Ok(Grant::Acquired { permits, token }), Some(crate::bugs::Bug::NonMonotonicToken)) => {
             Ok(Grant::Acquired { permits, token: token % 5 + 1 })
@@ -58,6 +59,7 @@ async fn acquire_correctly(
     wait_ms: u64,
     ephemeral: bool,
     creator: Option<Creator>,
+    group: Option<Name>,
 ) -> Result<Grant, ApiError> {
     if crate::bugs::is(crate::bugs::Bug::AckBeforeCommit) {
         if let Some(grant) = predict(app, &acquire) {
@@ -67,10 +69,12 @@ async fn acquire_correctly(
     let (key, session) = (acquire.key.clone(), acquire.session);
     // Subscribe before proposing, so that a grant applied right after the proposal is not missed.
     let subscription = (wait_ms > 0).then(|| app.notifier.subscribe(key.clone(), session));
-    let command = match creator {
-        Some(creator) => Command::AcquireBy { acquire, ephemeral, creator },
-        None if ephemeral => Command::AcquireEphemeral(acquire),
-        None => Command::Acquire(acquire),
+    let command = match (group, creator) {
+        // Only an acquire that names a group needs the newer command (cluster version 5).
+        (Some(group), creator) => Command::AcquireInGroup { acquire, ephemeral, creator, group },
+        (None, Some(creator)) => Command::AcquireBy { acquire, ephemeral, creator },
+        (None, None) if ephemeral => Command::AcquireEphemeral(acquire),
+        (None, None) => Command::Acquire(acquire),
     };
     let position = match app.propose(command).await? {
         Outcome::Acquired { permits, token } => return Ok(Grant::Acquired { permits, token }),

@@ -49,6 +49,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/semaphores/{name}", get(semaphores::get).put(semaphores::put).delete(semaphores::delete))
         .route("/v1/semaphores/{name}/acquire", post(semaphores::acquire))
         .route("/v1/semaphores/{name}/release", post(semaphores::release))
+        .route("/v1/semaphores/{name}/take", post(semaphores::take))
         .route("/v1/semaphores/{name}/validate", post(semaphores::validate))
         .route("/v1/semaphores/{name}/revoke", post(semaphores::revoke))
         .route("/v1/semaphores/{name}/history", get(semaphores::history))

@@ -33,7 +33,7 @@ nodes may send its requests there, saving the hop a follower forwards them over.
     paths(
         sessions::create, sessions::list, sessions::keepalive, sessions::keepalive_batch, sessions::get, sessions::close,
         semaphores::list, semaphores::put, semaphores::get, semaphores::delete,
-        semaphores::acquire, semaphores::release, semaphores::validate, semaphores::revoke, semaphores::history,
+        semaphores::acquire, semaphores::release, semaphores::take, semaphores::validate, semaphores::revoke, semaphores::history,
         elections::list, elections::campaign, elections::proclaim, elections::get, elections::resign, elections::revoke,
         queues::list, queues::put, queues::get, queues::delete, queues::push, queues::items, queues::claim, queues::cancel_claim,
         queues::ack, queues::nack, queues::remove_item,
@@ -46,7 +46,8 @@ nodes may send its requests there, saving the hop a follower forwards them over.
     security((), ("bearer" = [])),
     tags(
         (name = "sessions", description = "Client liveness: a session's holds and waits end when it expires or closes."),
-        (name = "semaphores", description = "Named counting semaphores with strict FIFO weighted queues and fencing tokens."),
+        (name = "semaphores", description = "Named counting semaphores with strict FIFO weighted queues and fencing tokens; \
+policies beside the capacity (a rate, lock-delay, a cap per group) and rate-only takes need cluster feature version 5."),
         (name = "elections", description = "Leader election on a capacity-1 semaphore whose hold carries a value."),
         (name = "queues", description = "Durable work queues: items handed out in order, each claim a lease of the \
 claiming session with a fencing token; at-least-once, with dead-lettering after `max_attempts` claims. Needs cluster \

@@ -7,13 +7,15 @@ use axum::extract::State;
 use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use permit_core::{
-    validate_acquire, validate_capacity, Access, Acquire, Command, Key, Kind, Limit, Name, Outcome, Refusal,
-    Resource, Semaphore, SessionId, State as CoreState,
+    validate_acquire, validate_capacity, validate_group, validate_policy_change, validate_take, Access,
+    Acquire, Command, Key, Kind, Limit, Name, Outcome, Policy, PolicyChange, Rate, Refusal, Resource,
+    Semaphore, SessionId, State as CoreState,
 };
 use permit_wire::{
-    AcquireRequest, AcquireResponse, ErrorBody, ErrorCode, HistorySample, HolderView, PutSemaphoreRequest,
-    ReleaseRequest, ReleaseResponse, RevokeRequest, SemaphoreHistory, SemaphoreList, SemaphoreSummary,
-    SemaphoreView, ValidateRequest, ValidateResponse, WaiterView, INDEX_HEADER,
+    AcquireRequest, AcquireResponse, DelayedPermits, ErrorBody, ErrorCode, GroupView, HistorySample,
+    HolderView, PutSemaphoreRequest, RateView, ReleaseRequest, ReleaseResponse, RevokeRequest,
+    SemaphoreHistory, SemaphoreList, SemaphoreSummary, SemaphoreView, TakeRequest, TakeResponse,
+    ValidateRequest, ValidateResponse, WaiterView, INDEX_HEADER,
 };
 use serde::Deserialize;
 
@@ -24,6 +26,7 @@ use super::watch::{blocking_read, ReadParams};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::history::HISTORY_SECONDS;
+use tokio::time::Instant;
 
 /// Default and largest page of `GET /v1/semaphores`.
 const LIST_LIMIT_DEFAULT: usize = 100;
@@ -43,11 +46,15 @@ pub(crate) fn view(
     waited: impl Fn(SessionId) -> Option<Duration>,
 ) -> SemaphoreView {
     let session_name = |id| state.session(id).and_then(|s| s.name.clone());
+    let key = Key::semaphore(name.clone());
+    let policy = state.policy(&key);
+    let group_of = |session| policy.and_then(|p| p.groups.get(&session)).map(|group| group.to_string());
+    let delayed = policy.map_or(0, Policy::delayed_permits);
     SemaphoreView {
         name: name.to_string(),
         capacity: object.capacity,
         held: object.held,
-        available: object.available(),
+        available: object.available().saturating_sub(delayed),
         index: object.modified_index,
         holders: object
             .holders
@@ -60,7 +67,7 @@ pub(crate) fn view(
                 granted_index: hold.granted_index,
                 expires_in_ms: hold.expires_at_ms.map(|at| at.saturating_sub(state.now_ms())),
                 held_ms: now_ms.saturating_sub(hold.granted_at_ms),
-                group: None,
+                group: group_of(*session),
             })
             .collect(),
         waiters: object
@@ -73,17 +80,59 @@ pub(crate) fn view(
                 permits: waiter.permits,
                 position: i as u64 + 1,
                 waiting_ms: waited(waiter.session).map(millis),
-                group: None,
-                take: false,
+                group: group_of(waiter.session),
+                take: policy.is_some_and(|p| p.takers.contains_key(&waiter.session)),
             })
             .collect(),
-        ephemeral: state.is_ephemeral(&Key::semaphore(name.clone())),
-        rate: None,
-        lock_delay_ms: 0,
-        delayed: Vec::new(),
-        group_max: None,
-        groups: Vec::new(),
+        ephemeral: state.is_ephemeral(&key),
+        rate: policy.and_then(|policy| {
+            let rate = policy.rate?;
+            let (available, next_in_ms) = policy.rate_state(now_ms)?;
+            Some(RateView {
+                permits: rate.permits,
+                per_ms: rate.per_ms,
+                burst: rate.burst,
+                available,
+                next_in_ms,
+            })
+        }),
+        lock_delay_ms: policy.map_or(0, |policy| policy.lock_delay_ms),
+        delayed: policy
+            .map(|policy| {
+                policy
+                    .delayed
+                    .iter()
+                    .map(|delayed| DelayedPermits {
+                        permits: delayed.permits,
+                        until_ms: delayed.until_ms,
+                        remaining_ms: delayed.until_ms.saturating_sub(now_ms),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        group_max: policy.and_then(|policy| policy.group_max),
+        groups: policy.map(|policy| groups(policy, object)).unwrap_or_default(),
     }
+}
+
+/// Holdings and waiters per group.
+fn groups(policy: &Policy, object: &Semaphore) -> Vec<GroupView> {
+    let mut groups: std::collections::BTreeMap<&Name, GroupView> = std::collections::BTreeMap::new();
+    for (session, group) in &policy.groups {
+        let view = groups.entry(group).or_insert_with(|| GroupView {
+            group: group.to_string(),
+            held: 0,
+            holders: 0,
+            waiters: 0,
+        });
+        if let Some(hold) = object.holders.get(session) {
+            view.held += hold.permits;
+            view.holders += 1;
+        } else {
+            view.waiters += 1;
+        }
+    }
+    groups.into_values().collect()
 }
 
 /// A duration in whole milliseconds.
@@ -123,15 +172,25 @@ pub(crate) async fn put(
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
     validate_capacity(request.capacity)?;
-    if request.rate.is_some() || request.lock_delay_ms.is_some() || request.group_max.is_some() {
-        return Err(ApiError::new(
-            ErrorCode::InvalidArgument,
-            "rate, lock_delay_ms and group_max are not served yet",
-        ));
-    }
+    let policy = PolicyChange {
+        rate: request.rate.map(|rate| {
+            rate.map(|rate| Rate {
+                permits: rate.permits,
+                per_ms: rate.per_ms,
+                burst: rate.burst.unwrap_or(rate.permits),
+            })
+        }),
+        lock_delay_ms: request.lock_delay_ms,
+        group_max: request.group_max,
+    };
+    validate_policy_change(&policy)?;
     caller.check_objects_cap(&app, &Key::semaphore(name.clone())).await?;
     let (capacity, creator) = (request.capacity, caller.creator(&app));
     let command = match creator {
+        // Only a put that changes a policy needs the newer command (cluster version 5).
+        _ if !policy.is_empty() => {
+            Command::PutSemaphorePolicy { name: name.clone(), capacity, policy, creator }
+        }
         Some(creator) => Command::PutSemaphoreBy { name: name.clone(), capacity, creator },
         None => Command::PutSemaphore { name: name.clone(), capacity },
     };
@@ -281,6 +340,7 @@ pub(crate) async fn list(
     }
     let prefixes = caller.prefixes(Resource::Semaphore, Access::Read);
     let replica = app.replica().read();
+    let delayed = |key: &Key| replica.state.policy(key).map_or(0, Policy::delayed_permits);
     let mut page = replica.state.objects_in_prefixes(Kind::Semaphore, &prefixes, after.as_ref());
     let semaphores: Vec<SemaphoreSummary> = page
         .by_ref()
@@ -290,9 +350,9 @@ pub(crate) async fn list(
             name: key.name.to_string(),
             capacity: object.capacity,
             held: object.held,
-            available: object.available(),
-            delayed: 0,
-            rated: false,
+            available: object.available().saturating_sub(delayed(key)),
+            delayed: delayed(key),
+            rated: replica.state.policy(key).is_some_and(|policy| policy.rate.is_some()),
             holders: object.holders.len() as u64,
             waiters: object.queue.len() as u64,
             oldest_wait_ms: app.observer.oldest_wait(key).map(millis),
@@ -342,9 +402,7 @@ pub(crate) async fn acquire(
 ) -> Result<Response, ApiError> {
     let name = parse_name(&name)?;
     let session = parse_session(&request.session)?;
-    if request.group.is_some() {
-        return Err(ApiError::new(ErrorCode::InvalidArgument, "group is not served yet"));
-    }
+    let group = request.group.as_deref().map(validate_group).transpose()?;
     caller.check_owns(&app, session)?;
     let wait_ms = capped_wait(request.wait_ms);
     let _poll = if wait_ms > 0 { Some(caller.long_poll(&app).await?) } else { None };
@@ -360,7 +418,7 @@ pub(crate) async fn acquire(
     validate_acquire(&acquire)?;
     caller.check_objects_cap(&app, &acquire.key).await?;
     // A waiting acquire ends (401) when its token is deleted.
-    let grant = grant::acquire(&app, acquire, wait_ms, request.ephemeral, caller.creator(&app));
+    let grant = grant::acquire(&app, acquire, wait_ms, request.ephemeral, caller.creator(&app), group);
     let grant = if wait_ms > 0 { caller.unless_cut_off(&app, false, grant).await? } else { grant.await? };
     Ok(match grant {
         Grant::Acquired { permits, token } => {
@@ -421,6 +479,96 @@ pub(crate) async fn release_key(
         Outcome::Refused(refusal) => Err(refusal.into()),
         other => Err(ApiError::internal(other)),
     }
+}
+
+/// Take permits of the semaphore's rate, holding nothing: no session needed. `wait_ms = 0`
+/// answers at once (429 `rate_limited` with `retry_after_ms` when the rate or earlier waiters
+/// leave no room); `wait_ms > 0` waits in the semaphore's FIFO queue, behind earlier acquires
+/// and takes, until served or the wait runs out (then 429). A semaphore without a rate takes at
+/// once. A retried take is a new take.
+#[utoipa::path(post, path = "/v1/semaphores/{name}/take", tag = "semaphores", request_body = TakeRequest,
+    params(("name" = String, Path, description = "Semaphore name")),
+    responses((status = 200, body = TakeResponse, description = "Taken"),
+              (status = 404, body = ErrorBody, description = "`semaphore_not_found`"),
+              (status = 409, body = ErrorBody, description = "`permits_exceed_capacity`: more than the rate's \
+burst; `limit_exceeded`: too many waiters; `feature_unavailable`: a member runs an older build"),
+              (status = 429, body = ErrorBody, description = "`rate_limited`: nothing taken; \
+`retry_after_ms` (and `Retry-After`) says when the rate allows it")))]
+pub(crate) async fn take(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Json(request): Json<TakeRequest>,
+) -> Result<axum::Json<TakeResponse>, ApiError> {
+    let name = parse_name(&name)?;
+    let permits = request.permits.unwrap_or(1);
+    let wait_ms = capped_wait(request.wait_ms);
+    validate_take(permits, wait_ms)?;
+    let _poll = if wait_ms > 0 { Some(caller.long_poll(&app).await?) } else { None };
+    let take = take_permits(&app, name, permits, wait_ms);
+    let token = if wait_ms > 0 { caller.unless_cut_off(&app, false, take).await? } else { take.await? };
+    Ok(axum::Json(TakeResponse::Taken { token }))
+}
+
+/// Proposes the take and, if it waits, long-polls until it is served or `wait_ms` passes (then
+/// ends it).
+async fn take_permits(app: &App, name: Name, permits: u64, wait_ms: u64) -> Result<u64, ApiError> {
+    let key = Key::semaphore(name.clone());
+    // The take's place in the queue, where a session would stand: random, as session ids are.
+    let taker = SessionId::from_bytes(rand::random());
+    let subscription = (wait_ms > 0).then(|| app.notifier.subscribe(key.clone(), taker));
+    match app.propose(Command::Take { name: name.clone(), taker, permits, wait_ms }).await? {
+        Outcome::Taken { token } => return Ok(token),
+        Outcome::TakeWaiting => {}
+        Outcome::Refused(refusal) => return Err(refusal.into()),
+        other => return Err(ApiError::internal(other)),
+    }
+    let Some(subscription) = subscription else {
+        return Err(ApiError::internal("a take without wait_ms was left waiting"));
+    };
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    let mut shutdown = app.shutdown.clone();
+    loop {
+        let notified = subscription.notify().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if let Some(token) = app.notifier.taken(&key, taker) {
+            return Ok(token);
+        }
+        let waiting =
+            app.replica().read().state.object(&key).is_some_and(|object| object.queue.get(taker).is_some());
+        if !waiting {
+            break;
+        }
+        tokio::select! {
+            biased;
+            () = &mut notified => {}
+            () = tokio::time::sleep_until(deadline) => break,
+            _ = shutdown.wait_for(|stopping| *stopping) => break,
+        }
+    }
+    // Out of time, or the wait ended in the state: end it, unless it was served meanwhile.
+    if let Some(token) = app.notifier.taken(&key, taker) {
+        return Ok(token);
+    }
+    let ended = app.propose(Command::CancelTake { name, taker }).await;
+    if let Some(token) = app.notifier.taken(&key, taker) {
+        return Ok(token);
+    }
+    match ended? {
+        Outcome::TakeCancelled { .. } | Outcome::Refused(Refusal::SemaphoreNotFound) => {}
+        Outcome::Refused(refusal) => return Err(refusal.into()),
+        other => return Err(ApiError::internal(other)),
+    }
+    let retry_after_ms = {
+        let replica = app.replica().read();
+        let now_ms = app.now_ms(replica.state.now_ms());
+        replica.state.policy(&key).map_or(1, |policy| policy.rate_wait_ms(permits, now_ms).max(1))
+    };
+    Err(ApiError::rate_limited(
+        format!("the rate of {key} did not allow {permits} permits within the wait"),
+        retry_after_ms,
+    ))
 }
 
 /// Whether a current holder of the semaphore carries this token (a linearizable read, like

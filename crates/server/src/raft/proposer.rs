@@ -313,7 +313,8 @@ fn session_of(command: &Command) -> Option<SessionId> {
     match command {
         Command::Acquire(acquire)
         | Command::AcquireEphemeral(acquire)
-        | Command::AcquireBy { acquire, .. } => Some(acquire.session),
+        | Command::AcquireBy { acquire, .. }
+        | Command::AcquireInGroup { acquire, .. } => Some(acquire.session),
         Command::Release { session, .. }
         | Command::CloseSession { id: session }
         | Command::Claim { session, .. }
@@ -339,7 +340,11 @@ fn session_of(command: &Command) -> Option<SessionId> {
         | Command::DeleteQueue { .. }
         | Command::Push { .. }
         | Command::RemoveItem { .. }
-        | Command::PromoteDueItems => None,
+        | Command::PromoteDueItems
+        | Command::PutSemaphorePolicy { .. }
+        | Command::Take { .. }
+        | Command::CancelTake { .. }
+        | Command::PolicyTick => None,
     }
 }
 

@@ -253,7 +253,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let rearm = effects.iter().any(|e| {
             matches!(
                 e,
-                Effect::SessionCreated { .. } | Effect::HoldDeadlineSet { .. } | Effect::ItemDueSet { .. }
+                Effect::SessionCreated { .. }
+                    | Effect::HoldDeadlineSet { .. }
+                    | Effect::ItemDueSet { .. }
+                    | Effect::PolicyDueSet { .. }
             )
         });
         if rearm {
