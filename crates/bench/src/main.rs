@@ -898,7 +898,7 @@ async fn take_rows(
     let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
     // The three targets, in this order everywhere below.
     const REDIS: usize = 2;
-    let labels = ["Permit 1 node", "Permit 3 nodes (via the leader)", "Redis GCRA script"];
+    let labels = ["Permit 1 node", "Permit 3 nodes", "Redis GCRA"];
     // Per target, one figure per run.
     let (mut rate, mut p50, mut p99) =
         (<[Vec<f64>; 3]>::default(), <[Vec<f64>; 3]>::default(), <[Vec<f64>; 3]>::default());
