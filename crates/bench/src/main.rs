@@ -8,6 +8,8 @@
 //! target/release/permit-bench --only keepalive # 3 nodes keep 10 k, then 100 k sessions alive
 //! target/release/permit-bench --only queue     # Q1, Q2 against Redis streams and beanstalkd
 //! target/release/permit-bench --only queue-big # memory per pending item; restart with 1M items
+//! target/release/permit-bench --only take      # T1: take throughput against Redis GCRA
+//! target/release/permit-bench --only take-accuracy # 60 s at 100/s, burst 10, from 32 clients
 //! ```
 //! Every figure is a median over `--runs` runs; ratios are to floors measured in the same run.
 
@@ -25,6 +27,7 @@ mod redis;
 mod server;
 mod snap;
 mod stats;
+mod take;
 mod tls;
 mod workloads;
 
@@ -50,8 +53,8 @@ struct Args {
     #[arg(long, default_value_t = 3000)]
     duration_ms: u64,
     /// Parts to run: floors,w1,tls,w2,w3,w4,python,go,redis,single,auth,cluster,scale,failover,
-    /// queue,big,queue-big,scrape,snap,keepalive,client (default: all but big, queue-big, scrape,
-    /// snap, keepalive and client).
+    /// queue,take,take-accuracy,big,queue-big,scrape,snap,keepalive,client (default: all but
+    /// take-accuracy, big, queue-big, scrape, snap, keepalive and client).
     /// `client` runs the HTTP floor, W1 and W2 through each `--client`, alternating. `tls` runs W1 over HTTPS on a
     /// second node, alternating with plain HTTP runs. `python` runs the Python client's W1/W2
     /// driver (threads and asyncio) in alternation with the Rust driver's W1/W2 runs on the same
@@ -63,9 +66,15 @@ struct Args {
     /// alive on the client's schedule (every TTL / 3) for `--keepalive-ms`. `queue` runs Q1 and
     /// Q2 on a single node, a 3-node cluster, Redis streams (appendfsync always) and beanstalkd
     /// (`-b DIR -f0`), alternating; `queue-big` measures a node's memory per pending 1 KiB item
-    /// (`--queue-mem-n`) and its restart with `--queue-restart-n` pending items.
+    /// (`--queue-mem-n`) and its restart with `--queue-restart-n` pending items. `take` runs T1
+    /// (32 clients taking from a rate that never binds) on a single node, a 3-node cluster (via
+    /// its leader) and Redis' GCRA script (appendfsync always), alternating; `take-accuracy`
+    /// has 32 clients take as fast as they can at 100/s, burst 10, for `--accuracy-secs`.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Length of the `take-accuracy` run, in seconds.
+    #[arg(long, default_value_t = 60)]
+    accuracy_secs: u64,
     /// Sessions (and semaphores) in the small scale step; the large step is 10x.
     #[arg(long, default_value_t = 10_000)]
     scale_n: usize,
@@ -208,7 +217,7 @@ fn main() -> anyhow::Result<()> {
 
 fn wants(args: &Args, part: &str) -> bool {
     if args.only.is_empty() {
-        !["big", "queue-big", "scrape", "snap", "keepalive", "client"].contains(&part)
+        !["take-accuracy", "big", "queue-big", "scrape", "snap", "keepalive", "client"].contains(&part)
     } else {
         args.only.iter().any(|p| p == part)
     }
@@ -412,6 +421,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     if wants(&args, "queue") {
         queue_rows(&mut report, &bin, work.path(), &args, duration).await?;
+    }
+    if wants(&args, "take") {
+        take_rows(&mut report, &bin, work.path(), &args, duration, http_rate).await?;
+    }
+    if wants(&args, "take-accuracy") {
+        take_accuracy_rows(&mut report, &bin, work.path(), &args).await?;
     }
     if wants(&args, "scale") {
         scale_rows(&mut report, &bin, work.path(), args.scale_n, args.runs).await?;
@@ -841,6 +856,137 @@ async fn queue_rows(
         "Q2 Permit 1 node against beanstalkd",
         format!("{:.2}x", rate[0] / rate[BEANSTALK]),
         Some((">= 1.5x".into(), rate[0] >= 1.5 * rate[BEANSTALK])),
+    );
+    Ok(())
+}
+
+/// T1 (`take.rs`) on a new single node, a new 3-node cluster (through its leader) and Redis'
+/// GCRA script with `appendfsync always`, runs alternating over the three; ratios Permit/Redis
+/// against issue 33's target, with the run's HTTP floor (`http_rate`, 32 clients) beside them.
+/// With `--url`, T1 on that server alone.
+async fn take_rows(
+    report: &mut Report,
+    bin: &std::path::Path,
+    work: &std::path::Path,
+    args: &Args,
+    duration: Duration,
+    http_rate: f64,
+) -> anyhow::Result<()> {
+    use take::Target;
+    let clients = take::CLIENTS;
+    if let Some(url) = &args.url {
+        let (mut rate, mut p50) = (vec![], vec![]);
+        // Names unique to this invocation: the server may hold semaphores of earlier ones.
+        let tag = std::process::id();
+        for run in 0..args.runs {
+            let t1 =
+                take::throughput(&Target::Permit(url.clone()), &format!("t1-{tag}-{run}"), duration).await?;
+            rate.push(t1.per_second);
+            p50.push(t1.latency.p50());
+        }
+        println!("take on {url}");
+        report.add(
+            &format!("T1 takes, {clients} clients"),
+            format!("{:.0} /s, p50 {:.3} ms", median(&rate), median(&p50)),
+            None,
+        );
+        return Ok(());
+    }
+    let single = ServerProcess::start(bin, "127.0.0.1:0", &work.join("take-single"), &[])?;
+    let nodes = server::cluster(bin, &work.join("take-cluster"), 3).await?;
+    let redis = redis::RedisProcess::start(&work.join("take-redis")).await?;
+    let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    // The three targets, in this order everywhere below.
+    const REDIS: usize = 2;
+    let labels = ["Permit 1 node", "Permit 3 nodes", "Redis GCRA"];
+    // Per target, one figure per run.
+    let (mut rate, mut p50, mut p99) =
+        (<[Vec<f64>; 3]>::default(), <[Vec<f64>; 3]>::default(), <[Vec<f64>; 3]>::default());
+    for run in 0..args.runs {
+        // Through the leader, as clients that follow `permit-leader` do; asked each run.
+        let leader = api::Api::new(&urls[0])
+            .leader_hint()
+            .await?
+            .filter(|hint| urls.contains(hint))
+            .context("the cluster names no leader among its nodes")?;
+        let targets =
+            [Target::Permit(single.url.clone()), Target::Permit(leader), Target::Redis(redis.addr.clone())];
+        for (i, target) in targets.iter().enumerate() {
+            let t1 = take::throughput(target, &format!("t1-{run}"), duration)
+                .await
+                .with_context(|| format!("T1 on {}", labels[i]))?;
+            rate[i].push(t1.per_second);
+            p50[i].push(t1.latency.p50());
+            p99[i].push(t1.latency.p99());
+        }
+    }
+    drop((single, nodes, redis));
+    let [rate, p50, p99] = [rate, p50, p99].map(|figures| figures.map(|runs| median(&runs)));
+    println!(
+        "take (T1: {clients} clients, a rate that never binds; runs alternating: Permit 1 node, 3 nodes via \
+         the leader, Redis appendfsync always running the GCRA script with EVALSHA)"
+    );
+    for i in [REDIS, 0, 1] {
+        let versus =
+            if i == REDIS { String::new() } else { format!(" ({:.2}x Redis)", rate[i] / rate[REDIS]) };
+        let target = (i == 0).then(|| (">= 0.5x Redis GCRA".to_owned(), rate[0] >= 0.5 * rate[REDIS]));
+        report.add(
+            &format!("T1 takes, {clients} clients, {}", labels[i]),
+            format!("{:.0} /s{versus}; p50 / p99 {:.3} / {:.3} ms", rate[i], p50[i], p99[i]),
+            target,
+        );
+    }
+    report.add(
+        "T1 HTTP floor of this run, 32 clients",
+        format!("{http_rate:.0} /s (Permit 1 node at {:.2}x)", rate[0] / http_rate),
+        None,
+    );
+    Ok(())
+}
+
+/// The accuracy of a binding rate (`take.rs`): 32 clients take as fast as they can from a new
+/// single node at 100/s, burst 10, for `--accuracy-secs`: grants against `burst + rate × T`
+/// (within 1 %), and no grant early in any window.
+async fn take_accuracy_rows(
+    report: &mut Report,
+    bin: &std::path::Path,
+    work: &std::path::Path,
+    args: &Args,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(args.accuracy_secs > 0, "--accuracy-secs must be > 0");
+    let rate = take::ACCURACY_RATE;
+    let node = match &args.url {
+        Some(_) => None,
+        None => Some(ServerProcess::start(bin, "127.0.0.1:0", &work.join("take-accuracy"), &[])?),
+    };
+    let url = args.url.clone().unwrap_or_else(|| node.as_ref().expect("started").url.clone());
+    let name = format!("accuracy-{}", std::process::id());
+    let run = take::accuracy(&url, &name, rate, Duration::from_secs(args.accuracy_secs)).await?;
+    drop(node);
+    println!(
+        "take-accuracy ({} clients as fast as they can, {}/{} ms, burst {}, {} s)",
+        take::CLIENTS,
+        rate.permits,
+        rate.per_ms,
+        rate.burst,
+        args.accuracy_secs
+    );
+    let ratio = run.granted as f64 / run.expected;
+    report.add(
+        "take accuracy: granted against burst + rate x T",
+        format!(
+            "{} against {:.1} ({ratio:.4}x; T {:.3} s, {} refused)",
+            run.granted,
+            run.expected,
+            run.window.as_secs_f64(),
+            run.refused
+        ),
+        Some(("within 1 %".into(), (ratio - 1.0).abs() <= 0.01)),
+    );
+    report.add(
+        "take accuracy: windows with more grants than the rate allows",
+        format!("{} (worst excess {:.2} grants)", run.early, run.worst_excess),
+        Some(("none".into(), run.early == 0)),
     );
     Ok(())
 }

@@ -15,6 +15,8 @@
 //! does in its release's log entry. With `appendfsync always` Redis fsyncs the AOF before it
 //! answers, so every granted token is durable when its holder learns it, as with Permit.
 //!
+//! The `take` part runs the usual GCRA rate limiter ([`Gcra`]) beside Permit's take.
+//!
 //! The queues' Q1 and Q2 run against a Redis stream ([`StreamClient`]): `XADD` to push,
 //! `XREADGROUP ... BLOCK` in one consumer group to claim, `XACK` to acknowledge.
 //!
@@ -63,6 +65,47 @@ while redis.call('HLEN', KEYS[1]) < capacity do
   redis.call('RPUSH', ARGV[3] .. waiter, token)
 end
 return removed
+"#;
+
+/// The usual GCRA rate limiter of Redis (go-redis/redis_rate's script): the key holds the
+/// theoretical arrival time (TAT) in seconds since 2017 (to keep microseconds within a double),
+/// read from Redis' own clock (`TIME`); an allowed request moves it on by `period / rate` and
+/// `SET`s it, so each allowed request is one fsynced write under `appendfsync always`.
+/// KEYS: the limiter. ARGV: burst, rate, period (s), cost. Returns {allowed, remaining,
+/// retry_after (s, as a string), reset_after (s, as a string)}.
+const GCRA: &str = r#"
+local rate_limit_key = KEYS[1]
+local burst = ARGV[1]
+local rate = ARGV[2]
+local period = ARGV[3]
+local cost = tonumber(ARGV[4])
+local emission_interval = period / rate
+local increment = emission_interval * cost
+local burst_offset = emission_interval * burst
+local jan_1_2017 = 1483228800
+local now = redis.call("TIME")
+now = (now[1] - jan_1_2017) + (now[2] / 1000000)
+local tat = redis.call("GET", rate_limit_key)
+if not tat then
+  tat = now
+else
+  tat = tonumber(tat)
+end
+tat = math.max(tat, now)
+local new_tat = tat + increment
+local allow_at = new_tat - burst_offset
+local diff = now - allow_at
+local remaining = diff / emission_interval
+if remaining < 0 then
+  local reset_after = tat - now
+  local retry_after = diff * -1
+  return {0, 0, tostring(retry_after), tostring(reset_after)}
+end
+local reset_after = new_tat - now
+if reset_after > 0 then
+  redis.call("SET", rate_limit_key, new_tat, "EX", math.ceil(reset_after))
+end
+return {cost, remaining, "-1", tostring(reset_after)}
 "#;
 
 /// A `redis-server` process; killed by PID on drop.
@@ -283,6 +326,44 @@ impl Semaphore {
         match self.conn.call(&[&["EVALSHA"][..], &args[..1], &["3"], &args[1..]].concat()).await? {
             Reply::Int(1) => Ok(()),
             other => bail!("release answered {other:?} (not a holder)"),
+        }
+    }
+}
+
+/// One client of a GCRA limiter ([`GCRA`], one `EVALSHA` per request) at one key.
+pub struct Gcra {
+    conn: Conn,
+    sha: String,
+    key: String,
+    /// ARGV of the script but the cost: burst, rate, period in seconds.
+    limits: [String; 3],
+}
+
+impl Gcra {
+    /// A client of the limiter `key`: `rate` requests per `period`, at most `burst` at once.
+    pub async fn open(
+        addr: &str,
+        key: &str,
+        rate: u64,
+        period: Duration,
+        burst: u64,
+    ) -> anyhow::Result<Gcra> {
+        let mut conn = Conn::connect(addr).await?;
+        let sha = load(&mut conn, GCRA).await?;
+        let limits = [burst.to_string(), rate.to_string(), period.as_secs_f64().to_string()];
+        Ok(Gcra { conn, sha, key: key.to_owned(), limits })
+    }
+
+    /// One request of cost 1: whether the limiter allowed it.
+    pub async fn take(&mut self) -> anyhow::Result<bool> {
+        let [burst, rate, period] = &self.limits;
+        let args = ["EVALSHA", &self.sha, "1", &self.key, burst, rate, period, "1"];
+        match self.conn.call(&args).await? {
+            Reply::Array(items) => match items.first() {
+                Some(Reply::Int(allowed)) => Ok(*allowed > 0),
+                other => bail!("the GCRA script answered {other:?} first"),
+            },
+            other => bail!("the GCRA script answered {other:?}"),
         }
     }
 }

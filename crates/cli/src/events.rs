@@ -13,7 +13,7 @@ pub struct EventsArgs {
     pub prefix: Option<String>,
     /// Only these kinds, comma-separated: session_created, session_expired, session_closed,
     /// queued, granted, released, wait_ended, expired, revoked, capacity_changed, leader_changed,
-    /// proclaimed.
+    /// proclaimed, taken, rate_limited, delay_ended.
     #[arg(long, value_delimiter = ',')]
     pub kinds: Vec<String>,
     /// Print each event's JSON (one object per line) instead of a summary.

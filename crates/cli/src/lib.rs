@@ -1,4 +1,4 @@
-//! The client commands of the `permit` binary: `run`, `elect`, `lock`, `ls`, `show`,
+//! The client commands of the `permit` binary: `run`, `elect`, `lock`, `take`, `ls`, `show`,
 //! `set-capacity`, `delete`, `leader`, `cluster`, `queue` (`push`, `ls`, `show`, `work`), and the
 //! operator commands `revoke`, `release`, `validate`, `health` and `elections`.
 //!
@@ -11,7 +11,7 @@
 //! # Exit codes
 //!
 //! Each command's `--help` ends with its own table ([`EXIT_CODES_RUN`], [`EXIT_CODES_ELECT`],
-//! [`EXIT_CODES_LOCK`], [`EXIT_CODES_LEADER`], [`EXIT_CODES_WORK`], [`EXIT_CODES_PUSH`],
+//! [`EXIT_CODES_LOCK`], [`EXIT_CODES_TAKE`], [`EXIT_CODES_LEADER`], [`EXIT_CODES_WORK`], [`EXIT_CODES_PUSH`],
 //! [`EXIT_CODES_COMMON`]); `docs/operations.md`
 //! gathers them.
 //!
@@ -50,7 +50,7 @@ pub use queues::{
     PushArgs, QueueCommand, QueueLsArgs, QueueShowArgs, WorkArgs, EXIT_CODES_PUSH, EXIT_CODES_WORK,
 };
 pub use run::RunArgs;
-pub use semaphores::{DeleteArgs, LsArgs, SetCapacityArgs, ShowArgs};
+pub use semaphores::{DeleteArgs, LsArgs, SetCapacityArgs, ShowArgs, TakeArgs};
 
 /// Exit code of a failed command: the server refused the request or answered something
 /// unexpected (the error is printed on stderr).
@@ -79,6 +79,10 @@ pub const EXIT_UNREACHABLE: i32 = 74;
 /// Exit code of `permit run` / `elect` / `lock` when `--timeout` passed before the grant
 /// (`EX_TEMPFAIL` of sysexits.h).
 pub const EXIT_TIMEOUT: i32 = 75;
+/// Exit code of `permit take` when the semaphore's rate had no room within `--timeout` (at once
+/// without one): nothing was taken. The same code as [`EXIT_TIMEOUT`] (`EX_TEMPFAIL`: try again
+/// later), distinct from errors, so that `permit take NAME && CMD` runs CMD only when taken.
+pub const EXIT_RATE_LIMITED: i32 = 75;
 /// Exit code of `permit run` / `elect` / `lock` when the hold was lost while holding.
 pub const EXIT_LOST: i32 = 76;
 /// Exit code when the command cannot be executed.
@@ -157,6 +161,21 @@ Exit codes:
          address to use)
   128+N  interrupted by signal N while waiting for the grant";
 
+/// The exit codes of `permit take`, printed at the end of its `--help`.
+pub const EXIT_CODES_TAKE: &str = "\
+Exit codes:
+  0   taken (nothing is printed; the token with --print-token): `permit take NAME && CMD`
+      runs CMD only then
+  1   the server refused the request (for example semaphore_not_found, or more permits than
+      the rate's burst) or answered something unexpected (printed on stderr); nothing taken
+  64  a malformed --server address or access token, or a --timeout above 60s (nothing was sent)
+  74  could not reach the server, or no server could serve (no leader, shutting down); the
+      take may or may not have happened
+  75  rate limited: the rate had no room within --timeout (at once without it); nothing was
+      taken; stderr says when it will have room (--quiet: nothing printed)
+  78  https:// against a plain-HTTP port or http:// against a TLS port (the message names the
+      address to use)";
+
 /// The exit codes of `permit leader`, printed at the end of its `--help`.
 pub const EXIT_CODES_LEADER: &str = "\
 Exit codes:
@@ -190,14 +209,17 @@ pub enum ClientCommand {
     Run(RunArgs),
     /// List semaphores: capacity, held, available, holders, waiters.
     Ls(LsArgs),
-    /// Show a semaphore's holders and waiters.
+    /// Show a semaphore's holders, waiters, rate, delayed permits and groups.
     Show(ShowArgs),
-    /// Create a semaphore, or set its capacity.
+    /// Create a semaphore, or set its capacity and policies (rate, lock-delay, group cap).
     SetCapacity(SetCapacityArgs),
     /// Delete a semaphore that nobody holds or waits on.
     Delete(DeleteArgs),
     /// Hold permits of a semaphore until Ctrl-C or SIGTERM (prints the fencing token).
     Lock(LockArgs),
+    /// Take permits of a semaphore's rate, holding nothing: exit 0 when taken, 75 when rate
+    /// limited (`permit take api.quota && curl ...`).
+    Take(TakeArgs),
     /// Work queues: push items, list and show queues, and run a command per item (`work`).
     #[command(subcommand)]
     Queue(QueueCommand),
@@ -299,6 +321,7 @@ async fn execute_command(
     match command {
         ClientCommand::Run(args) => run::run(&client, args).await,
         ClientCommand::Lock(args) => lock::lock(&client, args).await,
+        ClientCommand::Take(args) => semaphores::take(&client, args).await,
         ClientCommand::Queue(command) => queues::execute(&client, command).await,
         ClientCommand::Ls(args) => semaphores::ls(&client, args).await,
         ClientCommand::Show(args) => semaphores::show(&client, args).await,

@@ -6,7 +6,7 @@ use permit_client::Client;
 use crate::run::{Held, PermitArgs};
 use crate::EXIT_CODES_LOCK;
 
-/// `permit lock <semaphore> [-n PERMITS] [--capacity N] [--ttl 10s] [--timeout D]`
+/// `permit lock <semaphore> [-n PERMITS] [--capacity N] [--group G] [--ttl 10s] [--timeout D]`
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXIT_CODES_LOCK)]
 pub struct LockArgs {

@@ -18,7 +18,7 @@ use permit_client::{
 use crate::supervise::{self, Job, Signals};
 use crate::{parse_duration, EXIT_CODES_RUN, EXIT_LOST, EXIT_SIGNAL_BASE, EXIT_TIMEOUT, TTL_DEFAULT};
 
-/// `permit run <semaphore> [-n PERMITS] [--capacity N] [--ttl 10s] [--timeout 30s] -- CMD ARGS...`
+/// `permit run <semaphore> [-n PERMITS] [--capacity N] [--group G] [--ttl 10s] [--timeout 30s] -- CMD ARGS...`
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXIT_CODES_RUN)]
 pub struct RunArgs {
@@ -68,6 +68,11 @@ pub struct PermitArgs {
     /// Keep a semaphore that --capacity creates after everyone leaves.
     #[arg(long, requires = "capacity")]
     pub keep: bool,
+    /// Count against this group's cap (the semaphore's group-max, see `permit set-capacity`):
+    /// 1-64 bytes of [A-Za-z0-9._:-]. While the group holds its cap, this waits and waiters of
+    /// other groups go first.
+    #[arg(long)]
+    pub group: Option<String>,
     /// Session TTL: how soon the permits come back if this process dies or is cut off.
     #[arg(long, default_value = TTL_DEFAULT, value_parser = parse_duration)]
     pub ttl: Duration,
@@ -82,7 +87,13 @@ pub struct PermitArgs {
 impl PermitArgs {
     /// The acquire options these flags ask for.
     pub(crate) fn options(&self, max_hold: Option<Duration>) -> AcquireOptions {
-        AcquireOptions { capacity: self.capacity, max_hold, timeout: self.timeout, ephemeral: !self.keep }
+        AcquireOptions {
+            capacity: self.capacity,
+            max_hold,
+            timeout: self.timeout,
+            ephemeral: !self.keep,
+            group: self.group.clone(),
+        }
     }
 
     /// The hold of these permits by a session named `name` (default: `permit COMMAND`, the

@@ -88,6 +88,32 @@ pub enum Error {
         /// What was found, and the address to use instead.
         reason: String,
     },
+    /// The semaphore's rate had no room for a take ([`Client::take`](crate::Client::take)):
+    /// nothing was taken. The server's code is [`ErrorCode::RateLimited`] (HTTP 429).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use permit_client::{Client, Error};
+    /// # async fn run() -> permit_client::Result<()> {
+    /// let client = Client::new("http://127.0.0.1:7376")?;
+    /// match client.take("api.quota", 1, Duration::ZERO).await {
+    ///     Ok(token) => println!("call the API (take {token})"),
+    ///     Err(Error::RateLimited { retry_after, .. }) => println!("try again in {retry_after:?}"),
+    ///     Err(error) => return Err(error),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[error("{message} (rate_limited, retry after {retry_after:?})")]
+    RateLimited {
+        /// How long until the rate allows the take, by the leader's clock when it answered
+        /// (the server's `retry_after_ms`; zero if it gave none).
+        retry_after: Duration,
+        /// The server's explanation, for humans.
+        message: String,
+    },
     /// A value is out of range before anything was sent (for example a TTL that does not fit).
     #[error("invalid argument: {message}")]
     InvalidArgument {
@@ -113,7 +139,8 @@ pub enum Error {
 
 impl Error {
     /// The error code, for server refusals; [`Error::SessionExpired`] reports
-    /// [`ErrorCode::SessionNotFound`] so that both ways of learning it look alike.
+    /// [`ErrorCode::SessionNotFound`] so that both ways of learning it look alike, and
+    /// [`Error::RateLimited`] reports [`ErrorCode::RateLimited`].
     ///
     /// # Examples
     ///
@@ -130,6 +157,7 @@ impl Error {
         match self {
             Error::Api { code, .. } => Some(code.clone()),
             Error::SessionExpired => Some(ErrorCode::SessionNotFound),
+            Error::RateLimited { .. } => Some(ErrorCode::RateLimited),
             _ => None,
         }
     }

@@ -18,6 +18,11 @@
 //!   [`Item`] guards of a work queue, acked or nacked by the worker; [`Client::push`] (and
 //!   [`push_with`](Client::push_with), [`push_many`](Client::push_many)) fills the queue.
 //!
+//! Without a session, [`Client::take`] takes permits of a semaphore's rate (holding nothing;
+//! [`Error::RateLimited`] says when the rate has room), and [`Client::put_semaphore_with`] sets a
+//! semaphore's policies: a rate next to its capacity, a lock-delay after failed holds, and a cap
+//! per group ([`AcquireOptions::group`]).
+//!
 //! # Model
 //!
 //! A *semaphore* has a capacity in *permits*; a session's *hold* on it is some permits plus a

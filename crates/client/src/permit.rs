@@ -29,7 +29,11 @@ use crate::waiter::{wait_for_grant, Ask};
 ///     max_hold: Some(Duration::from_secs(600)),
 ///     timeout: Some(Duration::from_secs(30)),
 ///     ephemeral: false,
+///     group: None,
 /// };
+/// // Or from the default, counting against a group's cap (`group_max`):
+/// let options = AcquireOptions::default().group("team-a").timeout(Duration::from_secs(30));
+/// assert_eq!(options.group.as_deref(), Some("team-a"));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AcquireOptions {
@@ -44,13 +48,98 @@ pub struct AcquireOptions {
     /// and waiter leave (for names made on the fly). `true` by default, as in the CLI and the
     /// Python client; `false` keeps it.
     pub ephemeral: bool,
+    /// The group this acquire counts against (1-64 bytes of `[A-Za-z0-9._:-]`): with the
+    /// semaphore's `group_max` set, no group holds more permits than that, and a waiter whose
+    /// group is at its cap is passed over (keeping its place) for waiters of other groups.
+    pub group: Option<String>,
 }
 
 impl Default for AcquireOptions {
-    /// No capacity, no `max_hold`, no timeout, and `ephemeral: true`: a semaphore that
-    /// `capacity` creates goes away with its last user, as with the CLI (`--keep` keeps it).
+    /// No capacity, no `max_hold`, no timeout, no group, and `ephemeral: true`: a semaphore
+    /// that `capacity` creates goes away with its last user, as with the CLI (`--keep` keeps it).
     fn default() -> Self {
-        Self { capacity: None, max_hold: None, timeout: None, ephemeral: true }
+        Self { capacity: None, max_hold: None, timeout: None, ephemeral: true, group: None }
+    }
+}
+
+impl AcquireOptions {
+    /// These options with [`AcquireOptions::capacity`] set.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = permit_client::AcquireOptions::default().capacity(4);
+    /// assert_eq!(options.capacity, Some(4));
+    /// ```
+    #[must_use]
+    pub fn capacity(mut self, capacity: u64) -> Self {
+        self.capacity = Some(capacity);
+        self
+    }
+
+    /// These options with [`AcquireOptions::max_hold`] set.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let options = permit_client::AcquireOptions::default().max_hold(Duration::from_secs(600));
+    /// assert_eq!(options.max_hold, Some(Duration::from_secs(600)));
+    /// ```
+    #[must_use]
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// These options with [`AcquireOptions::timeout`] set.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let options = permit_client::AcquireOptions::default().timeout(Duration::ZERO);
+    /// assert_eq!(options.timeout, Some(Duration::ZERO));
+    /// ```
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// These options with [`AcquireOptions::ephemeral`] set.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = permit_client::AcquireOptions::default().capacity(2).ephemeral(false);
+    /// assert!(!options.ephemeral);
+    /// ```
+    #[must_use]
+    pub fn ephemeral(mut self, ephemeral: bool) -> Self {
+        self.ephemeral = ephemeral;
+        self
+    }
+
+    /// These options with [`AcquireOptions::group`] set: the acquire counts against the
+    /// semaphore's per-group cap (`group_max`, see
+    /// [`Client::put_semaphore_with`](crate::Client::put_semaphore_with)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use permit_client::AcquireOptions;
+    /// # async fn run(session: permit_client::Session) -> permit_client::Result<()> {
+    /// let options = AcquireOptions::default().group("team-a");
+    /// let permit = session.acquire_with("gpu", 1, &options).await?.expect("no timeout set");
+    /// println!("a GPU slot for team-a, token {}", permit.token());
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
     }
 }
 
@@ -327,7 +416,7 @@ impl Session {
     }
 
     /// Acquires `permits` of `name` with options: create the semaphore on first use, cap how
-    /// long the hold lasts, give up after a timeout. `None` only when a timeout is set and passes
+    /// long the hold lasts, give up after a timeout, count against a group's cap. `None` only when a timeout is set and passes
     /// (or, with a zero timeout, when the permits are not free).
     ///
     /// # Examples
@@ -341,6 +430,7 @@ impl Session {
     ///     max_hold: Some(Duration::from_secs(3600)),
     ///     timeout: Some(Duration::from_secs(60)),
     ///     ephemeral: true,
+    ///     group: Some("nightly".into()),
     /// };
     /// if let Some(permit) = session.acquire_with("builds", 1, &options).await? {
     ///     println!("token {}, held until {:?} at the latest", permit.token(), permit.deadline());
@@ -367,6 +457,7 @@ impl Session {
             capacity: options.capacity,
             max_hold: options.max_hold,
             ephemeral: options.ephemeral,
+            group: options.group.as_deref(),
         };
         let claim = self.claim_name(Object::Semaphore, name)?;
         let Some((granted, claim)) = wait_for_grant(self, name, claim, &ask, options.timeout).await? else {

@@ -4,13 +4,14 @@ use std::time::Duration;
 
 use permit_wire::{
     AcquireRequest, AcquireResponse, PutSemaphoreRequest, ReleaseRequest, ReleaseResponse, RevokeRequest,
-    SemaphoreList, SemaphoreSummary, SemaphoreView, ValidateRequest, ValidateResponse,
+    SemaphoreList, SemaphoreSummary, SemaphoreView, TakeRequest, TakeResponse, ValidateRequest,
+    ValidateResponse,
 };
 use reqwest::Method;
 
 use crate::client::Client;
 use crate::error::Result;
-use crate::transport::{long_poll_timeout, segment, Call};
+use crate::transport::{long_poll_timeout, segment, Call, Retry};
 
 /// Largest page [`Client::list_semaphores`] may ask for (the server's cap).
 pub const LIST_LIMIT_MAX: u32 = 1000;
@@ -18,7 +19,8 @@ pub const LIST_LIMIT_MAX: u32 = 1000;
 pub(crate) const LIST_PAGES_MAX: u32 = 1000;
 
 impl Client {
-    /// `PUT /v1/semaphores/{name}`: creates the semaphore with this capacity, or sets its capacity.
+    /// `PUT /v1/semaphores/{name}`: creates the semaphore with this capacity, or sets its capacity
+    /// (its policies stay as they are: [`Client::put_semaphore_with`] sets them).
     ///
     /// Shrinking below what is held keeps the holders; nothing is granted until holdings fit.
     ///
@@ -44,6 +46,109 @@ impl Client {
         let call = Call::new(Method::PUT, semaphore_path(name, ""))
             .body(&PutSemaphoreRequest { capacity, ..PutSemaphoreRequest::default() });
         self.transport.send(&call).await?.json()
+    }
+
+    /// `PUT /v1/semaphores/{name}` with policies: creates the semaphore or sets its capacity,
+    /// and sets (or removes) its rate, lock-delay and per-group cap. A policy left `None` in
+    /// `request` keeps its current setting; `Some(None)` removes a rate or a group cap.
+    ///
+    /// - `rate`: permits granted (by acquire or [`Client::take`]) obey a generic cell rate
+    ///   algorithm on the leader's clock: at most `burst` at once, `permits` per `per_ms`.
+    /// - `lock_delay_ms`: the permits of a hold that ends by expiry or revoke stay out of
+    ///   circulation this long (a release returns them at once).
+    /// - `group_max`: no group ([`AcquireOptions::group`](crate::AcquireOptions::group)) holds
+    ///   more permits than this; its waiters are passed over until it drops below.
+    ///
+    /// # Examples
+    ///
+    /// Four calls in flight and ten a second, with a 5 s lock-delay and at most two per team:
+    ///
+    /// ```no_run
+    /// use permit_client::wire::{PutSemaphoreRequest, Rate};
+    /// # async fn run() -> permit_client::Result<()> {
+    /// let client = permit_client::Client::new("http://127.0.0.1:7376")?;
+    /// let request = PutSemaphoreRequest {
+    ///     capacity: 4,
+    ///     rate: Some(Some(Rate { permits: 10, per_ms: 1000, burst: Some(10) })),
+    ///     lock_delay_ms: Some(5000),
+    ///     group_max: Some(Some(2)),
+    /// };
+    /// let view = client.put_semaphore_with("api.vendor", &request).await?;
+    /// assert_eq!(view.group_max, Some(2));
+    /// // Later: remove the rate, keep the rest.
+    /// let request = PutSemaphoreRequest { capacity: 4, rate: Some(None), ..PutSemaphoreRequest::default() };
+    /// client.put_semaphore_with("api.vendor", &request).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::put_semaphore`]; `invalid_argument` also for a policy out of range (see
+    /// [`PutSemaphoreRequest`]), `feature_unavailable` while some node of the cluster runs a
+    /// version without policies.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may or may not apply the request; repeating it is harmless.
+    pub async fn put_semaphore_with(
+        &self,
+        name: &str,
+        request: &PutSemaphoreRequest,
+    ) -> Result<SemaphoreView> {
+        let call = Call::new(Method::PUT, semaphore_path(name, "")).body(request);
+        self.transport.send(&call).await?.json()
+    }
+
+    /// `POST /v1/semaphores/{name}/take`: takes `permits` of the semaphore's rate, holding
+    /// nothing and needing no session; returns the take's token (from the counter of grant
+    /// tokens, larger than every token before it).
+    ///
+    /// With `wait` zero it answers at once; otherwise it waits in the semaphore's FIFO queue
+    /// (behind earlier acquires and takes) until the rate allows, at most `wait` (the server
+    /// caps it at 60 s). A semaphore without a rate takes at once, always.
+    ///
+    /// # Examples
+    ///
+    /// Call a third-party API no faster than its quota (set with
+    /// [`Client::put_semaphore_with`]):
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use permit_client::{Client, Error};
+    /// # async fn call_api() {}
+    /// # async fn run() -> permit_client::Result<()> {
+    /// let client = Client::new("http://127.0.0.1:7376")?;
+    /// match client.take("api.quota", 1, Duration::from_secs(5)).await {
+    ///     Ok(_token) => call_api().await,
+    ///     Err(Error::RateLimited { retry_after, .. }) => eprintln!("over quota; retry in {retry_after:?}"),
+    ///     Err(error) => return Err(error),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::RateLimited`](crate::Error::RateLimited) when the rate has no room (or others
+    /// wait first) and `wait` passes, with how long until it has; `semaphore_not_found`,
+    /// `permits_exceed_capacity` (more permits than the rate's `burst`), `invalid_name`,
+    /// `invalid_argument`, `feature_unavailable`.
+    ///
+    /// # Cancel safety
+    ///
+    /// A take is not idempotent: it is sent again only when it certainly was not applied, and
+    /// after an unknown outcome ([`Error::is_outcome_unknown`](crate::Error::is_outcome_unknown))
+    /// the permits may have been taken. Dropping the future may or may not take them.
+    pub async fn take(&self, name: &str, permits: u64, wait: Duration) -> Result<u64> {
+        let wait_ms = duration_ms(wait).min(permit_wire::WAIT_MS_MAX);
+        let request = TakeRequest { permits: Some(permits), wait_ms: Some(wait_ms) };
+        let call = Call::new(Method::POST, semaphore_path(name, "/take"))
+            .body(&request)
+            .timeout(long_poll_timeout(Some(wait_ms)))
+            .retry(Retry::Unsent);
+        let TakeResponse::Taken { token } = self.transport.send(&call).await?.json()?;
+        Ok(token)
     }
 
     /// `GET /v1/semaphores/{name}`: capacity, holders and waiters (a linearizable read).

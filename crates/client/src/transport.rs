@@ -388,6 +388,10 @@ impl Failure {
 
     fn answer(endpoint: &str, status: StatusCode, bytes: &[u8]) -> Failure {
         let error = match serde_json::from_slice::<ErrorBody>(bytes) {
+            Ok(body) if body.error.code == ErrorCode::RateLimited => Error::RateLimited {
+                retry_after: Duration::from_millis(body.error.retry_after_ms.unwrap_or(0)),
+                message: body.error.message,
+            },
             Ok(body) => {
                 Error::Api { status: status.as_u16(), code: body.error.code, message: body.error.message }
             }

@@ -39,6 +39,8 @@ pub(crate) enum Ask<'a> {
         max_hold: Option<Duration>,
         /// Delete the semaphore when idle, if this acquire creates it.
         ephemeral: bool,
+        /// The group the acquire counts against.
+        group: Option<&'a str>,
     },
     /// Leadership of an election, publishing `value`.
     Campaign {
@@ -84,7 +86,7 @@ impl Ask<'_> {
     async fn send(&self, session: &Session, name: &str, wait_ms: u64) -> Result<Answer> {
         let client = session.client();
         match self {
-            Ask::Acquire { permits, capacity, max_hold, ephemeral } => {
+            Ask::Acquire { permits, capacity, max_hold, ephemeral, group } => {
                 let request = AcquireRequest {
                     session: session.id().to_owned(),
                     permits: Some(*permits),
@@ -92,7 +94,7 @@ impl Ask<'_> {
                     capacity: *capacity,
                     max_hold_ms: max_hold.map(duration_ms),
                     ephemeral: *ephemeral,
-                    group: None,
+                    group: group.map(str::to_owned),
                 };
                 Ok(match client.acquire(name, &request).await? {
                     AcquireResponse::Acquired { permits, token } => Answer::Granted { permits, token },

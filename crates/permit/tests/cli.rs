@@ -588,6 +588,7 @@ fn help_texts_have_one_exit_code_table_each_and_serve_lists_no_client_flags() {
         (&["run"][..], "76"),
         (&["elect"], "leadership was lost"),
         (&["lock"], "released after SIGINT"),
+        (&["take"], "rate limited: the rate had no room"),
         (&["leader"], "nobody leads"),
         (&["proclaim"], "does not lead the election"),
         (&["ls"], "74"),
@@ -1405,4 +1406,206 @@ async fn queue_work_stops_at_a_command_that_cannot_run_and_gives_its_item_back()
         common::eventually(STEP_TIMEOUT, async || queue_counts(&server, "typo").await == Some((2, 0, 0)))
             .await;
     assert!(back, "both items are pending again: {:?}", queue_counts(&server, "typo").await);
+}
+
+/// Exit code of `permit take` when the rate has no room (documented by `permit take --help`).
+const EXIT_RATE_LIMITED: i32 = 75;
+
+/// `permit take` exits 0 while the rate has room and 75 once it has none (nothing taken, the
+/// wait on stderr), so that `permit take NAME && CMD` runs CMD only within the rate; `--timeout`
+/// waits for the rate; more permits than the burst, or no such semaphore, exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn take_exits_0_within_the_rate_and_75_when_rate_limited() {
+    let server = Server::start();
+    // 3 a minute, 3 at once: after the burst, the next permit is 20 s away, so the fourth take
+    // is refused however slowly the commands start.
+    let set = permit(&server, &["set-capacity", "api.quota", "1", "--rate", "3/m", "--burst", "3"]).await;
+    assert_eq!(set.code, 0, "stderr: {}", set.stderr);
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let taken = permit(&server, &["take", "api.quota", "--print-token"]).await;
+        assert_eq!(taken.code, 0, "stderr: {}", taken.stderr);
+        tokens.push(taken.stdout.trim().parse::<u64>().expect("the token on stdout"));
+    }
+    assert!(tokens.windows(2).all(|pair| pair[0] < pair[1]), "tokens increase: {tokens:?}");
+    let silent = permit(&server, &["take", "api.quota"]).await;
+    assert_eq!(silent.code, EXIT_RATE_LIMITED, "the fourth take: {silent:?}");
+    assert!(silent.stdout.is_empty(), "{silent:?}");
+    assert!(silent.stderr.contains("api.quota is rate limited: nothing taken"), "{}", silent.stderr);
+    assert_eq!(permit(&server, &["take", "api.quota", "-q"]).await.stderr, "", "--quiet");
+    let shell = tokio::time::timeout(
+        STEP_TIMEOUT,
+        Command::new("sh")
+            .args(["-c", "permit take api.quota -q && echo called; echo done"])
+            .env("PATH", format!("{}:/usr/bin:/bin", Path::new(permit_bin()).parent().unwrap().display()))
+            .env("PERMIT_SERVER", &server.url)
+            .output(),
+    )
+    .await
+    .expect("sh in time")
+    .expect("run sh");
+    assert_eq!(String::from_utf8_lossy(&shell.stdout), "done\n", "the command after && did not run");
+
+    let over = permit(&server, &["take", "api.quota", "-n", "4"]).await;
+    assert_eq!(over.code, EXIT_ERROR, "{over:?}");
+    assert!(over.stderr.contains("permits_exceed_capacity"), "{}", over.stderr);
+    let missing = permit(&server, &["take", "no.such.quota"]).await;
+    assert_eq!(missing.code, EXIT_ERROR, "{missing:?}");
+    assert!(missing.stderr.contains("semaphore_not_found"), "{}", missing.stderr);
+    let long = permit(&server, &["take", "api.quota", "--timeout", "61s"]).await;
+    assert_eq!(long.code, EXIT_USAGE, "{long:?}");
+
+    // 3 a second, 3 at once: after a burst of 3, a take of 3 with --timeout waits about a second
+    // for them; another at once finds no room within 100 ms.
+    let set = permit(&server, &["set-capacity", "api.fast", "1", "--rate", "3/s", "--burst", "3"]).await;
+    assert_eq!(set.code, 0, "stderr: {}", set.stderr);
+    assert_eq!(permit(&server, &["take", "api.fast", "-n", "3"]).await.code, 0);
+    let started = std::time::Instant::now();
+    let waited = permit(&server, &["take", "api.fast", "-n", "3", "--timeout", "10s"]).await;
+    assert_eq!(waited.code, 0, "{waited:?}");
+    assert!(started.elapsed() >= Duration::from_millis(500), "taken after {:?}", started.elapsed());
+    let late = permit(&server, &["take", "api.fast", "-n", "3", "--timeout", "100ms"]).await;
+    assert_eq!(late.code, EXIT_RATE_LIMITED, "{late:?}");
+
+    // A semaphore without a rate takes at once, always.
+    assert_eq!(permit(&server, &["set-capacity", "plain", "1"]).await.code, 0);
+    for _ in 0..5 {
+        assert_eq!(permit(&server, &["take", "plain"]).await.code, 0);
+    }
+}
+
+/// `permit set-capacity` sets every policy, keeps those its flags leave out and removes them with
+/// `--no-rate`, `--no-group-max` and `--lock-delay 0s`; `permit show` prints the rate (with what
+/// it has now), the lock-delay and the permits it keeps, and the groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_capacity_sets_and_removes_every_policy_and_show_prints_them() {
+    let server = Server::start();
+    let all = [
+        "set-capacity",
+        "gpu",
+        "4",
+        "--rate",
+        "10/s",
+        "--burst",
+        "20",
+        "--lock-delay",
+        "5s",
+        "--group-max",
+        "2",
+    ];
+    let set = permit(&server, &all).await;
+    assert_eq!(set.code, 0, "stderr: {}", set.stderr);
+    for line in ["gpu: capacity 4", "rate: 10/s, burst 20", "lock-delay: 5000ms", "group-max: 2"] {
+        assert!(set.stdout.contains(line), "{line:?} in {}", set.stdout);
+    }
+    let json = |output: Output| -> serde_json::Value {
+        assert_eq!(output.code, 0, "stderr: {}", output.stderr);
+        serde_json::from_str(&output.stdout).expect("JSON")
+    };
+    let view = json(permit(&server, &["show", "gpu", "--json"]).await);
+    assert_eq!(view["rate"]["permits"], 10);
+    assert_eq!(view["rate"]["per_ms"], 1000);
+    assert_eq!(view["rate"]["burst"], 20);
+    assert_eq!(view["lock_delay_ms"], 5000);
+    assert_eq!(view["group_max"], 2);
+
+    // A hold in a group, and another revoked: its permit stays out for the lock-delay.
+    let client = client(&server);
+    let holder = client.session(Duration::from_secs(30)).await.unwrap();
+    let grouped = AcquireOptions::default().group("team-a");
+    let _held = holder.acquire_with("gpu", 1, &grouped).await.unwrap().expect("granted");
+    let failed = client.session(Duration::from_secs(30)).await.unwrap();
+    let revoked = failed.acquire("gpu", 1).await.unwrap();
+    assert_eq!(client.revoke("gpu", failed.id()).await.unwrap().released, 1);
+    drop(revoked);
+    let show = permit(&server, &["show", "gpu"]).await;
+    assert_eq!(show.code, 0, "stderr: {}", show.stderr);
+    for line in [
+        "capacity 4, held 1, available 2",
+        "rate: 10/s, burst 20:",
+        "available now, next in",
+        "lock-delay: 5000ms, 1 permits delayed now",
+        "group-max: 2 permits per group",
+        "delayed (lock-delay):",
+        "GROUP",
+    ] {
+        assert!(show.stdout.contains(line), "{line:?} in\n{}", show.stdout);
+    }
+    let groups: Vec<Vec<&str>> = show
+        .stdout
+        .lines()
+        .skip_while(|line| *line != "groups:")
+        .skip(2)
+        .take_while(|line| !line.is_empty())
+        .map(|line| line.split_whitespace().collect())
+        .collect();
+    assert_eq!(groups, [["team-a", "1", "1", "0"]], "\n{}", show.stdout);
+
+    // No flag keeps every policy.
+    assert_eq!(permit(&server, &["set-capacity", "gpu", "5"]).await.code, 0);
+    let view = json(permit(&server, &["show", "gpu", "--json"]).await);
+    assert_eq!((view["capacity"].as_u64(), view["rate"]["permits"].as_u64()), (Some(5), Some(10)));
+    assert_eq!((view["lock_delay_ms"].as_u64(), view["group_max"].as_u64()), (Some(5000), Some(2)));
+    // A lock-delay out of range is refused by the server and changes nothing; a malformed rate
+    // never reaches it.
+    let refused = permit(&server, &["set-capacity", "gpu", "5", "--lock-delay", "61s"]).await;
+    assert_eq!(refused.code, EXIT_ERROR, "{refused:?}");
+    assert!(refused.stderr.contains("invalid_argument"), "{}", refused.stderr);
+    let malformed = permit(&server, &["set-capacity", "gpu", "5", "--rate", "10 per second"]).await;
+    assert_ne!(malformed.code, 0);
+    assert!(malformed.stderr.contains("PERMITS/PERIOD"), "{}", malformed.stderr);
+    assert_eq!(json(permit(&server, &["show", "gpu", "--json"]).await)["lock_delay_ms"], 5000);
+    // The removals.
+    let removed =
+        permit(&server, &["set-capacity", "gpu", "5", "--no-rate", "--no-group-max", "--lock-delay", "0s"])
+            .await;
+    assert_eq!(removed.code, 0, "stderr: {}", removed.stderr);
+    let view = json(permit(&server, &["show", "gpu", "--json"]).await);
+    assert!(view.get("rate").is_none() && view.get("group_max").is_none(), "{view}");
+    assert_eq!(view["lock_delay_ms"], 0);
+    let show = permit(&server, &["show", "gpu"]).await;
+    assert!(!show.stdout.contains("rate:") && !show.stdout.contains("group-max:"), "{}", show.stdout);
+}
+
+/// `permit run --group` waits while its group holds `group_max`, and a later run of another
+/// group is granted ahead of it (passed over, it keeps its place); `permit lock --group` counts
+/// against the cap too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_a_group_waits_at_the_group_cap_while_other_groups_go_first() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let set = permit(&server, &["set-capacity", "pool", "3", "--group-max", "1"]).await;
+    assert_eq!(set.code, 0, "stderr: {}", set.stderr);
+    let mut lock = Running::spawn(&server, dir.path(), &["lock", "pool", "--group", "team-a"]);
+    let locked = common::eventually(STEP_TIMEOUT, async || lock.stdout().ends_with('\n')).await;
+    assert!(locked, "no token printed; stderr: {}", lock.stderr());
+
+    // team-a is at its cap although the pool has room: a try gives up.
+    let capped =
+        permit(&server, &["run", "pool", "--group", "team-a", "--timeout", "300ms", "--", "true"]).await;
+    assert_eq!(capped.code, EXIT_TIMEOUT, "{capped:?}");
+    // A waiting run of team-a, then one of team-b that goes first.
+    let marker = dir.path().join("team-a-ran");
+    let command = script(dir.path(), "echo $PERMIT_TOKEN > $DIR/team-a-ran");
+    let mut waiting = Running::spawn(
+        &server,
+        dir.path(),
+        &["run", "pool", "--group", "team-a", "--", "sh", "-c", &command],
+    );
+    let queued = common::eventually(STEP_TIMEOUT, async || waiting.stderr().contains("position 1")).await;
+    assert!(queued, "{}", waiting.stderr());
+    let other =
+        permit(&server, &["run", "pool", "--group", "team-b", "--timeout", "10s", "--", "true"]).await;
+    assert_eq!(other.code, 0, "team-b passed over team-a's waiter: {other:?}");
+    let view = client(&server).get_semaphore("pool").await.unwrap();
+    assert_eq!(view.waiters.len(), 1, "team-a's run still waits");
+    assert_eq!(view.waiters[0].group.as_deref(), Some("team-a"));
+    assert!(!marker.exists(), "team-a's run ran above its cap");
+    assert_eq!(view.holders.iter().filter(|h| h.group.as_deref() == Some("team-a")).count(), 1);
+
+    // The lock lets go: team-a's run gets its turn.
+    lock.signal(libc::SIGTERM);
+    assert_eq!(lock.exit_code().await, 0, "stderr: {}", lock.stderr());
+    assert_eq!(waiting.exit_code().await, 0, "stderr: {}", waiting.stderr());
+    assert!(file_contents(&marker).await.trim().parse::<u64>().is_ok());
 }

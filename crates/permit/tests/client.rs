@@ -730,3 +730,90 @@ async fn push_many_splits_into_requests_in_order() {
     let list = client.all_queues().await.unwrap();
     assert_eq!(list.iter().map(|q| q.name.as_str()).collect::<Vec<_>>(), ["bulk"]);
 }
+
+/// `Client::take` returns increasing tokens while the rate has room, then
+/// `Error::RateLimited` with how long until it has; with a wait it is served when the rate
+/// allows; a semaphore without a rate always takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn take_returns_tokens_within_the_rate_and_rate_limited_with_retry_after() {
+    use permit_client::wire::{PutSemaphoreRequest, Rate};
+    let server = Server::start();
+    let client = client(&server);
+    // 2 a minute, 2 at once: the third take is 30 s away.
+    let rate = Rate { permits: 2, per_ms: 60_000, burst: Some(2) };
+    let request =
+        PutSemaphoreRequest { capacity: 1, rate: Some(Some(rate)), ..PutSemaphoreRequest::default() };
+    let view = client.put_semaphore_with("quota", &request).await.unwrap();
+    let shown = view.rate.expect("the rate");
+    assert_eq!((shown.permits, shown.per_ms, shown.burst), (2, 60_000, 2));
+    let first = client.take("quota", 1, Duration::ZERO).await.unwrap();
+    let second = client.take("quota", 1, Duration::ZERO).await.unwrap();
+    assert!(second > first, "tokens increase: {first} then {second}");
+    match client.take("quota", 1, Duration::ZERO).await {
+        Err(error @ Error::RateLimited { retry_after, .. }) => {
+            assert_eq!(error.code(), Some(ErrorCode::RateLimited));
+            assert!(
+                retry_after > Duration::ZERO && retry_after <= Duration::from_secs(30),
+                "{retry_after:?}"
+            );
+        }
+        other => panic!("a third take within the minute: {other:?}"),
+    }
+    let over = client.take("quota", 3, Duration::ZERO).await.unwrap_err();
+    assert_eq!(over.code(), Some(ErrorCode::PermitsExceedCapacity), "{over}");
+
+    // 10 a second, 1 at once: a take that waits is served about 100 ms after the last.
+    let rate = Rate { permits: 10, per_ms: 1_000, burst: Some(1) };
+    let request =
+        PutSemaphoreRequest { capacity: 1, rate: Some(Some(rate)), ..PutSemaphoreRequest::default() };
+    client.put_semaphore_with("fast", &request).await.unwrap();
+    let last = client.take("fast", 1, Duration::ZERO).await.unwrap();
+    let asked = Instant::now();
+    let next = bounded("a waiting take", client.take("fast", 1, Duration::from_secs(5))).await.unwrap();
+    assert!(next > last);
+    assert!(asked.elapsed() >= Duration::from_millis(50), "served after {:?}", asked.elapsed());
+
+    // Removing the rate keeps the capacity and lets every take through.
+    let request = PutSemaphoreRequest { capacity: 1, rate: Some(None), ..PutSemaphoreRequest::default() };
+    assert!(client.put_semaphore_with("quota", &request).await.unwrap().rate.is_none());
+    for _ in 0..5 {
+        client.take("quota", 1, Duration::ZERO).await.unwrap();
+    }
+}
+
+/// Acquires with `AcquireOptions::group` count against `group_max`: a group at its cap gets
+/// nothing while the semaphore has room, another group does, and the view shows the groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_acquires_are_capped_per_group() {
+    use permit_client::wire::PutSemaphoreRequest;
+    let server = Server::start();
+    let client = client(&server);
+    let request =
+        PutSemaphoreRequest { capacity: 4, group_max: Some(Some(2)), ..PutSemaphoreRequest::default() };
+    assert_eq!(client.put_semaphore_with("slots", &request).await.unwrap().group_max, Some(2));
+    let team_a = AcquireOptions::default().group("team-a").timeout(Duration::ZERO);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let session = client.session(Duration::from_secs(10)).await.unwrap();
+        held.push(session.acquire_with("slots", 1, &team_a).await.unwrap().expect("within the cap"));
+    }
+    let third = client.session(Duration::from_secs(10)).await.unwrap();
+    assert!(third.acquire_with("slots", 1, &team_a).await.unwrap().is_none(), "team-a is at its cap");
+    let team_b = AcquireOptions::default().group("team-b").timeout(Duration::ZERO);
+    let other = third.acquire_with("slots", 1, &team_b).await.unwrap().expect("another group");
+    let view = client.get_semaphore("slots").await.unwrap();
+    assert_eq!(view.held, 3);
+    let groups: Vec<(&str, u64, u64)> =
+        view.groups.iter().map(|g| (g.group.as_str(), g.held, g.holders)).collect();
+    assert_eq!(groups, [("team-a", 2, 2), ("team-b", 1, 1)]);
+    assert_eq!(view.holders.iter().filter(|h| h.group.as_deref() == Some("team-a")).count(), 2);
+    // A group name the server refuses.
+    let bad = AcquireOptions::default().group("no spaces").timeout(Duration::ZERO);
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let refused = session.acquire_with("slots", 1, &bad).await.unwrap_err();
+    assert_eq!(refused.code(), Some(ErrorCode::InvalidArgument), "{refused}");
+    // Released, team-a has room again.
+    held.pop().unwrap().release().await.unwrap();
+    assert!(session.acquire_with("slots", 1, &team_a).await.unwrap().is_some());
+    other.release().await.unwrap();
+}
