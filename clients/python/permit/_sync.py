@@ -277,9 +277,8 @@ class Client:
 
         A take is re-sent only when it certainly did not arrive (it consumes the rate), so a
         connection lost in the middle raises :class:`permit.ClusterUnavailable`, taken or not.
-        A waiting take whose caller stops waiting (cancelled or interrupted, or its connection
-        lost) keeps its place on the server until its wait ends, and may still be served,
-        using the rate.
+        A waiting take whose caller stops waiting (cancelled or interrupted) closes its
+        request, and the server ends the take: it leaves the queue and spends nothing.
 
         Example::
 

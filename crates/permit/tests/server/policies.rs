@@ -238,3 +238,24 @@ async fn policies_delays_and_the_spent_rate_survive_a_kill_9() {
     let grant = api.acquire("other", json!({ "session": b })).await;
     assert!(grant.body["token"].as_u64() > taken.body["token"].as_u64(), "{grant:?} after {taken:?}");
 }
+
+#[tokio::test]
+async fn a_waiting_take_whose_client_hangs_up_leaves_the_queue_at_once() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    put(&api, "slow", json!({ "capacity": 1, "rate": { "permits": 1, "per_ms": 60_000 } })).await;
+    assert_eq!(take(&api, "slow", json!({})).await.status, 200);
+    let hung_up = api
+        .http
+        .post(format!("{}/v1/semaphores/slow/take", api.url))
+        .json(&json!({ "wait_ms": 30_000 }))
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await;
+    assert!(hung_up.is_err(), "the client gave up first: {hung_up:?}");
+    let left = eventually(Duration::from_secs(5), async || {
+        view(&api, "slow").await["waiters"].as_array().is_some_and(Vec::is_empty)
+    })
+    .await;
+    assert!(left, "the abandoned take left the queue well before its wait: {}", view(&api, "slow").await);
+}

@@ -505,14 +505,14 @@ pub(crate) async fn take(
     let wait_ms = capped_wait(request.wait_ms);
     validate_take(permits, wait_ms)?;
     let _poll = if wait_ms > 0 { Some(caller.long_poll(&app).await?) } else { None };
-    let take = take_permits(&app, name, permits, wait_ms);
+    let take = take_permits(app.clone(), name, permits, wait_ms);
     let token = if wait_ms > 0 { caller.unless_cut_off(&app, false, take).await? } else { take.await? };
     Ok(axum::Json(TakeResponse::Taken { token }))
 }
 
 /// Proposes the take and, if it waits, long-polls until it is served or `wait_ms` passes (then
 /// ends it).
-async fn take_permits(app: &App, name: Name, permits: u64, wait_ms: u64) -> Result<u64, ApiError> {
+async fn take_permits(app: Arc<App>, name: Name, permits: u64, wait_ms: u64) -> Result<u64, ApiError> {
     let key = Key::semaphore(name.clone());
     // The take's place in the queue, where a session would stand: random, as session ids are.
     let taker = SessionId::from_bytes(rand::random());
@@ -526,6 +526,7 @@ async fn take_permits(app: &App, name: Name, permits: u64, wait_ms: u64) -> Resu
     let Some(subscription) = subscription else {
         return Err(ApiError::internal("a take without wait_ms was left waiting"));
     };
+    let mut abandoned = AbandonedTake { app: Some(app.clone()), name: name.clone(), taker };
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     let mut shutdown = app.shutdown.clone();
     loop {
@@ -533,6 +534,7 @@ async fn take_permits(app: &App, name: Name, permits: u64, wait_ms: u64) -> Resu
         tokio::pin!(notified);
         notified.as_mut().enable();
         if let Some(token) = app.notifier.taken(&key, taker) {
+            abandoned.app = None;
             return Ok(token);
         }
         let waiting =
@@ -548,6 +550,7 @@ async fn take_permits(app: &App, name: Name, permits: u64, wait_ms: u64) -> Resu
         }
     }
     // Out of time, or the wait ended in the state: end it, unless it was served meanwhile.
+    abandoned.app = None;
     if let Some(token) = app.notifier.taken(&key, taker) {
         return Ok(token);
     }
@@ -569,6 +572,28 @@ async fn take_permits(app: &App, name: Name, permits: u64, wait_ms: u64) -> Resu
         format!("the rate of {key} did not allow {permits} permits within the wait"),
         retry_after_ms,
     ))
+}
+
+/// A waiting take whose request may go away (its client hangs up, the connection drops): unless
+/// disarmed (`app` taken), dropping it ends the take, which would otherwise keep its place until
+/// its wait ran out and could spend the rate for nobody.
+struct AbandonedTake {
+    app: Option<Arc<App>>,
+    name: Name,
+    taker: SessionId,
+}
+
+impl Drop for AbandonedTake {
+    fn drop(&mut self) {
+        if let Some(app) = self.app.take() {
+            let command = Command::CancelTake { name: self.name.clone(), taker: self.taker };
+            tokio::spawn(async move {
+                if let Err(error) = app.propose(command).await {
+                    tracing::debug!(%error, "could not end an abandoned take; its wait ends it");
+                }
+            });
+        }
+    }
 }
 
 /// Whether a current holder of the semaphore carries this token (a linearizable read, like
