@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand"
 	"net"
 	"net/http"
@@ -453,8 +454,9 @@ func transportFailure(endpoint string, err error, timedOut bool) *failure {
 func answerFailure(endpoint string, resp *http.Response, data []byte) *failure {
 	var body struct {
 		Error *struct {
-			Code    string `json:"code"`
-			Message string `json:"message"`
+			Code         string  `json:"code"`
+			Message      string  `json:"message"`
+			RetryAfterMs *uint64 `json:"retry_after_ms"`
 		} `json:"error"`
 	}
 	if err := json.Unmarshal(data, &body); err != nil || body.Error == nil || body.Error.Code == "" {
@@ -465,7 +467,10 @@ func answerFailure(endpoint string, resp *http.Response, data []byte) *failure {
 		return &failure{err: newError("protocol", resp.StatusCode, "%s: unexpected answer %q", endpoint, text)}
 	}
 	e := &Error{Code: body.Error.Code, Status: resp.StatusCode, Message: body.Error.Message}
-	if seconds, err := strconv.ParseFloat(resp.Header.Get("Retry-After"), 64); err == nil && seconds >= 0 {
+	// The body's milliseconds are exact; the header has whole seconds, rounded up.
+	if after := body.Error.RetryAfterMs; after != nil && *after <= uint64(math.MaxInt64/time.Millisecond) {
+		e.RetryAfter = time.Duration(*after) * time.Millisecond
+	} else if seconds, err := strconv.ParseFloat(resp.Header.Get("Retry-After"), 64); err == nil && seconds >= 0 {
 		e.RetryAfter = time.Duration(seconds * float64(time.Second))
 	}
 	return &failure{err: e, unsent: e.Code == "leader_unreachable" || e.Code == "storage_error"}

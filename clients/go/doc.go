@@ -33,6 +33,21 @@
 //		item.Ack(ctx)
 //	}
 //
+// # Rate limits, lock-delay and groups
+//
+// SetCapacity's options give a semaphore policies beside its capacity: a Rate that the grants
+// of acquires and takes also obey (decided on the leader's clock), a LockDelay that keeps the
+// permits of a failed holder out of circulation for a while, and a GroupMax per acquire Group,
+// so that one group's backlog never starves the others. Client.Take is the pure rate limiter:
+// no session, holds nothing; with no room it fails with ErrRateLimited, and Error.RetryAfter
+// says when the rate has room:
+//
+//	client.SetCapacity(ctx, "llm-api", 4, permit.Rate(10, time.Second, 10), permit.GroupMax(2))
+//	if _, err := client.Take(ctx, "llm-api", 1, 5*time.Second); errors.Is(err, permit.ErrRateLimited) {
+//		// no room within 5 s
+//	}
+//	hold, err := session.Acquire(ctx, "llm-api", permit.Group("team-a"))
+//
 // # Lease loss
 //
 // The session's goroutine sends a keepalive every TTL/3; the keepalives of all sessions of one

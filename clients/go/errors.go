@@ -24,7 +24,10 @@ type Error struct {
 	Code    string
 	Status  int
 	Message string
-	// RetryAfter is the server's Retry-After on a limit_exceeded answer, if it sent one.
+	// RetryAfter is how long until the server expects the request to succeed, when it said:
+	// the retry_after_ms of a rate_limited answer (a Take the rate had no room for), else the
+	// Retry-After header (whole seconds; a limit_exceeded answer may send one). 0 when it did
+	// not say.
 	RetryAfter time.Duration
 
 	cause error
@@ -74,8 +77,13 @@ var (
 	// ErrSessionLost: the session, and every hold and leadership it had, is gone or presumed
 	// gone (also a hold whose MaxHold passed, and a closed session).
 	ErrSessionLost = errors.New("permit: session lost")
-	// ErrLimitExceeded: a documented server limit was reached; see Error.RetryAfter.
+	// ErrLimitExceeded: a documented server limit was reached, or a semaphore's rate
+	// (ErrRateLimited); see Error.RetryAfter.
 	ErrLimitExceeded = errors.New("permit: limit exceeded")
+	// ErrRateLimited: a Take found no room in the semaphore's rate within its wait (code
+	// rate_limited, HTTP 429); nothing was taken. Error.RetryAfter says when the rate has room.
+	// It is also an ErrLimitExceeded.
+	ErrRateLimited = errors.New("permit: rate limited")
 	// ErrUnauthenticated: auth is on and the request has no valid token.
 	ErrUnauthenticated = errors.New("permit: unauthenticated")
 	// ErrPermissionDenied: the token lacks the permission.
@@ -136,7 +144,7 @@ var codes = map[string][]error{
 	"payload_too_large":             {ErrInvalidRequest},
 	"claim_lost":                    {ErrClaimLost, ErrConflict},
 	"item_not_found":                {ErrNotFound},
-	"rate_limited":                  {ErrLimitExceeded},
+	"rate_limited":                  {ErrRateLimited, ErrLimitExceeded},
 
 	// Found on this side.
 	"connection":        {ErrClusterUnavailable},

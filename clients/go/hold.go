@@ -45,6 +45,7 @@ type acquireConfig struct {
 	capacity uint64
 	maxHold  time.Duration
 	keep     bool
+	group    string
 }
 
 // Permits sets how many permits to acquire (default 1).
@@ -63,7 +64,15 @@ func MaxHold(d time.Duration) AcquireOption { return func(c *acquireConfig) { c.
 // leave (the CLI's --keep).
 func KeepSemaphore() AcquireOption { return func(c *acquireConfig) { c.keep = true } }
 
-// Acquire waits its turn (strict FIFO) for permits of semaphore name and returns the Hold.
+// Group counts the acquire against group (1 to 64 bytes of A-Z a-z 0-9 . _ : -), for the
+// semaphore's GroupMax: a waiter whose grant would take its group above the cap is passed over
+// (keeping its place) and the others are served. A session that holds or waits keeps the group
+// it named first.
+func Group(group string) AcquireOption { return func(c *acquireConfig) { c.group = group } }
+
+// Acquire waits its turn (strict FIFO, but for waiters of a Group at the semaphore's GroupMax,
+// which are passed over) for permits of semaphore name, within its capacity and its Rate, and
+// returns the Hold.
 // The wait is pushed by the server (long-polls of at most 30 s, or the TTL if shorter, so
 // that a session lost meanwhile is noticed); nothing polls. When ctx ends the queue place is
 // given up on the server before Acquire returns (a grant that raced with it is released too),
@@ -73,8 +82,9 @@ func (s *Session) Acquire(ctx context.Context, name string, opts ...AcquireOptio
 	return s.acquire(ctx, name, false, opts)
 }
 
-// TryAcquire returns the Hold if the permits are free and nobody queues first, else an error
-// matching ErrUnavailable at once; it never queues.
+// TryAcquire returns the Hold if the permits are free (by the capacity, the delayed permits
+// and the Rate) and nobody queues first, else an error matching ErrUnavailable at once; it
+// never queues.
 func (s *Session) TryAcquire(ctx context.Context, name string, opts ...AcquireOption) (*Hold, error) {
 	return s.acquire(ctx, name, true, opts)
 }
@@ -94,6 +104,9 @@ func (s *Session) acquire(ctx context.Context, name string, tryOnce bool, opts [
 		}
 		if cfg.maxHold != 0 {
 			b["max_hold_ms"] = ms(cfg.maxHold)
+		}
+		if cfg.group != "" {
+			b["group"] = cfg.group
 		}
 		return b
 	}

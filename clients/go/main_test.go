@@ -32,10 +32,10 @@ func run(m *testing.M) int {
 	}
 	defer shared.kill()
 	// A new server raises the cluster's feature version just after it starts; the queue calls
-	// need version 4.
+	// need version 4, the semaphore policies and takes version 5.
 	single := &cluster{nodes: []*server{shared}}
-	if !single.speaks(0, 4, startTimeout) {
-		fmt.Fprintln(os.Stderr, "the server does not speak feature version 4 (queues)")
+	if !single.speaks(0, 5, startTimeout) {
+		fmt.Fprintln(os.Stderr, "the server does not speak feature version 5 (semaphore policies)")
 		return 2
 	}
 	os.Setenv("PERMIT_SERVER", shared.URL)

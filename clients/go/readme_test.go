@@ -29,6 +29,15 @@ func TestReadmeQueueExampleRunsAsWritten(t *testing.T) {
 	}
 }
 
+// The README's example of semaphore policies runs as written, against the shared server.
+func TestReadmePoliciesExampleRunsAsWritten(t *testing.T) {
+	t.Parallel()
+	out := runReadmeBlock(t, 2)
+	if !strings.Contains(out, "of 10 lock-delay 5s team-a holds 1\n") {
+		t.Fatalf("unexpected output:\n%s", out)
+	}
+}
+
 // runReadmeBlock runs the README's Go block number n (from 0) with go run, pointed at the
 // shared server, and returns its output.
 func runReadmeBlock(t *testing.T, n int) string {
