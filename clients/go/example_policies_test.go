@@ -14,15 +14,15 @@ func ExampleClient_Take() {
 	ctx := context.Background()
 	client, _ := permit.NewClient(nil)
 	defer client.Close()
-	// A third-party API allows 2 calls a second, 2 at most at once.
-	client.SetCapacity(ctx, "example-api-quota", 1, permit.Rate(2, time.Second, 2))
+	// A third-party API allows 60 calls a minute, 2 at most at once.
+	client.SetCapacity(ctx, "example-api-quota", 1, permit.Rate(60, time.Minute, 2))
 
 	for i := 0; i < 3; i++ {
 		// A wait of 0 answers at once.
 		_, err := client.Take(ctx, "example-api-quota", 1, 0)
 		var e *permit.Error
 		if errors.As(err, &e) && errors.Is(err, permit.ErrRateLimited) {
-			fmt.Println("rate limited; room again within 500 ms:", e.RetryAfter <= 500*time.Millisecond)
+			fmt.Println("rate limited; room again within a second:", e.RetryAfter <= time.Second)
 			continue
 		} else if err != nil {
 			log.Fatal(err)
@@ -37,7 +37,7 @@ func ExampleClient_Take() {
 	// Output:
 	// taken: call the API
 	// taken: call the API
-	// rate limited; room again within 500 ms: true
+	// rate limited; room again within a second: true
 	// taken after a wait
 }
 

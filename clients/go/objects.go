@@ -213,14 +213,13 @@ func (c *Client) Semaphore(ctx context.Context, name string) (*SemaphoreInfo, er
 	return view.info(), nil
 }
 
-const (
-	// takeWaitMax is the longest wait one take asks of the server (its cap); a longer wait asks
-	// again, joining the queue at its end.
-	takeWaitMax = 60 * time.Second
-	// takePause is the pause before asking again after a take refused before its wait was up,
-	// when the server said no retry_after_ms.
-	takePause = 100 * time.Millisecond
-)
+// takeWaitMax is the longest wait one take asks of the server (its cap); a longer wait asks
+// again, joining the queue at its end. A variable for a test's sake only.
+var takeWaitMax = 60 * time.Second
+
+// takePause is the pause before asking again after a take refused before its wait was up, when
+// the server said no retry_after_ms.
+const takePause = 100 * time.Millisecond
 
 // Take takes permits of semaphore name's rate (see Rate), holding nothing and needing no
 // session: a rate limiter. It returns the take's token (from the counter of grants: larger than

@@ -29,7 +29,8 @@ func TestTakesFollowTheBurstThenRateLimitedSaysWhen(t *testing.T) {
 	ctx := bounded(t, 20*time.Second)
 	c := newClient(t, []string{shared.URL})
 	name := newName(t)
-	if _, err := c.SetCapacity(ctx, name, 1, permit.Rate(10, time.Second, 3)); err != nil {
+	// One permit every 1.5 s, 3 at once: the rate has room again long after the burst is spent.
+	if _, err := c.SetCapacity(ctx, name, 1, permit.Rate(1, 1500*time.Millisecond, 3)); err != nil {
 		t.Fatal(err)
 	}
 	var last uint64
@@ -46,11 +47,11 @@ func TestTakesFollowTheBurstThenRateLimitedSaysWhen(t *testing.T) {
 		!errors.Is(err, permit.ErrRateLimited) || !errors.Is(err, permit.ErrLimitExceeded) {
 		t.Fatalf("a take beyond the burst: %#v", err)
 	}
-	// 10 per second: one more permit within 100 ms. The Retry-After header would say 1 s.
-	if e.RetryAfter <= 0 || e.RetryAfter > 100*time.Millisecond {
+	// One more permit within 1.5 s; the Retry-After header would say 2 s.
+	if e.RetryAfter <= 0 || e.RetryAfter > 1500*time.Millisecond {
 		t.Fatalf("RetryAfter %v, not the server's retry_after_ms", e.RetryAfter)
 	}
-	if rate := semaphoreInfo(t, ctx, c, name).Rate; rate == nil || rate.Available != 0 || rate.Next <= 0 || rate.Next > 100*time.Millisecond {
+	if rate := semaphoreInfo(t, ctx, c, name).Rate; rate == nil || rate.Available != 0 || rate.Next <= 0 || rate.Next > 1500*time.Millisecond {
 		t.Fatalf("the rate after the burst: %+v", rate)
 	}
 	if _, err := c.Take(ctx, name, 4, 0); !hasCode(err, "permits_exceed_capacity") || !errors.Is(err, permit.ErrConflict) {
@@ -81,7 +82,7 @@ func TestAWaitingTakeIsServedWhenTheRateAllows(t *testing.T) {
 	ctx := bounded(t, 20*time.Second)
 	c := newClient(t, []string{shared.URL})
 	name := newName(t)
-	if _, err := c.SetCapacity(ctx, name, 1, permit.Rate(5, time.Second, 1)); err != nil {
+	if _, err := c.SetCapacity(ctx, name, 1, permit.Rate(1, time.Second, 1)); err != nil {
 		t.Fatal(err)
 	}
 	first, err := c.Take(ctx, name, 1, 0)
@@ -96,7 +97,7 @@ func TestAWaitingTakeIsServedWhenTheRateAllows(t *testing.T) {
 	if err != nil || second <= first {
 		t.Fatalf("a waiting take: token %d after %d, %v", second, first, err)
 	}
-	// 5 per second: the rate had no room for up to 200 ms, not for seconds.
+	// One per second: the rate had no room for up to a second, not for several.
 	if waited := time.Since(start); waited > 5*time.Second {
 		t.Fatalf("served after %v", waited)
 	}
@@ -246,7 +247,7 @@ func TestARevokedHoldsPermitsAreDelayed(t *testing.T) {
 	ctx := bounded(t, 20*time.Second)
 	c := newClient(t, []string{shared.URL})
 	name := newName(t)
-	const delay = 700 * time.Millisecond
+	const delay = time.Second
 	if _, err := c.SetCapacity(ctx, name, 1, permit.LockDelay(delay)); err != nil {
 		t.Fatal(err)
 	}
@@ -344,5 +345,43 @@ func TestAGroupAtItsCapIsPassedOver(t *testing.T) {
 	}
 	if _, err := a1.Acquire(ctx, newName(t), permit.Capacity(1), permit.Group("bad group!")); !hasCode(err, "invalid_argument") {
 		t.Fatalf("a bad group: %v", err)
+	}
+}
+
+// A wait longer than one request's asks again (each request here waits at most 200 ms, as each
+// waits at most 60 s in use) until the take is served. Not parallel: it sets the client's cap.
+func TestATakeLongerThanOneRequestsWaitAsksAgainUntilServed(t *testing.T) {
+	defer permit.SetTakeWaitMax(200 * time.Millisecond)()
+	ctx := bounded(t, 20*time.Second)
+	var takes atomic.Int32
+	proxy := newProxy(t, shared.URL, func(w http.ResponseWriter, r *http.Request) bool {
+		if strings.HasSuffix(r.URL.Path, "/take") {
+			takes.Add(1)
+		}
+		return false
+	})
+	c := newClient(t, []string{proxy.URL})
+	name := newName(t)
+	if _, err := c.SetCapacity(ctx, name, 1, permit.Rate(1, 1500*time.Millisecond, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Take(ctx, name, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Take(ctx, name, 1, 10*time.Second); err != nil {
+		t.Fatalf("a long take: %v after %d requests", err, takes.Load())
+	}
+	// The first take, then the waiting one asked at least twice (the rate had room after up to
+	// 1.5 s, 200 ms at a time).
+	if n := takes.Load(); n < 3 {
+		t.Fatalf("%d take requests", n)
+	}
+	// A wait that passes ends rate_limited, after asking again as long as it lasts.
+	start := time.Now()
+	if _, err := c.Take(ctx, name, 1, 500*time.Millisecond); !errors.Is(err, permit.ErrRateLimited) {
+		t.Fatalf("a take the rate had no room for within its wait: %v", err)
+	}
+	if waited := time.Since(start); waited < 400*time.Millisecond {
+		t.Fatalf("rate_limited after %v of a 500 ms wait", waited)
 	}
 }
