@@ -286,6 +286,11 @@ impl State {
         self.policies.get(key).map(|policy| &**policy)
     }
 
+    /// The semaphores that have a policy, in key order.
+    pub fn policies(&self) -> impl Iterator<Item = (&Key, &Policy)> {
+        self.policies.iter().map(|(key, policy)| (key, &**policy))
+    }
+
     /// The earliest leader time at which a `PolicyTick` has something to do.
     pub fn next_policy_due_ms(&self) -> Option<u64> {
         self.policy_due.first().map(|(at, _)| *at)

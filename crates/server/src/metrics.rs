@@ -86,6 +86,10 @@ pub(crate) struct ObjectCounts {
     takes: [Option<Counter>; 2],
 }
 
+/// One semaphore's policy gauges at a scrape: its series' labels, what its rate grants now (if it
+/// has one), and the permits each group holds.
+pub(crate) type PolicyGauges = (Labels, Option<u64>, Vec<(String, u64)>);
+
 /// The `result` label of `permit_semaphore_takes_total`, served first.
 const TAKE_RESULTS: [&str; 2] = ["taken", "rate_limited"];
 
@@ -114,6 +118,8 @@ struct ObjectFamilies {
     tenure_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
     takes: Family<Labels, Counter>,
     delayed: Family<Labels, Gauge>,
+    rate_available: Family<Labels, Gauge>,
+    group_held: Family<Labels, Gauge>,
 }
 
 impl ObjectFamilies {
@@ -135,6 +141,8 @@ impl ObjectFamilies {
             tenure_seconds: Family::default(),
             takes: Family::default(),
             delayed: Family::default(),
+            rate_available: Family::default(),
+            group_held: Family::default(),
         }
     }
 
@@ -152,6 +160,7 @@ impl ObjectFamilies {
         self.leader_changes.remove(labels);
         self.tenure_seconds.remove(labels);
         self.delayed.remove(labels);
+        self.rate_available.remove(labels);
         for result in TAKE_RESULTS {
             self.takes.remove(&take_labels(labels, result));
         }
@@ -714,6 +723,29 @@ impl Metrics {
             .inc();
     }
 
+    /// Sets, at a scrape, what each semaphore's rate would grant now and what each group holds:
+    /// `(series labels, rate available, [(group, held)])` per semaphore with a policy and a
+    /// series of its own. Group series are rebuilt each time (groups come and go with holds).
+    pub(crate) fn set_policy_gauges(&self, policies: Vec<PolicyGauges>) {
+        let f = &self.semaphore;
+        f.group_held.clear();
+        for (labels, available, groups) in policies {
+            match available {
+                Some(available) => {
+                    f.rate_available.get_or_create(&labels).set(available as i64);
+                }
+                None => {
+                    f.rate_available.remove(&labels);
+                }
+            }
+            for (group, held) in groups {
+                let mut with = labels.clone();
+                with.push(("group".to_owned(), group));
+                f.group_held.get_or_create(&with).set(held as i64);
+            }
+        }
+    }
+
     /// Moves the permits kept out by the lock-delay in the semaphore series `labels`.
     pub(crate) fn delayed_permits(&self, labels: &Labels, delta: i64) {
         self.semaphore.delayed.get_or_create(labels).inc_by(delta);
@@ -949,6 +981,16 @@ fn register_objects(registry: &mut Registry, s: &ObjectFamilies, e: &ObjectFamil
         "semaphore_takes",
         "Takes (POST /v1/semaphores/{name}/take) per semaphore, by result: taken or rate_limited",
         s.takes.clone(),
+    );
+    registry.register(
+        "semaphore_rate_available",
+        "Permits the semaphore's rate would grant now (semaphores with a rate; set at each scrape)",
+        s.rate_available.clone(),
+    );
+    registry.register(
+        "semaphore_group_held",
+        "Permits held per group of each semaphore (label group; set at each scrape)",
+        s.group_held.clone(),
     );
     registry.register(
         "semaphore_delayed_permits",

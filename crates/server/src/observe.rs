@@ -619,6 +619,23 @@ impl Observer {
         }
     }
 
+    /// Sets the policy gauges (what each rate grants now, what each group holds) of the
+    /// semaphores with a policy and a series of their own, from `state` at leader time `now_ms`:
+    /// O(semaphores with a policy).
+    pub(crate) fn refresh_policies(&self, state: &State, now_ms: u64) {
+        let tracker = self.tracker();
+        let gauges = state
+            .policies()
+            .filter_map(|(key, policy)| {
+                let tracked = tracker.objects.get(key).filter(|tracked| tracked.own)?;
+                let available = policy.rate_state(now_ms).map(|(available, _)| available);
+                let groups = policy.groups_held().map(|(group, held)| (group.to_string(), held)).collect();
+                Some((tracked.labels.clone(), available, groups))
+            })
+            .collect();
+        self.metrics.set_policy_gauges(gauges);
+    }
+
     /// Counts a waiting acquire or campaign on `key` whose long-poll ended still queued.
     pub(crate) fn acquire_timed_out(&self, key: &Key) {
         if let Some(tracked) = self.tracker().objects.get(key) {

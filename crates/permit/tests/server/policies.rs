@@ -35,6 +35,8 @@ async fn takes_follow_the_burst_then_the_rate_and_a_refusal_says_when_to_come_ba
         created.body["rate"],
         json!({ "permits": 10, "per_ms": 1000, "burst": 4, "available": 4, "next_in_ms": 0 })
     );
+    let available = "permit_semaphore_rate_available{semaphore=\"quota\"}";
+    assert_eq!(sample(&api, available).await, Some(4.0), "the whole burst at first");
     let mut tokens = Vec::new();
     for _ in 0..4 {
         let taken = take(&api, "quota", json!({})).await;
@@ -42,6 +44,8 @@ async fn takes_follow_the_burst_then_the_rate_and_a_refusal_says_when_to_come_ba
         tokens.push(taken.body["token"].as_u64().unwrap());
     }
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens grow: {tokens:?}");
+    // Spent, but for what refilled since (one permit per 100 ms).
+    assert!(sample(&api, available).await.is_some_and(|left| left <= 1.0), "the burst is spent");
     // The fifth within the same 100 ms is refused, with when to come back, in ms and in seconds.
     let refused =
         api.http.post(format!("{}/v1/semaphores/quota/take", api.url)).json(&json!({})).send().await.unwrap();
@@ -165,6 +169,11 @@ async fn a_group_at_its_cap_is_passed_over_so_another_group_is_not_starved() {
         ])
     );
     assert_eq!(seen["waiters"][0]["group"], "team-a");
+    let held = |group: &str| format!("permit_semaphore_group_held{{semaphore=\"gpu\",group=\"{group}\"}}");
+    assert_eq!(
+        (sample(&api, &held("team-a")).await, sample(&api, &held("team-b")).await),
+        (Some(2.0), Some(1.0))
+    );
     // team-a's waiter kept its place: it is next when team-a drops below the cap.
     assert_eq!(api.release("gpu", &sessions[3]).await.status, 200);
     assert_eq!(api.holders("gpu").await.len(), 2, "a free permit does not lift team-a's cap");

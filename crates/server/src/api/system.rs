@@ -129,8 +129,14 @@ fn refresh_gauges(app: &App) {
     g.raft_applied_index.set(raft.applied_index.unwrap_or(0) as i64);
     g.raft_snapshot_index.set(raft.snapshot_index.unwrap_or(0) as i64);
     g.raft_purged_index.set(raft.purged_index.unwrap_or(0) as i64);
-    // O(1) under the replica lock; everything else is kept up to date as entries apply.
-    g.last_token.set(app.replica().read().state.last_token() as i64);
+    // Under the replica lock: O(1), and O(semaphores with a policy) for the gauges that depend
+    // on the clock; everything else is kept up to date as entries apply.
+    {
+        let replica = app.replica().read();
+        g.last_token.set(replica.state.last_token() as i64);
+        let now_ms = app.now_ms(replica.state.now_ms());
+        app.observer.refresh_policies(&replica.state, now_ms);
+    }
     app.observer.refresh();
 }
 
