@@ -289,7 +289,7 @@ impl State {
             Vec::new()
         };
         for session in &owned {
-            self.remove_session(index, *session, false, effects);
+            self.remove_session(index, *session, crate::state::SessionEnd::TokenDeleted, effects);
         }
         // The sessions closed above may have removed some of its objects already (idle
         // elections and ephemeral semaphores), which took them out of this index.

@@ -925,6 +925,25 @@ mod tests {
         // Session expiry is a failure too.
         at(&mut state, 1_030, vec![Command::ExpireSessions { ids: vec![sid(3)], decided_term: 1 }]);
         assert_eq!(state.policy(&key).unwrap().delayed_permits(), 1);
+        // And so is the deletion of the access token that owns the holder's session; a session
+        // its client closes is not.
+        let owner = crate::TokenId::from_bytes([9; 16]);
+        let token = crate::Token { name: "t".into(), secret_hash: [1; 32], rules: Vec::new() };
+        let owned = |id: u8| Command::CreateOwnedSession {
+            id: sid(id),
+            ttl_ms: 60_000,
+            name: None,
+            owner,
+            owner_sessions_max: 10,
+        };
+        at(&mut state, 3_000, vec![Command::PolicyTick, Command::Release { key: key.clone(), session: sid(4) }]);
+        assert_eq!(state.policy(&key).unwrap().delayed_permits(), 0);
+        at(&mut state, 3_000, vec![Command::CreateToken { id: owner, token }, owned(20), owned(21)]);
+        at(&mut state, 3_000, vec![acquire(20, 1, None), acquire(21, 1, None)]);
+        at(&mut state, 3_001, vec![Command::CloseSession { id: sid(20) }]);
+        assert_eq!(state.policy(&key).unwrap().delayed_permits(), 0, "a close is a clean end");
+        at(&mut state, 3_002, vec![Command::DeleteToken { id: owner }]);
+        assert_eq!(state.policy(&key).unwrap().delayed, vec![Delayed { permits: 1, until_ms: 4_002 }]);
     }
 
     #[test]

@@ -301,7 +301,7 @@ impl State {
         if !self.sessions.contains_key(&id) {
             return Err(Refusal::SessionNotFound);
         }
-        self.remove_session(index, id, false, effects);
+        self.remove_session(index, id, SessionEnd::Closed, effects);
         Ok(Outcome::SessionClosed)
     }
 
@@ -309,7 +309,7 @@ impl State {
         let mut expired = 0;
         for id in ids {
             if self.sessions.contains_key(id) {
-                self.remove_session(index, *id, true, effects);
+                self.remove_session(index, *id, SessionEnd::Expired, effects);
                 expired += 1;
             }
         }
@@ -317,14 +317,16 @@ impl State {
     }
 
     /// Cancels the session's waits, then releases its holds, granting to waiters behind them.
-    /// `expired`: the session ran out of TTL (its holds end as `expired`), rather than closed.
     pub(crate) fn remove_session(
         &mut self,
         index: u64,
         id: SessionId,
-        expired: bool,
+        end: SessionEnd,
         effects: &mut Vec<Effect>,
     ) {
+        let expired = end == SessionEnd::Expired;
+        // Its holder did not let go: a semaphore's lock-delay keeps the permits out a while.
+        let failed = end != SessionEnd::Closed;
         let session = self.sessions.remove(&id).expect("caller checked the session exists");
         if let Some(owner) = session.owner {
             let count = self.sessions_per_owner.get_mut(&owner).expect("an owner's sessions are counted");
@@ -352,7 +354,7 @@ impl State {
         for key in &session.holds {
             let hold = self.remove_hold(key, id);
             let mut event = self.hold_ended(hold_end, key, id, session.name.clone(), &hold);
-            self.policy_hold_or_wait_ended(key, id, hold.permits, expired, Some(&mut event));
+            self.policy_hold_or_wait_ended(key, id, hold.permits, failed, Some(&mut event));
             emit(effects, event);
             self.touch(index, key, effects);
             self.pump(index, key, effects);
@@ -870,6 +872,18 @@ impl State {
         }
         effects.push(Effect::ObjectChanged { key: key.clone() });
     }
+}
+
+/// How a session ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SessionEnd {
+    /// Its client closed it: its holds end as `released`.
+    Closed,
+    /// It ran out of TTL: its holds end as `expired`.
+    Expired,
+    /// Its access token was deleted: its holds end as `released`, but its client did not let
+    /// go (a lock-delay applies, as to a revoke).
+    TokenDeleted,
 }
 
 /// Read access for the shell.
