@@ -936,7 +936,11 @@ mod tests {
             owner,
             owner_sessions_max: 10,
         };
-        at(&mut state, 3_000, vec![Command::PolicyTick, Command::Release { key: key.clone(), session: sid(4) }]);
+        at(
+            &mut state,
+            3_000,
+            vec![Command::PolicyTick, Command::Release { key: key.clone(), session: sid(4) }],
+        );
         assert_eq!(state.policy(&key).unwrap().delayed_permits(), 0);
         at(&mut state, 3_000, vec![Command::CreateToken { id: owner, token }, owned(20), owned(21)]);
         at(&mut state, 3_000, vec![acquire(20, 1, None), acquire(21, 1, None)]);

@@ -11,6 +11,7 @@ mod logs;
 mod membership;
 mod minority;
 mod peer;
+mod policies;
 mod recover;
 mod restart;
 mod revocation;

@@ -161,13 +161,15 @@ fn catch_up(app: &App) -> Duration {
     Duration::from_millis(app.config.election_timeout_ms.0)
 }
 
-/// Whether a forwarded request is a long-poll: a waiting acquire or campaign, or a blocking read.
+/// Whether a forwarded request is a long-poll: a waiting acquire, campaign, claim or take, or a
+/// blocking read.
 fn forwards_long_poll(path: &str, body: &[u8]) -> bool {
     let (path, query) = path.split_once('?').unwrap_or((path, ""));
     if query.split('&').any(|pair| pair.starts_with("index=")) {
         return true;
     }
-    (path.ends_with("/acquire") || path.ends_with("/campaign") || path.ends_with("/claim"))
+    let waits = ["/acquire", "/campaign", "/claim", "/take"];
+    waits.iter().any(|verb| path.ends_with(verb))
         && serde_json::from_slice::<serde_json::Value>(body)
             .ok()
             .and_then(|body| body.get("wait_ms")?.as_u64())
