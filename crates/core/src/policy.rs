@@ -145,6 +145,11 @@ impl Policy {
     /// `now + burst × interval`. It depends on the state alone, not on the time of asking.
     pub fn rate_ready_ms(&self, permits: u64) -> u64 {
         let Some(rate) = self.rate else { return 0 };
+        if permits > rate.burst {
+            // More than the burst never fits: the grant's arrival time would pass the limit
+            // whenever it came.
+            return u64::MAX;
+        }
         let (p, interval, burst) =
             (u128::from(rate.permits), u128::from(rate.per_ms), u128::from(rate.burst));
         let after = self.tat + u128::from(permits) * interval;
@@ -329,20 +334,25 @@ impl State {
         if let Some(max) = change.group_max {
             policy.group_max = max;
         }
-        // Takes that the new rate can never serve (more than its burst) end now.
+        // Waits that the new rate can never serve (more than its burst) end now, as waits
+        // beyond a shrunk capacity do.
         let burst = policy.rate.map(|rate| rate.burst);
         let doomed: Vec<SessionId> = match burst {
             Some(burst) => {
                 let object = self.objects.get(&key).expect("put above");
-                policy_takers(self.policies.get(&key))
-                    .into_iter()
-                    .filter(|taker| object.queue.get(*taker).is_some_and(|waiter| waiter.permits > burst))
+                object
+                    .queue
+                    .iter()
+                    .filter(|waiter| waiter.permits > burst)
+                    .map(|waiter| waiter.session)
                     .collect()
             }
             None => Vec::new(),
         };
-        for taker in doomed {
-            self.end_take(&key, taker, effects);
+        for waiter in doomed {
+            if !self.end_take(&key, waiter, effects) {
+                self.end_wait_beyond_burst(&key, waiter, effects);
+            }
         }
         self.settle_policy(&key);
         self.touch(index, &key, effects);
@@ -599,6 +609,32 @@ impl State {
         true
     }
 
+    /// Ends the wait of `session`'s acquire, which asks for more than the new rate's burst.
+    fn end_wait_beyond_burst(&mut self, key: &Key, session: SessionId, effects: &mut Vec<Effect>) {
+        let waiter = self.object_mut(key).expect("exists").queue.remove(session).expect("queued");
+        self.policy_hold_or_wait_ended(key, session, 0, false, None);
+        let session_state = self.sessions.get_mut(&session).expect("a waiter's session exists");
+        session_state.waits.remove(key);
+        effects.push(Effect::WaitEnded { key: key.clone(), session });
+        let mut event = Event::new(EventKind::WaitEnded);
+        event.key = Some(key.clone());
+        event.session = Some(session);
+        event.session_name = session_state.name.clone();
+        event.permits = Some(waiter.permits);
+        event.reason = Some(WaitEndReason::Cancelled);
+        emit(effects, event);
+    }
+
+    /// Refuses an acquire of more permits than the semaphore's rate grants at once.
+    pub(crate) fn check_burst(&self, key: &Key, permits: u64) -> Result<(), Refusal> {
+        match self.policies.get(key).and_then(|policy| policy.rate) {
+            Some(rate) if permits > rate.burst => {
+                Err(Refusal::PermitsExceedCapacity { permits, capacity: rate.burst })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Ends a waiting take at its client's request.
     pub(crate) fn cancel_take(
         &mut self,
@@ -739,11 +775,6 @@ impl State {
     }
 }
 
-/// The waiting takes of a policy, if any.
-fn policy_takers(policy: Option<&Arc<Policy>>) -> Vec<SessionId> {
-    policy.map(|policy| policy.takers.keys().copied().collect()).unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -770,10 +801,18 @@ mod tests {
         state
     }
 
+    /// Applies `commands` at leader time `now_ms`, checks the invariants, and checks that a
+    /// snapshot of the result decodes to the same state (policies, spent rates, delays, groups
+    /// and waiting takes included).
     fn at(state: &mut State, now_ms: u64, commands: Vec<Command>) -> Vec<Outcome> {
         let index = state.applied_index() + 1;
         let outcomes = state.apply(index, 1, &Batch { now_ms, commands }, &mut Vec::new());
         state.verify().unwrap();
+        assert_eq!(
+            &State::decode_snapshot(&state.encode_snapshot()).unwrap(),
+            state,
+            "a snapshot round trip"
+        );
         outcomes
     }
 

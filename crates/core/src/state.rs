@@ -488,6 +488,7 @@ impl State {
         if acquire.permits > capacity {
             return Err(Refusal::PermitsExceedCapacity { permits: acquire.permits, capacity });
         }
+        self.check_burst(key, acquire.permits)?;
         if session.key_count() >= KEYS_PER_SESSION_MAX {
             return Err(Refusal::LimitExceeded(Limit::KeysPerSession));
         }

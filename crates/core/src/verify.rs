@@ -142,9 +142,8 @@ impl State {
                 ensure!(!policy.groups.contains_key(taker), "{key}: take {taker} has a group");
             }
             if let Some(rate) = policy.rate {
-                for taker in policy.takers.keys() {
-                    let permits = object.queue.get(*taker).map_or(0, |waiter| waiter.permits);
-                    ensure!(permits <= rate.burst, "{key}: a take beyond the burst waits");
+                for waiter in object.queue.iter() {
+                    ensure!(waiter.permits <= rate.burst, "{key}: a wait beyond the rate's burst");
                 }
             }
             ensure!(
