@@ -349,6 +349,8 @@ async fn metrics_and_the_event_stream_follow_every_item() {
         assert_eq!(sample(&api, &series).await, Some(count), "{series}");
     }
     assert_eq!(sample(&api, "permit_queue_processing_seconds_count{queue=\"m\"}").await, Some(1.0));
+    // One claim took two items: each item's wait is a sample.
+    assert_eq!(sample(&api, "permit_queue_claim_wait_seconds_count{queue=\"m\"}").await, Some(2.0));
     assert_eq!(sample(&api, "permit_queues").await, Some(2.0));
 
     let frames = events.until("dead", Duration::from_secs(5)).await;
