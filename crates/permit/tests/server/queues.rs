@@ -254,6 +254,11 @@ async fn a_clean_stop_snapshots_many_pushed_items_and_the_restart_serves_them() 
     for field in ["pending", "claimed", "delayed"] {
         assert_eq!(after[field], before[field], "{field}: {before} then {after}");
     }
+    // The log up to the snapshot was purged too: the restart holds none of its entries.
+    let sample = async |series: &str| crate::observability::sample(&api, series).await.unwrap_or(0.0);
+    let (snapshot_index, purged) =
+        (sample("permit_raft_snapshot_index").await, sample("permit_raft_purged_index").await);
+    assert!(snapshot_index > 0.0 && purged == snapshot_index, "snapshot {snapshot_index}, purged {purged}");
     let page = api.get("/v1/queues/jobs/items?state=pending&limit=1000").await;
     let served: Vec<u64> =
         page.body["items"].as_array().unwrap().iter().map(|i| i["payload"]["n"].as_u64().unwrap()).collect();
