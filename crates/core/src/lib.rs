@@ -36,7 +36,7 @@ pub use policy::{
 };
 pub use queue::{
     validate_claim, validate_nack, validate_push, validate_queue_settings, Claim, ClaimedItem, Claimer, Item,
-    ItemState, NewItem, PushedItem, Queue, QueueCounts, QueueSettings, Settled, DEAD_LETTER_SUFFIX,
+    ItemState, NewItem, Payload, PushedItem, Queue, QueueCounts, QueueSettings, Settled, DEAD_LETTER_SUFFIX,
     QUEUE_MAX_ATTEMPTS_DEFAULT, QUEUE_MAX_ITEMS_DEFAULT,
 };
 pub use semaphore::{Hold, Semaphore, Waiter};

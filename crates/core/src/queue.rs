@@ -47,13 +47,90 @@ pub struct Queue {
     pub(crate) claimers: VecDeque<Claimer>,
 }
 
+/// An item's JSON text, shared, not copied, by the push that carries it, the item it becomes
+/// and the claims that hand it out: a pending item's payload is in memory once although the
+/// Raft log keeps its push entry until a purge (the log store's entry and the state's item hold
+/// the same allocation). An `Arc<String>`, not an `Arc<str>`, so that the text's allocation is
+/// exactly its length (the count sits in a small allocation of its own). Encoded as the string
+/// it holds: log records and snapshots are the bytes a `String` gives.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Payload(Arc<String>);
+
+impl Payload {
+    /// The JSON text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `self` and `other` are the same allocation (not just the same text).
+    pub fn shares(&self, other: &Payload) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl std::ops::Deref for Payload {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<String> for Payload {
+    fn from(text: String) -> Payload {
+        Payload(Arc::new(text))
+    }
+}
+
+impl From<&str> for Payload {
+    fn from(text: &str) -> Payload {
+        Payload(Arc::new(text.to_owned()))
+    }
+}
+
+impl From<Payload> for String {
+    fn from(payload: Payload) -> String {
+        Arc::unwrap_or_clone(payload.0)
+    }
+}
+
+impl PartialEq<str> for Payload {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for Payload {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl Serialize for Payload {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Payload {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Payload, D::Error> {
+        String::deserialize(deserializer).map(Payload::from)
+    }
+}
+
 /// One item in a queue.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Item {
     /// Its place in its queue.
     pub seq: u64,
     /// The JSON text pushed.
-    pub payload: String,
+    pub payload: Payload,
     /// Claims of this item so far (in this queue and any it was dead-lettered from).
     pub attempt: u32,
     /// Its deduplication key, if it was pushed with one (dropped when dead-lettered).
@@ -335,7 +412,7 @@ pub struct QueueSettings {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewItem {
     /// The JSON text (checked by the server; the state machine stores it as it is).
-    pub payload: String,
+    pub payload: Payload,
     /// Keep it out of claims for this long after the push: 0..=[`QUEUE_DELAY_MS_MAX`].
     pub delay_ms: u64,
     /// Deduplication key: 1..=[`QUEUE_ITEM_KEY_BYTES_MAX`] bytes.
@@ -365,7 +442,7 @@ pub struct ClaimedItem {
     /// The claim's fencing token.
     pub token: u64,
     /// The payload.
-    pub payload: String,
+    pub payload: Payload,
 }
 
 /// Where a nack sent an item.
@@ -1151,7 +1228,7 @@ mod tests {
     }
 
     fn item(payload: &str) -> NewItem {
-        NewItem { payload: payload.to_owned(), delay_ms: 0, key: None }
+        NewItem { payload: payload.into(), delay_ms: 0, key: None }
     }
 
     fn push(state: &mut State, queue: &str, items: Vec<NewItem>) -> Outcome {
@@ -1369,6 +1446,40 @@ mod tests {
         ));
         assert_eq!((state.queue_count(), state.queued_items()), (0, 0));
         assert_eq!((state.last_token(), state.last_item), (before.last_token(), before.last_item));
+    }
+
+    /// A pushed item holds the push command's payload allocation (the one the Raft log's entry
+    /// keeps), not a copy, and so does a claim's answer; the payload encodes as the `String` it
+    /// replaced, so log records and snapshots keep their bytes.
+    #[test]
+    fn an_item_shares_its_push_payload_and_encodes_as_a_string() {
+        let mut state = state();
+        let items = vec![item("{\"n\":1}"), item("[2]")];
+        let command = Command::Push { queue: name("jobs"), items: items.clone(), creator: None };
+        apply_next(&mut state, vec![command]);
+        let queue = state.queue(&name("jobs")).expect("created by the push");
+        for (new, (_, stored)) in items.iter().zip(queue.items()) {
+            assert!(stored.payload.shares(&new.payload), "{new:?} copied");
+        }
+        let stored = queue.items().next().expect("two items").1.payload.clone();
+        let taken = claimed(claim(&mut state, "jobs", 1, 1, 1, 0));
+        assert!(taken[0].payload.shares(&stored), "a claim copied the payload");
+        assert!(!Payload::from("[2]").shares(&Payload::from("[2]")));
+
+        let text = "{\"n\":1}".to_owned();
+        let encoded = postcard::to_allocvec(&Payload::from(text.as_str())).expect("encode");
+        assert_eq!(encoded, postcard::to_allocvec(&text).expect("encode"));
+        let decoded: Payload = postcard::from_bytes(&encoded).expect("decode");
+        assert_eq!(decoded, text.as_str());
+        let record = postcard::to_allocvec(&items[0]).expect("encode");
+        #[derive(Serialize)]
+        struct AsString<'a> {
+            payload: &'a str,
+            delay_ms: u64,
+            key: Option<String>,
+        }
+        let before = AsString { payload: "{\"n\":1}", delay_ms: 0, key: None };
+        assert_eq!(record, postcard::to_allocvec(&before).expect("encode"));
     }
 
     #[test]

@@ -92,7 +92,7 @@ pub async fn serve(config: Config, stop: impl Future<Output = ()> + Send + 'stat
         if let Some(notify) = &stop_notify {
             notify.stopping();
         }
-        stopper.shutdown().await;
+        stopper.stop().await;
         let _ = stopping_tx.send(());
     });
     let server = crate::listener::serve(listener, router, settings, node.app().metrics.clone(), async {

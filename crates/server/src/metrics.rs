@@ -762,18 +762,21 @@ impl Metrics {
         QueueGauges { items: QUEUE_ITEM_STATES.map(item), claimers: q.claimers.get_or_create(labels).clone() }
     }
 
-    /// Counts a queue event (`pushed`, `claimed`, `acked`, `nacked`, `dead`) of the series
-    /// `labels`, with the claim's wait or the processing time when it has one, in seconds.
-    pub(crate) fn queue_event(&self, labels: &Labels, kind: EventKind, seconds: Option<f64>) {
-        let q = &self.queue;
+    /// Counts `n` queue events of `kind` (`pushed`, `claimed`, `acked`, `nacked`, `dead`) of the
+    /// series `labels`.
+    pub(crate) fn queue_events(&self, labels: &Labels, kind: EventKind, n: u64) {
         let mut with = labels.clone();
         with.push(("event".to_owned(), kind.as_str().to_owned()));
-        q.events.get_or_create(&with).inc();
-        match (kind, seconds) {
-            (EventKind::Claimed, Some(seconds)) => {
-                q.claim_wait_seconds.get_or_create(labels).observe(seconds)
-            }
-            (EventKind::Acked, Some(seconds)) => q.processing_seconds.get_or_create(labels).observe(seconds),
+        self.queue.events.get_or_create(&with).inc_by(n);
+    }
+
+    /// Records how long a claimed item waited (`Claimed`), or how long an acked one was held
+    /// (`Acked`), in the queue series `labels`.
+    pub(crate) fn queue_event_seconds(&self, labels: &Labels, kind: EventKind, seconds: f64) {
+        let q = &self.queue;
+        match kind {
+            EventKind::Claimed => q.claim_wait_seconds.get_or_create(labels).observe(seconds),
+            EventKind::Acked => q.processing_seconds.get_or_create(labels).observe(seconds),
             _ => {}
         }
     }

@@ -279,4 +279,12 @@ impl Node {
         self.shutdown_tx.send_replace(true);
         self.consensus.shutdown().await;
     }
+
+    /// Stops cleanly (on SIGTERM or SIGINT): as [`Node::shutdown`], with a snapshot first when
+    /// a restart would otherwise re-apply much of the log ([`Consensus::snapshot_before_stop`]).
+    pub async fn stop(&self) {
+        self.shutdown_tx.send_replace(true);
+        self.consensus.snapshot_before_stop().await;
+        self.consensus.shutdown().await;
+    }
 }

@@ -498,40 +498,63 @@ impl Observer {
     }
 
     /// Takes in the queues that the log entry just applied to `state` changed (its effects):
-    /// their gauges move to the queues' counts, and queue events count. O(queues changed).
+    /// their gauges move to the queues' counts, and queue events count. O(queues changed) gauge
+    /// updates: `state` is the same for every effect, so a run of events of one queue (a push
+    /// of 1000 items, or a log replayed at start) updates its gauges once and counts its events
+    /// of one kind with one increment.
     pub(crate) fn on_queues(&self, state: &State, effects: &[Effect]) {
         let mut tracker = self.tracker();
+        // The queue whose gauges were last brought to `state` (still tracked since), and the
+        // events counted but not yet added: their queue, kind and number.
+        let mut tracked_last: Option<&Name> = None;
+        let mut uncounted: Option<(&Name, EventKind, u64)> = None;
         for effect in effects {
             match effect {
                 Effect::ObjectChanged { key } if key.kind == Kind::Queue => {
                     self.track_queue(&mut tracker, state, &key.name);
+                    tracked_last = Some(&key.name);
                 }
                 Effect::ObjectRemoved { key } if key.kind == Kind::Queue => {
+                    self.count_queue_events(&tracker, uncounted.take());
                     self.untrack_queue(&mut tracker, &key.name);
+                    tracked_last = None;
                 }
                 Effect::Event(event) => {
                     let Some(key) = event.key.as_ref().filter(|key| key.kind == Kind::Queue) else {
                         continue;
                     };
-                    self.track_queue(&mut tracker, state, &key.name);
+                    if tracked_last != Some(&key.name) {
+                        self.track_queue(&mut tracker, state, &key.name);
+                        tracked_last = Some(&key.name);
+                    }
                     let Some(tracked) = tracker.queues.get(&key.name) else { continue };
                     let seconds = match event.kind {
                         EventKind::Claimed => event.waited_ms,
                         EventKind::Acked => event.held_ms,
                         _ => None,
                     };
-                    self.metrics.queue_event(
-                        &tracked.labels,
-                        event.kind,
-                        seconds.map(|ms| ms as f64 / 1000.0),
-                    );
+                    if let Some(ms) = seconds {
+                        self.metrics.queue_event_seconds(&tracked.labels, event.kind, ms as f64 / 1000.0);
+                    }
+                    match &mut uncounted {
+                        Some((name, kind, n)) if *name == &key.name && *kind == event.kind => *n += 1,
+                        _ => self.count_queue_events(&tracker, uncounted.replace((&key.name, event.kind, 1))),
+                    }
                 }
                 _ => {}
             }
         }
+        self.count_queue_events(&tracker, uncounted);
     }
 
-    /// Moves the gauges of queue `name` to its counts in `state` (tracking it if new).
+    /// Adds `n` events of `kind` to the queue's counter, if it is tracked.
+    fn count_queue_events(&self, tracker: &Tracker, uncounted: Option<(&Name, EventKind, u64)>) {
+        let Some((name, kind, n)) = uncounted else { return };
+        if let Some(tracked) = tracker.queues.get(name) {
+            self.metrics.queue_events(&tracked.labels, kind, n);
+        }
+    }
+
     fn track_queue(&self, tracker: &mut Tracker, state: &State, name: &Name) {
         let Some(queue) = state.queue(name) else { return };
         if !tracker.queues.contains_key(name) {

@@ -15,9 +15,14 @@ use permit_server::raft::TypeConfig;
 use tokio::sync::Notify;
 
 fn state_machine(dir: &std::path::Path) -> StateMachine {
+    state_machine_of(dir, Arc::default())
+}
+
+/// A state machine applying to `replica`.
+fn state_machine_of(dir: &std::path::Path, replica: Arc<Replica>) -> StateMachine {
     let snapshots = SnapshotStore::open(&dir.join("snapshots")).expect("snapshot dir");
     StateMachine::new(
-        Arc::new(Replica::default()),
+        replica,
         Notifier::new(),
         Arc::new(permit_server::observe::Observer::new(Arc::default(), 1000)),
         snapshots,
@@ -369,4 +374,56 @@ async fn a_snapshot_save_returns_with_its_pages_written() {
     snapshots.save(&meta, &state).expect("save snapshot");
     let file = dir.path().join("snapshots").join("snapshot.bin");
     assert_eq!(unsynced_pages(&file), 0, "a snapshot save returned with pages not yet written");
+}
+
+/// The payload of a pushed item that the log holds in memory, after an append and after a
+/// reopen (decoded from the segment), is the allocation the applied item holds: a pending item's
+/// payload is in memory once, not once in the log and once in the state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_applied_item_shares_its_payload_with_the_log_entry() {
+    use openraft::storage::RaftStateMachine;
+    use permit_core::{Batch, Command, Name, NewItem, FEATURE_VERSION};
+
+    let payloads = |entries: &[Entry<TypeConfig>]| -> Vec<permit_core::Payload> {
+        entries
+            .iter()
+            .flat_map(|entry| match &entry.payload {
+                EntryPayload::Normal(batch) => batch.commands.clone(),
+                _ => Vec::new(),
+            })
+            .flat_map(|command| match command {
+                Command::Push { items, .. } => items.into_iter().map(|item| item.payload).collect(),
+                _ => Vec::new(),
+            })
+            .collect()
+    };
+    let (dir, path, mut log) = fresh_segment_log();
+    let queue = Name::new("jobs").expect("name");
+    let push = |n: u64| Command::Push {
+        queue: queue.clone(),
+        items: vec![NewItem { payload: format!("{{\"n\":{n}}}").into(), delay_ms: 0, key: None }],
+        creator: None,
+    };
+    let first =
+        Batch { now_ms: 1, commands: vec![Command::SetClusterVersion { version: FEATURE_VERSION }, push(1)] };
+    append(&mut log, vec![Entry { log_id: log_id(1, 1, 1), payload: EntryPayload::Normal(first) }]).await;
+    drop(log);
+    let mut log = SegmentLog::open(&path).expect("reopen");
+    let second = Batch { now_ms: 2, commands: vec![push(2)] };
+    append(&mut log, vec![Entry { log_id: log_id(1, 1, 2), payload: EntryPayload::Normal(second) }]).await;
+
+    let replica = Arc::new(Replica::default());
+    let mut machine = state_machine_of(dir.path(), replica.clone());
+    // As openraft applies: what the log reader returns.
+    machine.apply(log.try_get_log_entries(1..=2).await.expect("read")).await.expect("apply");
+    let kept = payloads(&log.try_get_log_entries(1..=2).await.expect("read"));
+    assert_eq!(kept.len(), 2);
+    let read = replica.read();
+    let items: Vec<_> =
+        read.state.queue(&queue).expect("queue").items().map(|(_, item)| item.payload.clone()).collect();
+    assert_eq!(items.len(), 2);
+    for (item, entry) in items.iter().zip(&kept) {
+        assert_eq!(item, entry);
+        assert!(item.shares(entry), "the state holds a copy of {entry}");
+    }
 }

@@ -99,7 +99,7 @@ impl Gateway {
             Outcome::Claimed { items } if items.len() <= 1 => {
                 Answer::Claimed(items.first().map(|item| SeenItem {
                     id: item.id,
-                    payload: item.payload.clone(),
+                    payload: item.payload.to_string(),
                     token: item.token,
                 }))
             }
@@ -170,7 +170,7 @@ impl Gateway {
 
     /// Pushes one item.
     pub async fn push(&self, rng: &mut impl Rng, queue: &Name, payload: String) -> Option<Outcome> {
-        let item = NewItem { payload: payload.clone(), delay_ms: 0, key: None };
+        let item = NewItem { payload: payload.clone().into(), delay_ms: 0, key: None };
         let command = Command::Push { queue: queue.clone(), items: vec![item], creator: None };
         self.propose(rng, Operation::Push { queue: queue.clone(), payload }, command).await
     }

@@ -100,7 +100,7 @@ pub async fn consume(gateway: Gateway, mut rng: StdRng, lease: LeaseSlot, mut st
                 lose(&lease, current);
             }
             roll => {
-                let seen = SeenItem { id: item.id, payload: item.payload, token: item.token };
+                let seen = SeenItem { id: item.id, payload: item.payload.into(), token: item.token };
                 for _ in 0..TRIES {
                     if gateway.settle(&mut rng, current.id, &queue, &seen, roll >= 18).await.is_some() {
                         break;
@@ -142,7 +142,7 @@ pub async fn drain_and_read(driver: &Gateway, rng: &mut impl Rng) {
             }
             Some(Outcome::Claimed { items }) => {
                 for item in items {
-                    let seen = SeenItem { id: item.id, payload: item.payload, token: item.token };
+                    let seen = SeenItem { id: item.id, payload: item.payload.into(), token: item.token };
                     driver.settle(rng, session, &queue, &seen, true).await;
                 }
             }
@@ -178,7 +178,7 @@ async fn read_queue(driver: &Gateway, rng: &mut impl Rng, queue: &Name) {
                     .items()
                     .map(|(id, item)| QueuedItem {
                         id,
-                        payload: item.payload.clone(),
+                        payload: item.payload.to_string(),
                         state: match (&item.state, dead) {
                             (_, true) => "dead",
                             (ItemState::Pending, _) => "pending",

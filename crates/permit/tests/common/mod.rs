@@ -146,6 +146,13 @@ impl Server {
         None
     }
 
+    /// Stops the process cleanly (SIGTERM) and waits up to `timeout` for it to exit, keeping
+    /// the data dir; its exit status, or None ([`Server::restart`] starts it again).
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        self.signal(libc::SIGTERM);
+        self.wait_for_exit(timeout)
+    }
+
     /// Pauses the process (SIGSTOP): it keeps its sockets but answers nothing.
     pub fn pause(&mut self) {
         self.signal(libc::SIGSTOP);

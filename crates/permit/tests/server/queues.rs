@@ -224,6 +224,55 @@ async fn claims_and_items_survive_a_kill_9_with_their_tokens() {
     assert_eq!((duplicate.status, duplicate.body["items"][0]["duplicate"].as_bool()), (200, Some(true)));
 }
 
+/// A clean stop after a few pushes of many items each (a log far shorter than
+/// `--snapshot-logs` entries, so no snapshot by the policy) snapshots them: the restart loads
+/// every item from it, with acked ones gone and claims still their sessions'.
+#[tokio::test]
+async fn a_clean_stop_snapshots_many_pushed_items_and_the_restart_serves_them() {
+    let temp = tempfile::tempdir().expect("temp dir");
+    let args = ["--snapshot-logs", "50"];
+    let mut server = Server::start_in(&temp.path().join("data"), "127.0.0.1:0", &args);
+    let api = Api::new(&server);
+    let session = api.session(30_000).await;
+    for batch in 0..3 {
+        let items: Vec<Value> = (0..40).map(|i| json!({ "payload": { "n": batch * 40 + i } })).collect();
+        assert_eq!(push(&api, "jobs", json!({ "items": items })).await.status, 201);
+    }
+    let got = claim(&api, "jobs", &session, 3, 0).await;
+    assert_eq!(settle(&api, "jobs", "ack", &got[0], &session, json!({})).await.status, 200);
+    let before = queue(&api, "jobs").await;
+    assert_eq!((before["pending"].as_u64(), before["claimed"].as_u64()), (Some(117), Some(2)), "{before}");
+    let snapshot = server.data_dir.join("snapshots").join("snapshot.bin");
+    assert!(!snapshot.exists(), "the policy took a snapshot of a log this short");
+
+    let status = server.terminate(Duration::from_secs(30)).expect("the node exits after SIGTERM");
+    assert!(status.success(), "{status}");
+    assert!(snapshot.exists(), "a clean stop after 120 pushed items took no snapshot");
+    server.restart();
+    let api = Api::new(&server);
+    let after = queue(&api, "jobs").await;
+    for field in ["pending", "claimed", "delayed"] {
+        assert_eq!(after[field], before[field], "{field}: {before} then {after}");
+    }
+    // The log up to the snapshot was purged too: the restart holds none of its entries.
+    let sample = async |series: &str| crate::observability::sample(&api, series).await.unwrap_or(0.0);
+    let (snapshot_index, purged) =
+        (sample("permit_raft_snapshot_index").await, sample("permit_raft_purged_index").await);
+    assert!(snapshot_index > 0.0 && purged == snapshot_index, "snapshot {snapshot_index}, purged {purged}");
+    let page = api.get("/v1/queues/jobs/items?state=pending&limit=1000").await;
+    let served: Vec<u64> =
+        page.body["items"].as_array().unwrap().iter().map(|i| i["payload"]["n"].as_u64().unwrap()).collect();
+    assert_eq!(served, (3..120).collect::<Vec<u64>>(), "every pending item, in seq order");
+    let acked = got[0]["id"].as_str().unwrap();
+    let gone = api.send("DELETE", &format!("/v1/queues/jobs/items/{acked}"), None).await;
+    assert_eq!(gone.status, 404, "the acked item came back: {gone:?}");
+    // The other two claims are the session's still, with their tokens.
+    for item in &got[1..] {
+        assert_eq!(settle(&api, "jobs", "ack", item, &session, json!({})).await.status, 200, "{item}");
+    }
+    assert_eq!(queue(&api, "jobs").await["claimed"], 0);
+}
+
 #[tokio::test]
 async fn bad_input_is_refused_with_a_typed_error_and_changes_nothing() {
     let server = Server::start();
@@ -349,6 +398,8 @@ async fn metrics_and_the_event_stream_follow_every_item() {
         assert_eq!(sample(&api, &series).await, Some(count), "{series}");
     }
     assert_eq!(sample(&api, "permit_queue_processing_seconds_count{queue=\"m\"}").await, Some(1.0));
+    // One claim took two items: each item's wait is a sample.
+    assert_eq!(sample(&api, "permit_queue_claim_wait_seconds_count{queue=\"m\"}").await, Some(2.0));
     assert_eq!(sample(&api, "permit_queues").await, Some(2.0));
 
     let frames = events.until("dead", Duration::from_secs(5)).await;

@@ -12,8 +12,8 @@ use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use permit_core::{
     validate_claim, validate_nack, validate_push, validate_queue_settings, Access, ClaimedItem, Command,
-    Item, ItemState as CoreItemState, Key, Limit, Name, NewItem, Outcome, Queue, QueueSettings, Refusal,
-    Resource, SessionId, Settled, State as CoreState,
+    Item, ItemState as CoreItemState, Key, Limit, Name, NewItem, Outcome, Payload, Queue, QueueSettings,
+    Refusal, Resource, SessionId, Settled, State as CoreState,
 };
 use permit_wire::{
     AckRequest, CancelClaimRequest, ClaimRequest, ClaimResponse, ErrorBody, ErrorCode, ItemList, ItemState,
@@ -217,7 +217,11 @@ pub(crate) async fn push(
 }
 
 fn new_item(item: permit_wire::PushItem) -> NewItem {
-    NewItem { payload: item.payload.get().to_owned(), delay_ms: item.delay_ms.unwrap_or(0), key: item.key }
+    NewItem {
+        payload: item.payload.get().to_owned().into(),
+        delay_ms: item.delay_ms.unwrap_or(0),
+        key: item.key,
+    }
 }
 
 /// Claim up to `max` due items, in `seq` order, for a session: each claim lasts until it is
@@ -293,15 +297,15 @@ fn claimed_item(item: ClaimedItem) -> permit_wire::ClaimedItem {
     permit_wire::ClaimedItem {
         id: item.id.to_string(),
         seq: item.seq,
-        payload: raw(item.payload),
+        payload: raw(&item.payload),
         attempt: item.attempt,
         token: item.token,
     }
 }
 
 /// A payload as the state machine keeps it: JSON text the server checked when it was pushed.
-fn raw(payload: String) -> Box<RawValue> {
-    RawValue::from_string(payload)
+fn raw(payload: &Payload) -> Box<RawValue> {
+    RawValue::from_string(payload.as_str().to_owned())
         .unwrap_or_else(|_| RawValue::from_string("null".into()).expect("valid JSON"))
 }
 
@@ -524,6 +528,6 @@ fn item_view(_state: &CoreState, id: u64, item: &Item, now_ms: u64) -> ItemView 
         due_at_ms,
         key: item.key.clone(),
         last_error: item.last_error.clone(),
-        payload: raw(item.payload.clone()),
+        payload: raw(&item.payload),
     }
 }

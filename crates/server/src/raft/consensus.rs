@@ -79,6 +79,9 @@ pub struct Consensus {
     peer_rpc: PeerRpc,
     sync: Arc<LogSync>,
     versions: Arc<super::version::Versions>,
+    /// `--snapshot-logs`: a clean stop snapshots when a restart would re-apply more than this
+    /// ([`ReplicaState::since_snapshot`](super::replica::ReplicaState)).
+    snapshot_logs: u64,
 }
 
 impl Consensus {
@@ -189,6 +192,7 @@ impl Consensus {
             read_waits: metrics.read_barrier_waits.clone(),
             sync,
             versions: Arc::default(),
+            snapshot_logs: config.snapshot_logs,
         };
         Ok((consensus, Parts { clock, expiry_wake }))
     }
@@ -435,7 +439,68 @@ impl Consensus {
         // or hung under it) gives up, and drops its log reader (and the log's directory lock).
         self.sync.close();
     }
+
+    /// A restart re-applies the log after the latest snapshot, an apply and an event per
+    /// command and per pushed item. The snapshot policy counts entries, and a log of few
+    /// entries can carry many items (a push holds up to 1000): when what a restart would
+    /// re-apply exceeds `--snapshot-logs`, a clean stop takes a snapshot of everything applied
+    /// and purges the log up to it, waiting at most [`STOP_SNAPSHOT_WAIT`] for both, so that
+    /// the restart loads it instead. Entries committed meanwhile stay in the log and are
+    /// re-applied as usual; a snapshot that fails or does not finish in time leaves the previous
+    /// one, and the log, as they were.
+    pub(crate) async fn snapshot_before_stop(&self) {
+        let (since, applied) = {
+            let replica = self.replica.read();
+            (replica.since_snapshot, replica.last_applied)
+        };
+        let Some(applied) = applied.filter(|_| since > self.snapshot_logs) else { return };
+        let started = tokio::time::Instant::now();
+        let deadline = started + STOP_SNAPSHOT_WAIT;
+        let mut taken = false;
+        // A trigger while a snapshot is being built is dropped, and that one may end below
+        // `applied`: trigger again until one covers it.
+        while !taken && tokio::time::Instant::now() < deadline {
+            if self.raft.trigger().snapshot().await.is_err() {
+                break;
+            }
+            let wait = STOP_SNAPSHOT_RETRIGGER.min(deadline - tokio::time::Instant::now());
+            taken = self
+                .raft
+                .wait(Some(wait))
+                .metrics(
+                    |m| m.snapshot.is_some_and(|s| s.index >= applied.index),
+                    "a snapshot before stopping",
+                )
+                .await
+                .is_ok();
+        }
+        // The log up to the snapshot goes too, not just to the margin kept for lagging
+        // followers: the restart would otherwise hold its entries in memory beside the state
+        // decoded from the snapshot (the payloads of their items twice, none shared). A
+        // follower behind it later catches up from a snapshot.
+        let purged = taken
+            && self.raft.trigger().purge_log(applied.index).await.is_ok()
+            && self
+                .raft
+                .wait(Some(deadline.saturating_duration_since(tokio::time::Instant::now())))
+                .metrics(|m| m.purged.is_some_and(|p| p.index >= applied.index), "a purge before stopping")
+                .await
+                .is_ok();
+        tracing::info!(
+            index = applied.index,
+            since_snapshot = since,
+            taken,
+            purged,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "snapshot before stopping"
+        );
+    }
 }
+
+/// Longest a clean stop waits for its snapshot ([`Consensus::snapshot_before_stop`]).
+const STOP_SNAPSHOT_WAIT: Duration = Duration::from_secs(5);
+/// How often a clean stop triggers its snapshot again while it waits.
+const STOP_SNAPSHOT_RETRIGGER: Duration = Duration::from_millis(500);
 
 /// openraft's configuration from Permit's.
 fn raft_config(config: &Config) -> anyhow::Result<openraft::Config> {

@@ -25,6 +25,9 @@ pub struct ReplicaState {
     pub(crate) last_applied: Option<LogId>,
     /// The last applied membership.
     pub(crate) membership: StoredMembership<NodeId, BasicNode>,
+    /// What a restart would re-apply on top of the latest snapshot: the commands applied since
+    /// it, a push counting one per item (a clean stop snapshots when it is large: `Consensus::snapshot_before_stop`).
+    pub(crate) since_snapshot: u64,
 }
 
 impl ReplicaState {

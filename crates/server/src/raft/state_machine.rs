@@ -100,6 +100,7 @@ impl StateMachine {
             replica.state = state;
             replica.last_applied = meta.last_log_id;
             replica.membership = meta.last_membership.clone();
+            replica.since_snapshot = 0;
         }
         self.notifier.wake_all();
         self.expiry_wake.notify_one();
@@ -112,7 +113,8 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     /// this in a task of its own, so nothing waits for it but the log purge that follows.
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let (meta, view) = {
-            let replica = self.replica.write();
+            let mut replica = self.replica.write();
+            replica.since_snapshot = 0;
             (snapshot_meta(&replica), replica.state.snapshot_view())
         };
         let snapshots = self.snapshots.clone();
@@ -129,6 +131,16 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         .map_err(|e| snapshot_error(ErrorVerb::Write, e))?;
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
     }
+}
+
+/// The applies that re-applying `batch` costs: one per command, and one per item of a push (a
+/// push of 1000 items is one command but a thousand inserts and events).
+fn replay_weight(batch: &permit_core::Batch) -> u64 {
+    let weight = |command: &permit_core::Command| match command {
+        permit_core::Command::Push { items, .. } => items.len().max(1) as u64,
+        _ => 1,
+    };
+    batch.commands.iter().map(weight).sum()
 }
 
 /// The tokens that `batch` deleted (its outcomes answer its commands one for one): their
@@ -220,6 +232,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 replica.last_applied = Some(entry.log_id);
                 match entry.payload {
                     EntryPayload::Normal(batch) => {
+                        replica.since_snapshot += replay_weight(&batch);
                         let term = entry.log_id.leader_id.term;
                         let first = effects.len();
                         let outcomes = replica.state.apply(index, term, &batch, &mut effects);
