@@ -20,9 +20,9 @@ use crate::gateway::Gateway;
 pub const RATED: &str = "api";
 /// Its capacity (acquires hold it; takes hold nothing).
 pub const RATED_CAPACITY: u64 = 2;
-/// Its rate: a burst of 3, then 3 per 2.5 s (an interval that is not a whole number of ms), so
-/// that the taker below (about 1.7 takes a second) and the holder run into it often.
-pub const RATE: Rate = Rate { permits: 3, per_ms: 2500, burst: 3 };
+/// Its rate: a burst of 2, then 3 per 7 s (an interval that is not a whole number of ms), so
+/// that the taker below (about 0.8 takes a second) and the holder run into it often.
+pub const RATE: Rate = Rate { permits: 3, per_ms: 7000, burst: 2 };
 /// The lock-delayed semaphore, of capacity 1.
 pub const DELAYED: &str = "lease";
 /// Its lock-delay, in leader ms.
@@ -33,11 +33,11 @@ pub const TAKERS: u32 = 1;
 /// Holders.
 pub const HOLDERS: u32 = 1;
 /// Pause between one taker's takes, in ms.
-const TAKE_PAUSE_MS: (u64, u64) = (250, 950);
+const TAKE_PAUSE_MS: (u64, u64) = (500, 2000);
 /// The `wait_ms` of a take: mostly none (refused at once with no room).
 const TAKE_WAITS_MS: [u64; 5] = [0, 0, 0, 300, 1500];
 /// Pause between one holder's rounds, in ms.
-const HOLD_PAUSE_MS: (u64, u64) = (400, 1400);
+const HOLD_PAUSE_MS: (u64, u64) = (1000, 3000);
 /// TTLs of the holders' sessions, which are never kept alive: one let expire holding ends by
 /// expiry within this.
 const HOLDER_TTLS_MS: [u64; 2] = [700, 1500];
@@ -74,7 +74,7 @@ pub async fn create(driver: &Gateway, rng: &mut StdRng) -> bool {
     true
 }
 
-/// Takes one permit of [`RATED`] every 0.25-0.95 s until `stop`, some takes waiting in the queue.
+/// Takes one permit of [`RATED`] every 0.5-2 s until `stop`, some takes waiting in the queue.
 /// An unanswered take is not resent (a resend is another take).
 pub async fn take(gateway: Gateway, mut rng: StdRng, mut stop: watch::Receiver<bool>) {
     let (rated, _) = names();
@@ -89,8 +89,8 @@ pub async fn take(gateway: Gateway, mut rng: StdRng, mut stop: watch::Receiver<b
 }
 
 /// Until `stop`: opens a session that is never kept alive, tries to acquire one permit of
-/// [`RATED`] or [`DELAYED`], and ends a hold by a release, an admin's revoke, or by letting the
-/// session expire holding it.
+/// [`DELAYED`] (two times in three) or [`RATED`], and ends a hold by a release, an admin's
+/// revoke, or by letting the session expire holding it (a third each).
 pub async fn hold(gateway: Gateway, mut rng: StdRng, mut stop: watch::Receiver<bool>) {
     let (rated, delayed) = names();
     loop {
@@ -103,7 +103,7 @@ pub async fn hold(gateway: Gateway, mut rng: StdRng, mut stop: watch::Receiver<b
         if gateway.create_session(&mut rng, session, ttl_ms).await != Some(Outcome::SessionCreated) {
             continue;
         }
-        let key = Key::semaphore(if rng.random_bool(0.5) { rated.clone() } else { delayed.clone() });
+        let key = Key::semaphore(if rng.random_bool(1.0 / 3.0) { rated.clone() } else { delayed.clone() });
         let Some(Outcome::Acquired { token, .. }) =
             gateway.acquire(&mut rng, session, &key, 1, false, None).await
         else {
@@ -114,12 +114,12 @@ pub async fn hold(gateway: Gateway, mut rng: StdRng, mut stop: watch::Receiver<b
         if sleep_or_stop(Duration::from_millis(rng.random_range(0..=300)), &mut stop).await {
             return;
         }
-        match rng.random_range(0..4) {
-            0 | 1 => {
+        match rng.random_range(0..3) {
+            0 => {
                 gateway.release(&mut rng, session, &key).await;
                 gateway.close(&mut rng, session).await;
             }
-            2 => {
+            1 => {
                 gateway.revoke(&mut rng, session, &key, token).await;
                 gateway.close(&mut rng, session).await;
             }
