@@ -93,8 +93,16 @@ pub async fn take(gateway: Gateway, mut rng: StdRng, mut stop: watch::Receiver<b
 /// revoke, or by letting the session expire holding it (a third each).
 pub async fn hold(gateway: Gateway, mut rng: StdRng, mut stop: watch::Receiver<bool>) {
     let (rated, delayed) = names();
+    // After it revoked a hold of the lock-delayed semaphore, the holder tries that semaphore
+    // again at a random time within twice the delay: about half the tries fall inside the delay
+    // (refused), and a grant answered early is what the real-time check looks for.
+    let mut revoked_delayed = false;
     loop {
-        let pause = Duration::from_millis(rng.random_range(HOLD_PAUSE_MS.0..=HOLD_PAUSE_MS.1));
+        let pause = match revoked_delayed {
+            true => rng.random_range(0..=2 * LOCK_DELAY_MS),
+            false => rng.random_range(HOLD_PAUSE_MS.0..=HOLD_PAUSE_MS.1),
+        };
+        let pause = Duration::from_millis(pause);
         if sleep_or_stop(pause, &mut stop).await {
             return;
         }
@@ -103,7 +111,9 @@ pub async fn hold(gateway: Gateway, mut rng: StdRng, mut stop: watch::Receiver<b
         if gateway.create_session(&mut rng, session, ttl_ms).await != Some(Outcome::SessionCreated) {
             continue;
         }
-        let key = Key::semaphore(if rng.random_bool(1.0 / 3.0) { rated.clone() } else { delayed.clone() });
+        let rated_now = !revoked_delayed && rng.random_bool(1.0 / 3.0);
+        let key = Key::semaphore(if rated_now { rated.clone() } else { delayed.clone() });
+        revoked_delayed = false;
         let Some(Outcome::Acquired { token, .. }) =
             gateway.acquire(&mut rng, session, &key, 1, false, None).await
         else {
@@ -122,6 +132,7 @@ pub async fn hold(gateway: Gateway, mut rng: StdRng, mut stop: watch::Receiver<b
             1 => {
                 gateway.revoke(&mut rng, session, &key, token).await;
                 gateway.close(&mut rng, session).await;
+                revoked_delayed = !rated_now;
             }
             // Let the session expire holding it.
             _ => {}
