@@ -245,7 +245,14 @@ async fn revoke_rounds(
                 .json(&json!({ "session": holder }))
                 .send()
                 .await;
-            if revoke.is_ok_and(|answer| answer.status().is_success()) {
+            // Acknowledged, and it ended the hold (`released` 1): the waiter's grant comes after it.
+            let released = match revoke {
+                Ok(answer) if answer.status().is_success() => {
+                    answer.json::<Value>().await.ok().and_then(|body| body["released"].as_u64())
+                }
+                _ => None,
+            };
+            if released == Some(1) {
                 seen.lock().expect("seen lock").revokes.push(Revoked {
                     semaphore: format!("lease{lease}"),
                     sent_ns,
