@@ -23,6 +23,7 @@
 //! | I8 log hygiene | [`check_logs`] |
 //! | I9 no minority acks | [`check_minority_acks`] |
 //! | Q1-Q4 queues: no acknowledged push lost, acked once, one live claim, drained | [`check_queues`] |
+//! | P1 rate, P2 lock-delay, in real time | [`check_takes_within_rate`], [`check_lock_delay`] |
 //!
 //! The simulation (`permit-sim`) records a richer history of its own (reads of sessions,
 //! resizes, `max_hold_ms`, one clock of simulated points) and draws from it the intervals its
@@ -52,6 +53,7 @@ mod history;
 mod linearizability;
 mod logs;
 mod minority;
+mod policy;
 mod queue;
 mod recorder;
 mod report;
@@ -69,6 +71,7 @@ pub use history::{History, HistoryError, Holder, Op, OpId, OpKind, Outcome, UNAV
 pub use linearizability::{check_linearizability, SearchBudget};
 pub use logs::{check_logs, PANIC_MARKERS};
 pub use minority::{check_minority_acks, Isolation};
+pub use policy::{check_lock_delay, check_takes_within_rate, Granted, RateLimit, Revoked};
 pub use queue::{check_queues, FinalItem, QueueFinal};
 pub use recorder::{OpHandle, Recorder};
 pub use report::{Invariant, Report, Violation};

@@ -39,6 +39,10 @@ pub enum Invariant {
     OneLiveClaim,
     /// Q4: once faults stop and consumers drain, every item is acked or dead-lettered.
     Drained,
+    /// P1: takes answered within the burst plus the rate over the real time since it was set.
+    Rate,
+    /// P2: a revoked hold's permit is granted no earlier than the revoke plus the lock-delay.
+    LockDelay,
 }
 
 impl Invariant {
@@ -59,6 +63,8 @@ impl Invariant {
             Invariant::AckedOnce => "Q2 acked once",
             Invariant::OneLiveClaim => "Q3 one live claim",
             Invariant::Drained => "Q4 drained",
+            Invariant::Rate => "P1 rate",
+            Invariant::LockDelay => "P2 lock-delay",
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod cluster;
+pub mod policy;
 pub mod proxy;
 pub mod resource;
 pub mod scenario;

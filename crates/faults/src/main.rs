@@ -5,6 +5,8 @@
 //! cargo build --release -p permit -p permit-faults
 //! target/release/permit-faults --scenarios F1,F3,F5 --seeds 10 --time-per 25s
 //! ```
+//! `PF` (not in the default set) runs the semaphore policy scenario ([`permit_faults::policy`]),
+//! with its wall-clock jumps when libfaketime is installed.
 //! Self-test bugs need a test build of the server (`permit-server/bug-injection`); the CI tests in
 //! `crates/permit/tests/faults` run those.
 
@@ -50,6 +52,26 @@ fn main() -> anyhow::Result<()> {
     let mut failed = 0;
     println!("| scenario | seed | ops checked | checks | fault evidence |\n|---|---|---|---|---|");
     for name in &names {
+        if name == "PF" {
+            let clock_jump = permit_faults::cluster::faketime_library().is_some();
+            for seed in 1..=args.seeds {
+                let outcome =
+                    runtime.block_on(permit_faults::policy::run(&bin, &args.out, seed, clock_jump))?;
+                let verdict = match outcome.report.is_ok() {
+                    true => "all pass".to_owned(),
+                    false => format!("FAILED: {}", outcome.report),
+                };
+                let (taken, refused, lost) = outcome.takes;
+                println!(
+                    "| PF | {seed} | {taken} takes 200, {refused} 429, {lost} failed; {} lock-delayed grants | {verdict} \
+                     | {} |",
+                    outcome.delayed_grants,
+                    outcome.notes.join("; ")
+                );
+                failed += usize::from(!outcome.report.is_ok());
+            }
+            continue;
+        }
         let (mut scenario, must_fail): (Scenario, bool) =
             Scenario::standard(name).ok_or_else(|| anyhow::anyhow!("unknown scenario {name}"))?;
         scenario.fault_for = scenario.fault_for.max(args.time_per);

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use permit_core::{Acquire, Command, Key, Name, NewItem, Outcome, QueueSettings, Refusal, SessionId, State};
+use permit_core::{
+    Acquire, Command, Key, Name, NewItem, Outcome, PolicyChange, QueueSettings, Refusal, SessionId, State,
+};
 use permit_server::Node;
 use rand::Rng;
 use tokio::time::Instant;
@@ -92,7 +94,8 @@ impl Gateway {
             Outcome::SessionClosed => Answer::Closed,
             Outcome::SemaphoreCreated | Outcome::SemaphoreUpdated => Answer::CapacitySet,
             Outcome::Acquired { permits, token } => Answer::Acquired { permits: *permits, token: *token },
-            Outcome::Waiting { .. } => Answer::Waiting,
+            Outcome::Waiting { .. } | Outcome::TakeWaiting => Answer::Waiting,
+            Outcome::Taken { token } => Answer::Taken { token: *token },
             Outcome::Released { permits } => Answer::Released { permits: *permits },
             Outcome::Refused(refusal) => Answer::Refused(refusal.to_string()),
             Outcome::Pushed { items } if items.len() == 1 => Answer::Pushed { item: items[0].id },
@@ -116,6 +119,41 @@ impl Gateway {
     pub async fn put_semaphore(&self, rng: &mut impl Rng, name: &Name, capacity: u64) -> Option<Outcome> {
         let operation = Operation::PutSemaphore { key: Key::semaphore(name.clone()), capacity };
         self.propose(rng, operation, Command::PutSemaphore { name: name.clone(), capacity }).await
+    }
+
+    /// Creates or resizes a semaphore and changes its policy; recorded as the capacity it sets
+    /// (the capacity checker's bound).
+    pub async fn put_semaphore_policy(
+        &self,
+        rng: &mut impl Rng,
+        name: &Name,
+        capacity: u64,
+        policy: PolicyChange,
+    ) -> Option<Outcome> {
+        let operation = Operation::PutSemaphore { key: Key::semaphore(name.clone()), capacity };
+        let command = Command::PutSemaphorePolicy { name: name.clone(), capacity, policy, creator: None };
+        self.propose(rng, operation, command).await
+    }
+
+    /// Takes rate permits, waiting in the queue up to `wait_ms` (as `POST .../take`, without its
+    /// long-poll: a take that queues is answered [`Answer::Waiting`] and served in the log).
+    pub async fn take(&self, rng: &mut impl Rng, name: &Name, permits: u64, wait_ms: u64) -> Option<Outcome> {
+        let operation = Operation::Take { key: Key::semaphore(name.clone()), permits, wait_ms };
+        // The take's place in the queue, drawn as a session id is (the server draws it at random).
+        let taker = self.new_session_id(rng);
+        self.propose(rng, operation, Command::Take { name: name.clone(), taker, permits, wait_ms }).await
+    }
+
+    /// Revokes `session`'s hold of `key` (which the caller saw granted with `token`), as an admin.
+    pub async fn revoke(
+        &self,
+        rng: &mut impl Rng,
+        session: SessionId,
+        key: &Key,
+        token: u64,
+    ) -> Option<Outcome> {
+        let operation = Operation::Revoke { session, key: key.clone(), token };
+        self.propose(rng, operation, Command::Revoke { key: key.clone(), session }).await
     }
 
     /// A new session id, drawn as the HTTP API does: by a node that believes it leads (from its

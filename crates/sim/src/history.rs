@@ -90,6 +90,11 @@ pub enum Answer {
     Claimed(Option<SeenItem>),
     /// The item's ack or nack took effect.
     Settled,
+    /// The take was served with this token.
+    Taken {
+        /// Its fencing token.
+        token: u64,
+    },
 }
 
 /// An item a claim took, as its client was told.
@@ -155,6 +160,25 @@ pub enum Operation {
         session: SessionId,
         /// The semaphore.
         key: Key,
+    },
+    /// An admin's revoke of a session's hold (`Command::Revoke`): that hold's client relies on it
+    /// no more from here on.
+    Revoke {
+        /// The session whose hold ends.
+        session: SessionId,
+        /// The semaphore.
+        key: Key,
+        /// The token of the hold it means to end.
+        token: u64,
+    },
+    /// Take rate permits without a session (`Command::Take`).
+    Take {
+        /// The semaphore.
+        key: Key,
+        /// Permits asked for.
+        permits: u64,
+        /// How long it may wait in the queue, in leader ms.
+        wait_ms: u64,
     },
     /// Close a session: the client relies on nothing of it from here on.
     CloseSession {
@@ -291,11 +315,12 @@ impl Operation {
     /// The session the operation concerns, if any.
     pub fn session(&self) -> Option<SessionId> {
         match self {
-            Operation::PutSemaphore { .. } | Operation::Push { .. } => None,
+            Operation::PutSemaphore { .. } | Operation::Push { .. } | Operation::Take { .. } => None,
             Operation::CreateSession { session, .. }
             | Operation::Keepalive { session }
             | Operation::Acquire { session, .. }
             | Operation::Release { session, .. }
+            | Operation::Revoke { session, .. }
             | Operation::CloseSession { session }
             | Operation::Claim { session, .. }
             | Operation::Settle { session, .. } => Some(*session),

@@ -8,14 +8,18 @@
 //! slow links, crashes with restarts on the same data dir, and storage faults on each node's
 //! simulated disk ([`disk`], which holds its Raft log): failed fsyncs (the node must
 //! fail-stop), fsyncs that hang, and torn log tails after a power cut. Random [`client`]s run sessions,
-//! acquires, releases and resizes, and [`queue`] producers and consumers push, claim, ack and
-//! nack, against whichever node believes it leads; every answer goes into a
+//! acquires, releases and resizes, [`queue`] producers and consumers push, claim, ack and
+//! nack, and [`policies`] takers and holders take a rated semaphore's permits and hold a
+//! lock-delayed one, against whichever node believes it leads; every answer goes into a
 //! [`history::History`].
 //!
 //! Invariants are checked as the run goes ([`observer`]: election safety, votes and applied
 //! indexes that never go back, `State::verify`, equal digests at equal indexes), after healing
 //! ([`liveness`]: convergence, catch-up, replicas agree, no permit lost forever), and over the
-//! history ([`checker`]: tokens, capacity, leases, acknowledged holds and the queue promises). [`early_expiry`]
+//! history ([`checker`]: tokens, capacity, leases, acknowledged holds, the queue promises and a
+//! lock-delay in real time), and over the committed log as the network carried it, re-applied
+//! ([`applied`]: the rate and the lock-delay on leader time, and every node's leader time at
+//! every index). [`early_expiry`]
 //! notes sessions that vanished from a leader before its deadline there (closes included), to
 //! explain a lease violation when one is found.
 //!
@@ -26,6 +30,7 @@
 
 #![deny(missing_docs)]
 
+pub mod applied;
 pub mod checker;
 pub mod client;
 pub mod cluster;
@@ -38,6 +43,7 @@ pub mod liveness;
 pub mod nemesis;
 pub mod observer;
 pub mod panics;
+pub mod policies;
 pub mod queue;
 pub mod recorder;
 mod report;

@@ -8,6 +8,9 @@
 //! - every replica passes `State::verify`;
 //! - every replica at an applied index has the same state digest as every other replica ever
 //!   seen at that index, restarted or not (state machine safety);
+//! - within one run of a node, its applied leader time (`State::now_ms`) never decreases; the
+//!   leader time each node showed at each index is kept ([`Observer::leader_ms_seen`]) for the
+//!   comparison with the committed log ([`crate::applied`]);
 //! - no node stops with a fatal error unless the simulation shut it down.
 //!
 //! It also notes leadership changes in the trace and collects [`EarlyExpiry`]s, which explain
@@ -38,6 +41,10 @@ struct ObserverState {
     votes: BTreeMap<NodeId, Vote<NodeId>>,
     /// The applied index of each node's current run, with the run's number.
     applied: BTreeMap<NodeId, (u64, u64)>,
+    /// The applied leader time of each node's current run, with the run's number.
+    leader_ms: BTreeMap<NodeId, (u64, u64)>,
+    /// Every (index, leader time) a node showed, with a node that showed it.
+    leader_ms_seen: BTreeMap<(u64, u64), NodeId>,
     /// The state digest at each applied index, and the node that first showed it.
     digests: BTreeMap<u64, (u64, NodeId)>,
     /// The largest applied index any node ever reached.
@@ -110,6 +117,16 @@ impl Observer {
     /// The largest applied index any node ever reached.
     pub fn applied_max(&self) -> u64 {
         self.lock().applied_max
+    }
+
+    /// Every (index, leader time) some node's replica showed, with a node that showed it.
+    pub fn leader_ms_seen(&self) -> BTreeMap<(u64, u64), NodeId> {
+        self.lock().leader_ms_seen.clone()
+    }
+
+    /// The state digest the nodes showed at `index`, if one was seen there.
+    pub fn digest_at(&self, index: u64) -> Option<u64> {
+        self.lock().digests.get(&index).map(|(digest, _)| *digest)
     }
 
     /// Sessions that vanished from a leader's state before their deadline there.
@@ -196,7 +213,7 @@ impl Observer {
     ) {
         let last_checked = self.lock().applied.get(&id).filter(|(r, _)| *r == run).map(|(_, index)| *index);
         let now = tokio::time::Instant::now();
-        let (index, digest, verified) = {
+        let (index, now_ms, digest, verified) = {
             let replica = replica.read();
             let deadlines = leads.then(|| early_expiry::deadlines(&replica, now));
             let early = self.lock().early_expiries.observe(id, run, deadlines, now);
@@ -210,7 +227,7 @@ impl Observer {
             if last_checked == Some(index) && index != 0 {
                 return;
             }
-            (index, replica.state.digest(), replica.state.verify())
+            (index, replica.state.now_ms(), replica.state.digest(), replica.state.verify())
         };
         let mut violations = Vec::new();
         if let Err(violation) = verified {
@@ -228,6 +245,16 @@ impl Observer {
                     *applied = (*applied).max(index);
                 }
             }
+            if let Some((current_run, leader_ms)) = state.leader_ms.get_mut(&id) {
+                if *current_run == run && now_ms < *leader_ms {
+                    violations.push(format!(
+                        "node {id} (run {run}) went back from leader time {leader_ms} to {now_ms} ms"
+                    ));
+                }
+            }
+            let latest = state.leader_ms.get(&id).filter(|(r, _)| *r == run).map_or(0, |(_, ms)| *ms);
+            state.leader_ms.insert(id, (run, latest.max(now_ms)));
+            state.leader_ms_seen.entry((index, now_ms)).or_insert(id);
             state.applied_max = state.applied_max.max(index);
             let (expected, first) = *state.digests.entry(index).or_insert((digest, id));
             if expected != digest {

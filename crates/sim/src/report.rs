@@ -21,7 +21,8 @@ impl Run {
         format!(
             "permit-sim seed {}: {} in {:.1}s wall for {}s simulated; {} records, {} grants, {} faults ({} \
              crashes, {} fsync failures, {} torn tails), {} terms led, {} snapshot installs, applied index {}, {} messages delivered, {} lost; \
-             queue: {} pushed, {} acked, {} dead-lettered",
+             queue: {} pushed, {} acked, {} dead-lettered; committed log: {} entries re-applied, {} grants, \
+             takes and hold ends",
             self.seed,
             if self.failed() { "FAILED" } else { "ok" },
             self.wall.as_secs_f64(),
@@ -40,6 +41,8 @@ impl Run {
             s.queue.0,
             s.queue.1,
             s.queue.2,
+            s.replayed.0,
+            s.replayed.1,
         )
     }
 

@@ -5,6 +5,12 @@
 //! connection); a lost message answers a network error after the latency, and a lost response
 //! means the target did handle the request. Every RPC takes at least 1 ms of simulated time, so
 //! a retry loop can never spin without the clock moving.
+//!
+//! The router also keeps the log as the wire carried it ([`Router::committed_log`]): every entry
+//! a leader sent in an `AppendEntries`, the one of the highest leader per index. A committed
+//! entry reached a follower that way (a majority of 3 is the leader and a follower), and no
+//! later leader sends another entry at its index (Raft's leader completeness), so up to the
+//! committed index this is the committed log, read outside the nodes under test.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -18,6 +24,8 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use openraft::BasicNode;
+use openraft::EntryPayload;
+use permit_core::Batch;
 use permit_server::raft::{NodeId, Raft, TypeConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -37,6 +45,9 @@ struct RouterState {
     /// Messages delivered and lost, for the summary.
     delivered: u64,
     lost: u64,
+    /// Per index: the entry of the highest leader sent at that index (its leader's (term, node)
+    /// and its batch; `None` for a blank or membership entry).
+    wire: BTreeMap<u64, ((u64, NodeId), Option<Batch>)>,
 }
 
 /// Why an RPC failed in the simulated network.
@@ -68,6 +79,7 @@ impl Router {
             rng: StdRng::seed_from_u64(seed),
             delivered: 0,
             lost: 0,
+            wire: BTreeMap::new(),
         };
         Arc::new(Router { inner: Mutex::new(state) })
     }
@@ -100,6 +112,36 @@ impl Router {
     pub fn counts(&self) -> (u64, u64) {
         let state = self.lock();
         (state.delivered, state.lost)
+    }
+
+    /// The committed log up to `committed` (an index every node applied): per index, the term
+    /// and batch of the entry of the highest leader sent there (`None` for a blank or membership
+    /// entry). An index missing here was never sent, which Raft does not allow for a committed
+    /// one.
+    pub fn committed_log(&self, committed: u64) -> BTreeMap<u64, (u64, Option<Batch>)> {
+        let state = self.lock();
+        state
+            .wire
+            .range(..=committed)
+            .map(|(index, ((term, _), batch))| (*index, (*term, batch.clone())))
+            .collect()
+    }
+
+    /// Notes the entries of an `AppendEntries` as sent.
+    fn sent(&self, rpc: &AppendEntriesRequest<TypeConfig>) {
+        let mut state = self.lock();
+        for entry in &rpc.entries {
+            let leader = (entry.log_id.leader_id.term, entry.log_id.leader_id.node_id);
+            let known = state.wire.get(&entry.log_id.index).map(|(known, _)| *known);
+            if known.is_some_and(|known| known >= leader) {
+                continue;
+            }
+            let batch = match &entry.payload {
+                EntryPayload::Normal(batch) => Some(batch.clone()),
+                EntryPayload::Blank | EntryPayload::Membership(_) => None,
+            };
+            state.wire.insert(entry.log_id.index, (leader, batch));
+        }
     }
 
     /// The network factory of node `from`.
@@ -201,6 +243,7 @@ impl RaftNetwork<TypeConfig> for Connection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        self.router.sent(&rpc);
         self.send(&option, |raft| async move { raft.append_entries(rpc).await }).await
     }
 

@@ -4,8 +4,9 @@
 //! Phases: start the nodes (each forms the cluster from `--peers`); create the semaphores; run
 //! the clients and the nemesis for `Settings::simulated`; stop both and heal; converge; read
 //! every live session one last time; stop the keepalives and wait every TTL out; drain the
-//! queue and read it; check that no permit was lost and that the replicas agree; shut down;
-//! check the history.
+//! queue and read it; check that no permit was lost and that the replicas agree; re-apply the
+//! committed log as the network carried it ([`crate::applied`]); shut down; check the history
+//! and the committed log.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use permit_core::{Name, Outcome};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::applied::{self, Applied};
 use crate::checker;
 use crate::client::{MAX_HOLD_MS_MAX, TTLS_MS};
 use crate::cluster::{Cluster, RaftSettings};
@@ -21,6 +23,7 @@ use crate::gateway::Gateway;
 use crate::history::{History, DRIVER};
 use crate::liveness;
 use crate::observer::Observer;
+use crate::policies;
 use crate::queue;
 use crate::recorder::Recorder;
 use crate::router::Router;
@@ -45,6 +48,8 @@ pub struct Settings {
     pub lying_disk: bool,
     /// Whether the queue's producers and consumers run ([`crate::queue`]).
     pub queues: bool,
+    /// Whether the takers and holders of the policy semaphores run ([`crate::policies`]).
+    pub policies: bool,
 }
 
 impl Default for Settings {
@@ -55,6 +60,7 @@ impl Default for Settings {
             faults: true,
             lying_disk: false,
             queues: true,
+            policies: true,
         }
     }
 }
@@ -83,6 +89,9 @@ pub struct Stats {
     /// Queue items whose push was acknowledged, acks acknowledged, and items the final read
     /// found dead-lettered.
     pub queue: (usize, usize, usize),
+    /// Entries of the committed log re-applied, and the policy events found in it (grants,
+    /// takes and hold ends of every semaphore).
+    pub replayed: (usize, usize),
 }
 
 /// The result of one simulation.
@@ -94,6 +103,8 @@ pub struct Run {
     pub settings: Settings,
     /// Everything the clients did and were told.
     pub history: History,
+    /// The committed log re-applied ([`crate::applied`]), when the cluster converged at the end.
+    pub applied: Option<Applied>,
     /// Every violation found, by the observer, the driver and the history checker.
     pub violations: Vec<String>,
     /// The last trace lines.
@@ -129,11 +140,11 @@ pub fn run(seed: u64, settings: &Settings) -> Run {
     #[cfg(tokio_unstable)]
     builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
     let runtime = builder.build().expect("a current-thread runtime");
-    let (recorder, observer, stats) = runtime.block_on(async {
+    let (recorder, observer, (stats, applied)) = runtime.block_on(async {
         let recorder = Recorder::new();
         let observer = Observer::new(recorder.clone());
-        let stats = simulate(seed, settings, recorder.clone(), observer.clone()).await;
-        (recorder, observer, stats)
+        let simulated = simulate(seed, settings, recorder.clone(), observer.clone()).await;
+        (recorder, observer, simulated)
     });
     drop(runtime);
     permit_server::raft::runtime::seed_election_rng(None);
@@ -141,6 +152,11 @@ pub fn run(seed: u64, settings: &Settings) -> Run {
     violations.extend(crate::panics::take().into_iter().map(|panic| format!("panic: {panic}")));
     let history = recorder.history();
     violations.extend(checker::check(&history).into_iter().map(|violation| format!("history: {violation}")));
+    if let Some(applied) = &applied {
+        let seen = observer.leader_ms_seen();
+        let found = checker::check_applied(applied, &seen);
+        violations.extend(found.into_iter().map(|violation| format!("log: {violation}")));
+    }
     if !violations.is_empty() {
         // Context for a failed run: sessions that vanished from a leader before its deadline.
         violations.extend(observer.early_expiries().into_iter().map(|early| {
@@ -157,13 +173,29 @@ pub fn run(seed: u64, settings: &Settings) -> Run {
         settings: settings.clone(),
         violations,
         trace: recorder.trace_tail(TRACE_LINES),
-        stats: Stats { records: history.records.len(), grants, queue, ..stats },
+        stats: Stats {
+            records: history.records.len(),
+            grants,
+            queue,
+            replayed: applied
+                .as_ref()
+                .map_or((0, 0), |applied| (applied.leader_ms.len(), applied.events.len())),
+            ..stats
+        },
+        applied,
         history,
         wall: wall.elapsed(),
     }
 }
 
-async fn simulate(seed: u64, settings: &Settings, recorder: Arc<Recorder>, observer: Arc<Observer>) -> Stats {
+/// Runs the simulation; returns its counts and, when the cluster converged at the end, the
+/// committed log re-applied.
+async fn simulate(
+    seed: u64,
+    settings: &Settings,
+    recorder: Arc<Recorder>,
+    observer: Arc<Observer>,
+) -> (Stats, Option<Applied>) {
     let mut rng = StdRng::seed_from_u64(seed);
     let router = Router::new(rng.random());
     let raft = RaftSettings {
@@ -177,7 +209,7 @@ async fn simulate(seed: u64, settings: &Settings, recorder: Arc<Recorder>, obser
         Ok(cluster) => cluster,
         Err(error) => {
             recorder.violation(format!("the cluster does not start: {error:#}"));
-            return Stats::default();
+            return (Stats::default(), None);
         }
     };
     cluster.set_lying_disk(settings.lying_disk);
@@ -186,7 +218,11 @@ async fn simulate(seed: u64, settings: &Settings, recorder: Arc<Recorder>, obser
     let queues_made = !settings.queues || create_queue(&driver, &mut rng).await;
     if !create_semaphores(&driver, &mut rng, &names).await || !queues_made {
         cluster.shutdown().await;
-        return Stats::default();
+        return (Stats::default(), None);
+    }
+    if settings.policies && !policies::create(&driver, &mut rng).await {
+        cluster.shutdown().await;
+        return (Stats::default(), None);
     }
 
     let queue_clients = if settings.queues { queue::PRODUCERS + queue::CONSUMERS } else { 0 };
@@ -195,13 +231,14 @@ async fn simulate(seed: u64, settings: &Settings, recorder: Arc<Recorder>, obser
         &router,
         &recorder,
         &mut rng,
-        (settings.clients, queue_clients, settings.faults),
+        (settings.clients, queue_clients, settings.policies, settings.faults),
         &names,
     );
     tokio::time::sleep(settings.simulated).await;
     recorder.note("traffic ends; healing");
     let (faults, crashes) = traffic.stop_clients_and_faults().await;
     heal_and_check(&cluster, &recorder, &observer, &mut traffic, &mut rng, (&names, settings.queues)).await;
+    let applied = replay(&cluster, &router, &recorder, &observer).await;
     let stats = Stats {
         faults,
         crashes,
@@ -213,7 +250,36 @@ async fn simulate(seed: u64, settings: &Settings, recorder: Arc<Recorder>, obser
         ..Stats::default()
     };
     cluster.shutdown().await;
-    stats
+    (stats, applied)
+}
+
+/// Once the cluster converged: re-applies the committed log as the network carried it, up to
+/// the index every node applied, and checks that it ends in the state the nodes reached there.
+async fn replay(
+    cluster: &Arc<Cluster>,
+    router: &Router,
+    recorder: &Arc<Recorder>,
+    observer: &Observer,
+) -> Option<Applied> {
+    if !liveness::converge(cluster, recorder, CONVERGE_PATIENCE).await {
+        return None;
+    }
+    let committed = observer.applied_max();
+    let applied = applied::replay(&router.committed_log(committed));
+    let replayed = applied.state.applied_index();
+    if applied.problems.is_empty() && replayed == committed {
+        let digest = applied.state.digest();
+        if observer.digest_at(committed).is_some_and(|known| known != digest) {
+            recorder.violation(format!(
+                "the committed log re-applied up to index {committed} ends in digest {digest:x}, the nodes \
+                 had {:x}",
+                observer.digest_at(committed).unwrap_or(0)
+            ));
+        }
+    } else if applied.problems.is_empty() {
+        recorder.violation(format!("the committed log re-applied ends at index {replayed}, not {committed}"));
+    }
+    Some(applied)
 }
 
 /// After healing: converge, read every live session one last time (durability), let every TTL

@@ -13,6 +13,7 @@ use crate::client::{self, Client, LeaseSlot};
 use crate::cluster::Cluster;
 use crate::gateway::Gateway;
 use crate::nemesis::{Nemesis, FAULT_MS_MAX};
+use crate::policies;
 use crate::queue;
 use crate::recorder::Recorder;
 use crate::router::Router;
@@ -30,14 +31,15 @@ pub struct Traffic {
 
 impl Traffic {
     /// Starts `clients` clients on the semaphores `names`, `queue_clients` producers and
-    /// consumers of the queue ([`queue`]: the first [`queue::PRODUCERS`] produce), and the
-    /// nemesis if `faults`.
+    /// consumers of the queue ([`queue`]: the first [`queue::PRODUCERS`] produce), the takers and
+    /// holders of the policy semaphores if `policies` ([`policies`]), and the nemesis if
+    /// `faults`.
     pub fn start(
         cluster: &Arc<Cluster>,
         router: &Arc<Router>,
         recorder: &Arc<Recorder>,
         rng: &mut StdRng,
-        (clients, queue_clients, faults): (u32, u32, bool),
+        (clients, queue_clients, policy_clients, faults): (u32, u32, bool, bool),
         names: &[Name],
     ) -> Traffic {
         let (stop_clients, clients_stopped) = watch::channel(false);
@@ -88,6 +90,18 @@ impl Traffic {
                 client::keep_alive(gateway.clone(), keepalive_rng, lease.clone(), keepalives_stopped.clone());
             traffic.keepalives.push(tokio::spawn(keepalive));
             traffic.leases.push((gateway, lease));
+        }
+        // Policy clients, numbered and seeded after the queue clients.
+        let first = clients + queue_clients;
+        let policy_clients = if policy_clients { policies::TAKERS + policies::HOLDERS } else { 0 };
+        for id in first..first + policy_clients {
+            let gateway = Gateway::new(cluster.clone(), recorder.clone(), id);
+            let client_rng = StdRng::seed_from_u64(rng.random());
+            let task = match id < first + policies::TAKERS {
+                true => tokio::spawn(policies::take(gateway, client_rng, clients_stopped.clone())),
+                false => tokio::spawn(policies::hold(gateway, client_rng, clients_stopped.clone())),
+            };
+            traffic.clients.push(task);
         }
         traffic.nemesis = faults.then(|| tokio::spawn(nemesis.run(clients_stopped)));
         traffic

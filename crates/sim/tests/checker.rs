@@ -1,13 +1,16 @@
 //! The history checker can fail: a real recorded history passes, and each known kind of bug,
 //! planted into a copy of it, is reported.
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use permit_check::Invariant;
-use permit_core::{Key, Name, SessionId};
+use permit_core::{EventKind, Key, Name, SessionId};
+use permit_sim::applied::{Applied, Timed};
 use permit_sim::checker::{self, Facts, Rule};
 use permit_sim::history::{Answer, Event, History, Operation, QueuedItem, SeenItem, DRIVER};
+use permit_sim::policies;
 use permit_sim::{Run, Settings};
 
 /// A fake session planted by the tests; no client draws these bytes.
@@ -17,7 +20,9 @@ const FAKE_SESSION: SessionId = SessionId::from_bytes([0xfa; 16]);
 fn recorded() -> &'static Run {
     static RUN: OnceLock<Run> = OnceLock::new();
     RUN.get_or_init(|| {
-        let settings = Settings { simulated: Duration::from_secs(10), faults: false, ..Settings::default() };
+        // 20 s: long enough for the slow policy traffic to be refused by the rate and to see
+        // holds of the lock-delayed semaphore fail.
+        let settings = Settings { simulated: Duration::from_secs(20), faults: false, ..Settings::default() };
         let run = permit_sim::run(42, &settings);
         assert!(!run.failed(), "{}", run.report());
         run
@@ -275,4 +280,114 @@ fn an_item_left_after_the_drain_is_reported() {
         .expect("the run reads the queue at the end");
     read.push(QueuedItem { id: u64::MAX, payload: "\"planted\"".into(), state: "pending" });
     assert_reports_queue(&history, Invariant::Drained, None);
+}
+
+/// The recorded run's committed log, re-applied.
+fn applied() -> &'static Applied {
+    recorded().applied.as_ref().expect("a fault-free run converges and re-applies its log")
+}
+
+fn rated() -> Key {
+    Key::semaphore(Name::new(policies::RATED).expect("valid name"))
+}
+
+fn delayed() -> Key {
+    Key::semaphore(Name::new(policies::DELAYED).expect("valid name"))
+}
+
+/// The leader time each node showed at each index, as the log has it (what a correct run shows).
+fn seen(applied: &Applied) -> BTreeMap<(u64, u64), u64> {
+    applied.leader_ms.iter().map(|(index, ms)| ((*index, *ms), 1)).collect()
+}
+
+fn rules(violations: &[checker::Violation]) -> Vec<Rule> {
+    violations.iter().map(|violation| violation.rule).collect()
+}
+
+#[test]
+fn a_recorded_log_passes_the_policy_checks_and_exercised_them() {
+    let applied = applied();
+    let violations = checker::check_applied(applied, &seen(applied));
+    assert!(violations.is_empty(), "{violations:#?}");
+    let count = |key: &Key, kind: EventKind| {
+        applied.events.iter().filter(|event| event.key == *key && event.kind == kind).count()
+    };
+    assert!(count(&rated(), EventKind::Taken) > 0, "{:#?}", applied.events);
+    let ended_by_failure = count(&delayed(), EventKind::Revoked) + count(&delayed(), EventKind::Expired);
+    assert!(ended_by_failure > 0 && count(&delayed(), EventKind::Granted) > 1, "{:#?}", applied.events);
+    let refused = recorded().history.records.iter().any(|record| {
+        matches!(&record.event, Event::Acked { answer: Answer::Refused(why), .. } if why.contains("rate"))
+    });
+    assert!(refused, "the rate never refused a take: the checks would judge a rate that never binds");
+}
+
+/// One permit more than the rate allowed is caught: the real takes spend the rate up to its
+/// bound somewhere, so one more take planted at the time of some real one breaks it.
+#[test]
+fn one_grant_beyond_the_rate_is_reported() {
+    let applied = applied();
+    let positions: Vec<usize> = (0..applied.events.len())
+        .filter(|at| applied.events[*at].key == rated() && applied.events[*at].kind == EventKind::Taken)
+        .collect();
+    let caught = positions.iter().filter(|at| {
+        let mut events = applied.events.clone();
+        events.insert(**at + 1, events[**at].clone());
+        rules(&checker::policies::rate(&events, &rated(), policies::RATE)) == [Rule::Rate]
+    });
+    assert!(caught.count() > 0, "no extra take at the time of a real one broke the rate");
+}
+
+/// A grant one ms inside the lock-delay after a failed hold is reported; one at its end is not.
+#[test]
+fn a_grant_within_the_lock_delay_is_reported() {
+    let applied = applied();
+    let at = applied
+        .events
+        .iter()
+        .position(|event| {
+            event.key == delayed() && matches!(event.kind, EventKind::Revoked | EventKind::Expired)
+        })
+        .expect("a hold of the lock-delayed semaphore failed");
+    let ended = applied.events[at].clone();
+    let mut early = applied.events.clone();
+    let grant =
+        Timed { kind: EventKind::Granted, at_ms: ended.at_ms + policies::LOCK_DELAY_MS - 1, ..ended.clone() };
+    early.insert(at + 1, grant.clone());
+    let violations = checker::policies::lock_delay(&early, &delayed(), policies::LOCK_DELAY_MS);
+    assert_eq!(rules(&violations), [Rule::LockDelay], "{violations:#?}");
+    let mut on_time = applied.events.clone();
+    on_time.insert(at + 1, Timed { at_ms: grant.at_ms + 1, ..grant });
+    assert!(checker::policies::lock_delay(&on_time, &delayed(), policies::LOCK_DELAY_MS).is_empty());
+}
+
+/// A node that showed a leader time other than the log's at some index is reported.
+#[test]
+fn a_node_whose_leader_time_went_back_is_reported() {
+    let applied = applied();
+    let mut seen = seen(applied);
+    let (index, ms) = applied.leader_ms.iter().rev().find(|(_, ms)| **ms > 0).expect("time passed");
+    seen.insert((*index, ms - 1), 2);
+    assert_eq!(rules(&checker::check_applied(applied, &seen)), [Rule::LeaderTime]);
+}
+
+/// A grant of the lock-delayed semaphore answered before the revoke of the hold before it was
+/// sent plus the lock-delay is reported from the history.
+#[test]
+fn a_grant_answered_within_the_lock_delay_after_a_revoke_is_reported() {
+    let mut history = recorded().history.clone();
+    let mut revokes = std::collections::BTreeMap::new();
+    let answered = history.records.iter().enumerate().find_map(|(index, record)| match &record.event {
+        Event::Invoked { op, operation: Operation::Revoke { key, token, .. }, .. } if *key == delayed() => {
+            revokes.insert(*op, *token);
+            None
+        }
+        Event::Acked { op, answer: Answer::Released { permits: 1 } } => {
+            revokes.get(op).map(|token| (index, *token))
+        }
+        _ => None,
+    });
+    let (index, token) = answered.expect("a fault-free run revokes a hold of the lock-delayed semaphore");
+    plant_grant(&mut history, index + 1, &delayed(), 1, token + 1_000_000);
+    let violations = checker::check(&history);
+    assert!(violations.iter().any(|violation| violation.rule == Rule::LockDelay), "{violations:#?}");
 }

@@ -85,7 +85,8 @@ fn sim_seeds_keep_every_invariant_under_faults() {
 
 /// The storage checks can fail: with a disk that lies about fsync (every crash loses the
 /// crashed node's last acknowledged entries), the same nemesis and checkers find violations.
-/// Without the queue traffic: its seeds and threshold were chosen for the semaphore traffic.
+/// Without the queue and policy traffic: its seeds and threshold were chosen for the semaphore
+/// traffic.
 #[test]
 fn sim_catches_a_disk_that_loses_acknowledged_entries() {
     const SEEDS: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
@@ -93,6 +94,7 @@ fn sim_catches_a_disk_that_loses_acknowledged_entries() {
         simulated: Duration::from_secs(30),
         lying_disk: true,
         queues: false,
+        policies: false,
         ..Settings::default()
     };
     let runs = seeds::run_all(&SEEDS, &settings, THREADS);

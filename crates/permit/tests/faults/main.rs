@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use permit_faults::cluster::Clock;
+use permit_faults::policy::RATE;
 use permit_faults::scenario::{run, Fault, Scenario};
 use require::{or_skip, Need};
 
@@ -123,6 +124,45 @@ async fn f10_follower_catches_up_by_snapshot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qf3_queue_leader_kill_9_loses_no_item_and_doubles_no_claim() {
     must_pass(Scenario::queue("QF3-kill-leader", Fault::KillLeader)).await;
+}
+
+/// PF, the semaphore policies in real time: 16 clients take a rated semaphore (20/s, burst 5)
+/// and rounds revoke a holder of a capacity-1 semaphore with a 1 s lock-delay while a waiter
+/// queues, as the leader is killed with `kill -9` twice and comes back with its wall clock an
+/// hour ahead (libfaketime; without it, unshifted). P1: takes answered 200 never exceed the burst
+/// plus the rate over the real time since the rate was set, plus one permit of slack; P2: the
+/// waiter's grant is answered no earlier than the revoke's send time plus the lock-delay.
+/// About 10 s, so not in CI's default run: `cargo test -p permit --test faults -- --ignored pf_`,
+/// or `permit-faults --scenarios PF`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: about 10 s; run with --ignored or permit-faults --scenarios PF"]
+async fn pf_rate_and_lock_delay_hold_in_real_time_across_leader_kills_and_clock_jumps() {
+    let clock_jump = faketime_available();
+    let seed = seed();
+    let outcome =
+        permit_faults::policy::run(env!("CARGO_BIN_EXE_permit").as_ref(), &out_dir(), seed, clock_jump)
+            .await
+            .unwrap_or_else(|e| panic!("PF (seed {seed}) could not run: {e:#}"));
+    let (taken, refused, lost) = outcome.takes;
+    println!(
+        "PF: {taken} takes answered 200, {refused} 429, {lost} unanswered; {} lock-delayed grants; {}",
+        outcome.delayed_grants,
+        outcome.notes.join("; ")
+    );
+    assert!(
+        outcome.report.is_ok(),
+        "PF (seed {seed}), logs in {}:\n{}",
+        outcome.dir.display(),
+        outcome.report
+    );
+    // The checks judged traffic that reached the bounds.
+    assert!(refused > 0 && taken > 0, "the rate never refused a take: {taken} taken, {refused} refused");
+    assert!(outcome.delayed_grants > 0, "no waiter was granted after a revoke");
+    // P1 is not vacuous here: the same takes break a fifth of the rate.
+    let (start_ns, taken_ns) = &outcome.taken_ns;
+    let fifth = permit_check::RateLimit { permits: RATE.permits / 5, ..RATE };
+    let tighter = permit_check::check_takes_within_rate(taken_ns, *start_ns, fifth, 0);
+    assert!(!tighter.is_ok(), "the takes stayed within a fifth of the rate: P1 judged nothing");
 }
 
 /// Runs a scenario whose servers carry a known defect: the checkers must report `expected`.

@@ -220,7 +220,9 @@ impl Facts {
             .session_ops(session)
             .filter(|op| op.invoked > seen)
             .filter(|op| match &op.operation {
-                Operation::Release { session: s, key } => *s == session && *key == hold.key,
+                Operation::Release { session: s, key } | Operation::Revoke { session: s, key, .. } => {
+                    *s == session && *key == hold.key
+                }
                 Operation::CloseSession { session: s } => *s == session,
                 _ => false,
             })

@@ -9,7 +9,11 @@
 //!   linearizable read of a session shows every hold its client relies on, with its token;
 //! - **queues** ([`queues`]): no acknowledged push lost, no item acked twice, no two live claims
 //!   of one item, every item acked or dead-lettered once the driver drained the queue
-//!   (`permit_check::check_queues`).
+//!   (`permit_check::check_queues`);
+//! - **policies** ([`policies`]): a grant that follows a revoked hold of the lock-delayed
+//!   semaphore is answered no earlier than the revoke's send time plus the lock-delay. The rate,
+//!   the lock-delay and leader time are judged on leader time, over the committed log
+//!   ([`crate::applied`], [`check_applied`]).
 //!
 //! A client relies on a hold from the answer (or read) that first showed it until it sends a
 //! release or a close, until `acquire sent + max_hold_ms`, and only while its session's lease
@@ -22,14 +26,19 @@
 pub mod capacity;
 pub mod facts;
 pub mod leases;
+pub mod policies;
 pub mod queues;
 pub mod tokens;
 
 use std::fmt;
 
-use permit_core::SessionId;
+use std::collections::BTreeMap;
 
+use permit_core::{Key, Name, SessionId};
+
+use crate::applied::Applied;
 use crate::history::History;
+use crate::policies as traffic;
 
 pub use facts::Facts;
 
@@ -50,6 +59,12 @@ pub enum Rule {
     Durability,
     /// A queue promise is broken (`permit_check`'s Q1-Q4).
     Queue(permit_check::Invariant),
+    /// More permits granted in a window of leader time than the rate allows.
+    Rate,
+    /// A grant within the lock-delay after a hold ended by expiry or revoke.
+    LockDelay,
+    /// A node showed another leader time than the committed log's at some index.
+    LeaderTime,
 }
 
 /// One broken rule, with the sessions involved.
@@ -84,5 +99,20 @@ pub fn check(history: &History) -> Vec<Violation> {
     violations.extend(capacity::check(&facts));
     violations.extend(leases::check(history, &facts));
     violations.extend(queues::check(history));
+    violations.extend(policies::revoke_real_time(history, &delayed_key(), traffic::LOCK_DELAY_MS));
     violations
+}
+
+/// Every violation of the policy promises on leader time in the replayed committed log
+/// `applied`; `seen` is the leader time each node showed at each index (the observer's).
+pub fn check_applied(applied: &Applied, seen: &BTreeMap<(u64, u64), u64>) -> Vec<Violation> {
+    let rated = Key::semaphore(Name::new(traffic::RATED).expect("a valid name"));
+    let mut violations = policies::leader_time(applied, seen);
+    violations.extend(policies::rate(&applied.events, &rated, traffic::RATE));
+    violations.extend(policies::lock_delay(&applied.events, &delayed_key(), traffic::LOCK_DELAY_MS));
+    violations
+}
+
+fn delayed_key() -> Key {
+    Key::semaphore(Name::new(traffic::DELAYED).expect("a valid name"))
 }

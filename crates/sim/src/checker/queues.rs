@@ -91,9 +91,11 @@ fn invocation(client: u32, operation: &Operation) -> Option<Invocation> {
         Operation::Settle { session, queue, item, token, ack: false } => {
             Invocation::nack(client, &session.to_string(), queue.as_str(), &item.to_string(), *token)
         }
-        Operation::PutSemaphore { .. } | Operation::Acquire { .. } | Operation::Release { .. } => {
-            return None
-        }
+        Operation::PutSemaphore { .. }
+        | Operation::Acquire { .. }
+        | Operation::Release { .. }
+        | Operation::Revoke { .. }
+        | Operation::Take { .. } => return None,
     };
     Some(invocation)
 }
