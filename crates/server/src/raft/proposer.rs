@@ -152,7 +152,10 @@ async fn run(
         metrics.observe_batch(commands.len());
         last_batch = commands.len();
         let batch = Batch { now_ms: clock.now_ms(replica.now_ms()), commands };
-        let started = std::time::Instant::now();
+        // The runtime's clock, not the wall's: the handoff waits as long as writes take, and in
+        // the simulation's paused time a real-time measure would make a seed's waits depend on
+        // the machine's load (a seed then did not replay).
+        let started = Instant::now();
         // One batch in flight at a time: while it is written, the next one fills up. A batch
         // that cannot commit (a leader cut off from its quorum) is answered `Timeout` and no
         // longer holds up the ones behind it.
