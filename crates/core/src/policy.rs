@@ -119,6 +119,14 @@ impl Policy {
         }
     }
 
+    /// Whether every waiter of `object` is passed over (an acquire whose group is at its cap),
+    /// so that a newcomer goes first without breaking FIFO for anyone.
+    fn passes_over_all(&self, object: &Semaphore) -> bool {
+        object.queue.iter().all(|waiter| {
+            !self.takers.contains_key(&waiter.session) && self.group_capped(waiter.session, waiter.permits)
+        })
+    }
+
     /// Rebuilds the derived indexes from `object`'s holders.
     pub(crate) fn reindex(&mut self, object: &Semaphore) {
         self.group_held.clear();
@@ -376,11 +384,7 @@ impl State {
         let Some(policy) = self.policies.get(key) else {
             return object.queue.is_empty() && object.fits(permits);
         };
-        let ahead_passed_over = object.queue.iter().all(|waiter| {
-            !policy.takers.contains_key(&waiter.session)
-                && policy.group_capped(waiter.session, waiter.permits)
-        });
-        ahead_passed_over
+        policy.passes_over_all(object)
             && object.held + policy.delayed_permits() + permits <= object.capacity
             && !policy.group_capped(session, permits)
             && policy.rate_allows(permits, self.now_ms)
@@ -519,12 +523,8 @@ impl State {
         if self.sessions.contains_key(&taker) || object.queue.get(taker).is_some() {
             return Err(invalid(Field::Permits, "the take's id is in use".into()));
         }
-        let ahead_passed_over = object.queue.iter().all(|waiter| {
-            !policy.takers.contains_key(&waiter.session)
-                && policy.group_capped(waiter.session, waiter.permits)
-        });
         let wait = policy.rate_wait_ms(permits, self.now_ms);
-        if ahead_passed_over && wait == 0 {
+        if policy.passes_over_all(object) && wait == 0 {
             let now_ms = self.now_ms;
             self.policy_mut(&key).spend(permits, now_ms);
             let outcome = self.taken(&key, permits, effects);
