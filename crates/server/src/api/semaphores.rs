@@ -585,9 +585,11 @@ struct AbandonedTake {
 
 impl Drop for AbandonedTake {
     fn drop(&mut self) {
-        if let Some(app) = self.app.take() {
+        // Outside a runtime (the server is going down) there is nothing to end it with, and no
+        // one to serve it for: a restart's state keeps it until its wait runs out.
+        if let (Some(app), Ok(runtime)) = (self.app.take(), tokio::runtime::Handle::try_current()) {
             let command = Command::CancelTake { name: self.name.clone(), taker: self.taker };
-            tokio::spawn(async move {
+            runtime.spawn(async move {
                 if let Err(error) = app.propose(command).await {
                     tracing::debug!(%error, "could not end an abandoned take; its wait ends it");
                 }
