@@ -127,6 +127,19 @@ impl Policy {
         })
     }
 
+    /// The first waiter of `object` after sequence number `after` that is not passed over, with
+    /// its sequence number and, when it fits the capacity beside the delayed permits (a take
+    /// always does), the leader time at which the rate grants it.
+    fn first_in_line(&self, object: &Semaphore, after: Option<u64>) -> Option<(u64, SessionId, Option<u64>)> {
+        let delayed = self.delayed_permits();
+        let (seq, waiter) = object.queue.entries_after(after).find(|(_, waiter)| {
+            self.takers.contains_key(&waiter.session) || !self.group_capped(waiter.session, waiter.permits)
+        })?;
+        let fits = self.takers.contains_key(&waiter.session)
+            || object.held + delayed + waiter.permits <= object.capacity;
+        Some((seq, waiter.session, fits.then(|| self.rate_ready_ms(waiter.permits))))
+    }
+
     /// Rebuilds the derived indexes from `object`'s holders.
     pub(crate) fn reindex(&mut self, object: &Semaphore) {
         self.group_held.clear();
@@ -394,20 +407,12 @@ impl State {
     fn next_grant(&self, key: &Key, after: Option<u64>) -> Result<(u64, SessionId), Blocked> {
         let object = self.objects.get(key).expect("pumped object exists");
         let policy = self.policies.get(key).expect("a policy semaphore");
-        let delayed = policy.delayed_permits();
-        for (seq, waiter) in object.queue.entries_after(after) {
-            let permits = waiter.permits;
-            let taker = policy.takers.contains_key(&waiter.session);
-            if !taker && policy.group_capped(waiter.session, permits) {
-                continue;
-            }
-            if !taker && object.held + delayed + permits > object.capacity {
-                return Err(Blocked::Capacity);
-            }
-            let ready = policy.rate_ready_ms(permits);
-            return if ready <= self.now_ms { Ok((seq, waiter.session)) } else { Err(Blocked::Rate(ready)) };
+        match policy.first_in_line(object, after) {
+            None => Err(Blocked::Nothing),
+            Some((_, _, None)) => Err(Blocked::Capacity),
+            Some((seq, session, Some(ready))) if ready <= self.now_ms => Ok((seq, session)),
+            Some((_, _, Some(ready))) => Err(Blocked::Rate(ready)),
         }
-        Err(Blocked::Nothing)
     }
 
     /// [`State::pump`] for a semaphore with a policy: grants in queue order, passing over waiters
@@ -732,18 +737,7 @@ impl State {
     pub(crate) fn rate_turn(&self, key: &Key) -> Option<u64> {
         let (object, policy) = (self.objects.get(key)?, self.policies.get(key)?);
         policy.rate?;
-        let delayed = policy.delayed_permits();
-        for waiter in object.queue.iter() {
-            let taker = policy.takers.contains_key(&waiter.session);
-            if !taker && policy.group_capped(waiter.session, waiter.permits) {
-                continue;
-            }
-            if !taker && object.held + delayed + waiter.permits > object.capacity {
-                return None;
-            }
-            return Some(policy.rate_ready_ms(waiter.permits));
-        }
-        None
+        policy.first_in_line(object, None)?.2
     }
 
     /// When `key`'s policy has something due (see [`State::schedule_policy`]), from the state.
