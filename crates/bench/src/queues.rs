@@ -166,15 +166,7 @@ impl Client {
                 let (status, answer) =
                     api.request_json("POST", &format!("/v1/queues/{queue}/claim"), Some(body)).await?;
                 anyhow::ensure!(status == 200, "claim: {status} {answer}");
-                let items = answer["items"].as_array().context("claim answered no items")?;
-                let Some(item) = items.first() else { return Ok(None) };
-                anyhow::ensure!(items.len() == 1, "claimed {} items with max 1", items.len());
-                let payload = item["payload"].as_str().context("a payload that is not a string")?;
-                Ok(Some(Claimed {
-                    id: item["id"].as_str().context("an item without an id")?.to_owned(),
-                    token: item["token"].as_u64().context("an item without a token")?,
-                    payload: payload.as_bytes().to_vec(),
-                }))
+                claimed(&answer)
             }
             Client::Redis(client) => Ok(client.claim(CLAIM_WAIT).await?.map(|entry| Claimed {
                 id: entry.id,
@@ -204,6 +196,24 @@ impl Client {
         }
     }
 
+    /// Acknowledges `item` and claims the next one, blocking: `None` when none came within
+    /// [`CLAIM_WAIT`]. Permit does both in one request (an ack with `claim`); the peers' protocols
+    /// have no such command, so their clients send the two of [`Client::ack`] and
+    /// [`Client::claim`] one after the other.
+    async fn ack_and_claim(&mut self, item: &Claimed) -> anyhow::Result<Option<Claimed>> {
+        let Client::Permit { api, queue, session } = self else {
+            self.ack(item).await?;
+            return self.claim().await;
+        };
+        let wait_ms = CLAIM_WAIT.as_millis() as u64;
+        let body =
+            json!({ "session": session, "token": item.token, "claim": { "max": 1, "wait_ms": wait_ms } });
+        let path = format!("/v1/queues/{queue}/items/{}/ack", segment(&item.id));
+        let (status, answer) = api.request_json("POST", &path, Some(body)).await?;
+        anyhow::ensure!(status == 200, "ack and claim: {status} {answer}");
+        claimed(&answer)
+    }
+
     /// Closes a consumer's session.
     async fn close(&mut self) -> anyhow::Result<()> {
         if let Client::Permit { api, session: Some(session), .. } = self {
@@ -224,6 +234,19 @@ impl Client {
             anyhow::ensure!(started.elapsed() < STUCK, "no item within {STUCK:?}");
         }
     }
+}
+
+/// The item of a Permit claim's answer (`items`, at most one): `None` when it took none.
+fn claimed(answer: &serde_json::Value) -> anyhow::Result<Option<Claimed>> {
+    let items = answer["items"].as_array().context("claim answered no items")?;
+    let Some(item) = items.first() else { return Ok(None) };
+    anyhow::ensure!(items.len() == 1, "claimed {} items with max 1", items.len());
+    let payload = item["payload"].as_str().context("a payload that is not a string")?;
+    Ok(Some(Claimed {
+        id: item["id"].as_str().context("an item without an id")?.to_owned(),
+        token: item["token"].as_u64().context("an item without a token")?,
+        payload: payload.as_bytes().to_vec(),
+    }))
 }
 
 /// Waits for `task`, bounded by [`STUCK`]; aborts it when that passes.
@@ -322,19 +345,29 @@ pub async fn q2(target: &Target, queue: &str, duration: Duration, pids: &[String
             let (backlog, in_window) = (backlog.clone(), in_window.clone());
             tokio::spawn(async move {
                 let mut tags = Vec::new();
+                let mut item = consumer.next().await?;
                 loop {
-                    let item = consumer.next().await?;
-                    consumer.ack(&item).await?;
+                    let tag = tag_of(&item.payload)?;
+                    // A consumer leaves at its stop item: it claims nothing after it.
+                    let next = if tag == STOP {
+                        consumer.ack(&item).await?;
+                        None
+                    } else {
+                        consumer.ack_and_claim(&item).await?
+                    };
                     if Instant::now() <= end {
                         in_window.fetch_add(1, Ordering::Relaxed);
                     }
-                    let tag = tag_of(&item.payload)?;
                     if tag == STOP {
                         consumer.close().await?;
                         return anyhow::Ok(tags);
                     }
                     tags.push(tag);
                     backlog.add_permits(1);
+                    item = match next {
+                        Some(next) => next,
+                        None => consumer.next().await?,
+                    };
                 }
             })
         })

@@ -818,7 +818,7 @@ impl Item {
     /// the session ends.
     pub async fn ack(mut self) -> Result<()> {
         self.settled = true;
-        let request = AckRequest { session: self.session.id().to_owned(), token: self.token };
+        let request = AckRequest { session: self.session.id().to_owned(), token: self.token, claim: None };
         let client = self.session.client();
         settle(|retry| client.ack_with(&self.queue, &self.id, &request, retry))
             .await

@@ -295,6 +295,25 @@ pub enum Command {
     },
     /// Ends the lock-delays and take waits whose time came, and grants what the rate allows now.
     PolicyTick,
+    /// [`Command::Ack`] of item `id`, then [`Command::Claim`] for the same session on the same
+    /// queue, in one apply: a worker's loop in one command. All or nothing: a refusal of either
+    /// part (a lost claim, a claim over its limits) changes nothing.
+    AckAndClaim {
+        /// The queue.
+        queue: Name,
+        /// The item acked.
+        id: u64,
+        /// The session that claimed it, and claims next.
+        session: SessionId,
+        /// The acked claim's fencing token.
+        token: u64,
+        /// The next claim's request id: unique per session.
+        request: u64,
+        /// Most items to claim.
+        max: u32,
+        /// How long the claim stays queued for items, in leader ms.
+        wait_ms: u64,
+    },
 }
 
 /// The feature version this build's commands speak: the highest [`Command::feature_version`].
@@ -306,7 +325,8 @@ pub enum Command {
 /// - 4: work queues ([`Command::PutQueue`] to [`Command::PromoteDueItems`], and tokens with
 ///   rules on [`crate::Resource::Queue`]).
 /// - 5: semaphore policies ([`Command::PutSemaphorePolicy`] to [`Command::PolicyTick`]).
-pub const FEATURE_VERSION: u32 = 5;
+/// - 6: [`Command::AckAndClaim`].
+pub const FEATURE_VERSION: u32 = 6;
 
 impl Command {
     /// The cluster feature version a command needs: the version in which it appeared. A new
@@ -348,6 +368,7 @@ impl Command {
             | Command::Take { .. }
             | Command::CancelTake { .. }
             | Command::PolicyTick => 5,
+            Command::AckAndClaim { .. } => 6,
         }
     }
 }

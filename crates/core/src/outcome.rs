@@ -266,6 +266,8 @@ pub enum Field {
     GroupMax,
     /// `group` of an acquire.
     Group,
+    /// `request_id` of a claim.
+    RequestId,
 }
 
 impl Field {
@@ -294,6 +296,7 @@ impl Field {
             Field::LockDelayMs => "lock_delay_ms",
             Field::GroupMax => "group_max",
             Field::Group => "group",
+            Field::RequestId => "request_id",
         }
     }
 }

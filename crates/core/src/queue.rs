@@ -892,6 +892,50 @@ impl State {
         Ok(Outcome::Acked)
     }
 
+    /// An ack, then a claim by the same session, checked as one: a refusal of either changes
+    /// nothing. A retry of one that was applied (its claim took items, or still waits) answers
+    /// that claim again.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn ack_and_claim(
+        &mut self,
+        index: u64,
+        name: &Name,
+        id: u64,
+        session: SessionId,
+        token: u64,
+        request: u64,
+        max: u32,
+        wait_ms: u64,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Outcome, Refusal> {
+        validate_claim(max, wait_ms)?;
+        let (items, waiting) = self.claim_status(name, session, request);
+        if items.iter().any(|item| item.id == id) {
+            return Err(invalid(
+                Field::RequestId,
+                "names the claim of the item acked: the next claim needs its own".into(),
+            ));
+        }
+        if waiting || !items.is_empty() {
+            return self.claim(index, name, session, request, max, wait_ms, effects);
+        }
+        self.owned_claim(name, id, session, token)?;
+        // The claim's own refusals, as they will stand once the ack has freed one of the
+        // session's claims: after the ack nothing may refuse it.
+        let queue = self.queue(name).expect("an owned claim's queue exists");
+        let held = queue.claimed.get(&session).map_or(0, OrdSet::len);
+        if held - 1 + max as usize > CLAIMS_PER_SESSION_MAX {
+            return Err(Refusal::LimitExceeded(Limit::ClaimsPerSession));
+        }
+        if wait_ms > 0 && queue.claimers.len() >= WAITERS_PER_OBJECT_MAX {
+            return Err(Refusal::LimitExceeded(Limit::WaitersPerObject));
+        }
+        self.ack(index, name, id, session, token, effects)?;
+        let claimed = self.claim(index, name, session, request, max, wait_ms, effects);
+        assert!(claimed.is_ok(), "a claim checked before its ack was refused after it: {claimed:?}");
+        claimed
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn nack(
         &mut self,
@@ -963,7 +1007,12 @@ impl State {
         let Some(names) = self.queue_sessions.remove(&session) else { return };
         for name in &names {
             let queue = self.queue_mut(name).expect("a session's queue exists");
+            let claimers = queue.claimers.len();
             queue.claimers.retain(|claimer| claimer.session != session);
+            if queue.claimers.len() < claimers {
+                // Its long-polls answer now, not when their wait runs out.
+                effects.push(Effect::WaitEnded { key: Key::queue(name.clone()), session });
+            }
             let ids: Vec<u64> = queue.claimed.get(&session).into_iter().flatten().copied().collect();
             for id in ids {
                 self.unclaim(index, name, id, Unclaim::SessionEnded, effects);
@@ -1342,6 +1391,73 @@ mod tests {
         state.verify().unwrap();
     }
 
+    #[allow(clippy::too_many_arguments)]
+    fn ack_and_claim(
+        state: &mut State,
+        queue: &str,
+        item: &ClaimedItem,
+        who: u8,
+        request: u64,
+        max: u32,
+        wait_ms: u64,
+    ) -> Outcome {
+        let command = Command::AckAndClaim {
+            queue: name(queue),
+            id: item.id,
+            session: session(who),
+            token: item.token,
+            request,
+            max,
+            wait_ms,
+        };
+        apply_next(state, vec![command]).remove(0)
+    }
+
+    #[test]
+    fn an_ack_that_claims_acks_then_claims_or_refuses_both() {
+        let mut state = state();
+        push(&mut state, "jobs", vec![item("1"), item("2")]);
+        let first = claimed(claim(&mut state, "jobs", 1, 1, 1, 0)).remove(0);
+        // A lost claim, a bad claim, or a request id naming the acked item's claim: nothing
+        // changes, the item stays claimed.
+        let before = state.clone();
+        let mut stale = first.clone();
+        stale.token -= 1;
+        assert_eq!(
+            ack_and_claim(&mut state, "jobs", &stale, 1, 2, 1, 0),
+            Outcome::Refused(Refusal::ClaimLost)
+        );
+        assert_eq!(
+            ack_and_claim(&mut state, "jobs", &first, 2, 2, 1, 0),
+            Outcome::Refused(Refusal::ClaimLost)
+        );
+        assert!(matches!(
+            ack_and_claim(&mut state, "jobs", &first, 1, 2, 0, 0),
+            Outcome::Refused(Refusal::InvalidArgument { field: Field::Max, .. })
+        ));
+        assert!(matches!(
+            ack_and_claim(&mut state, "jobs", &first, 1, 1, 1, 0),
+            Outcome::Refused(Refusal::InvalidArgument { field: Field::RequestId, .. })
+        ));
+        assert_eq!(state.queue(&name("jobs")), before.queue(&name("jobs")), "refusals change nothing");
+        // Acked and the next item claimed, in one apply.
+        let second = claimed(ack_and_claim(&mut state, "jobs", &first, 1, 2, 1, 0)).remove(0);
+        assert_eq!(second.payload, "2");
+        assert!(second.token > first.token);
+        assert_eq!(ack(&mut state, "jobs", &first, 1), Outcome::Refused(Refusal::ClaimLost), "acked");
+        // A retry answers the same claim and acks nothing more.
+        assert_eq!(claimed(ack_and_claim(&mut state, "jobs", &first, 1, 2, 1, 0)), vec![second.clone()]);
+        // Nothing pending: with a wait, the claim queues behind the others and a push serves it.
+        assert_eq!(ack_and_claim(&mut state, "jobs", &second, 1, 3, 1, 5_000), Outcome::ClaimWaiting);
+        let counts = state.queue(&name("jobs")).unwrap().counts();
+        assert_eq!((counts.pending, counts.claimed), (0, 0), "the second item is acked");
+        push(&mut state, "jobs", vec![item("3")]);
+        let (items, waiting) = state.claim_status(&name("jobs"), session(1), 3);
+        assert_eq!((items.len(), waiting), (1, false));
+        assert_eq!(items[0].payload, "3");
+        state.verify().unwrap();
+    }
+
     #[test]
     fn a_nacked_item_returns_to_its_seq_place_after_its_delay() {
         let mut state = state();
@@ -1480,6 +1596,43 @@ mod tests {
         }
         let before = AsString { payload: "{\"n\":1}", delay_ms: 0, key: None };
         assert_eq!(record, postcard::to_allocvec(&before).expect("encode"));
+    }
+
+    /// The claim's limit counts the session's claims as they stand after the ack.
+    #[test]
+    fn an_ack_that_claims_counts_the_acked_claim_out_of_the_session_s_limit() {
+        let mut state = state();
+        let per_push = QUEUE_PUSH_ITEMS_MAX;
+        for _ in 0..(CLAIMS_PER_SESSION_MAX + 2) / per_push + 1 {
+            push(&mut state, "jobs", (0..per_push).map(|n| item(&n.to_string())).collect());
+        }
+        let mut held = Vec::new();
+        for request in 1.. {
+            let left = CLAIMS_PER_SESSION_MAX - held.len();
+            if left == 0 {
+                break;
+            }
+            let max = left.min(QUEUE_CLAIM_ITEMS_MAX as usize) as u32;
+            held.extend(claimed(claim(&mut state, "jobs", 1, request, max, 0)));
+        }
+        let before = state.clone();
+        let over = ack_and_claim(&mut state, "jobs", &held[0], 1, 1_000_000, 2, 0);
+        assert_eq!(over, Outcome::Refused(Refusal::LimitExceeded(Limit::ClaimsPerSession)));
+        assert_eq!(state.queue(&name("jobs")), before.queue(&name("jobs")), "refused: not acked");
+        assert_eq!(claimed(ack_and_claim(&mut state, "jobs", &held[0], 1, 1_000_000, 1, 0)).len(), 1);
+        assert_eq!(state.queue(&name("jobs")).unwrap().counts().claimed, CLAIMS_PER_SESSION_MAX as u64);
+    }
+
+    #[test]
+    fn an_ack_that_claims_needs_cluster_version_6() {
+        let mut state = State::default();
+        apply_next(&mut state, vec![Command::SetClusterVersion { version: 5 }]);
+        apply_next(&mut state, vec![Command::CreateSession { id: session(1), ttl_ms: 10_000, name: None }]);
+        push(&mut state, "jobs", vec![item("1")]);
+        let got = claimed(claim(&mut state, "jobs", 1, 1, 1, 0)).remove(0);
+        let outcome = ack_and_claim(&mut state, "jobs", &got, 1, 2, 1, 0);
+        assert_eq!(outcome, Outcome::Refused(Refusal::FeatureUnavailable { needs: 6, cluster: 5 }));
+        assert_eq!(state.queue(&name("jobs")).unwrap().counts().claimed, 1);
     }
 
     #[test]

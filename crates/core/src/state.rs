@@ -250,6 +250,9 @@ impl State {
             }
             Command::CancelTake { name, taker } => self.cancel_take(index, name, *taker, effects),
             Command::PolicyTick => Ok(self.policy_tick(index, effects)),
+            Command::AckAndClaim { queue, id, session, token, request, max, wait_ms } => {
+                self.ack_and_claim(index, queue, *id, *session, *token, *request, *max, *wait_ms, effects)
+            }
         };
         result.unwrap_or_else(Outcome::Refused)
     }

@@ -225,6 +225,31 @@ pub struct AckRequest {
     pub session: String,
     /// The claim's fencing token.
     pub token: u64,
+    /// Claim the session's next items in the same request (a worker's loop in one round trip):
+    /// the ack and the claim are applied together or not at all, and the answer's `items` are
+    /// what the claim took. Needs cluster feature version 6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<NextClaim>,
+}
+
+/// The claim of an ack that claims next: as a [`ClaimRequest`], by the acking session.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NextClaim {
+    /// Most items to claim: 1..=1000, default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 1000))]
+    pub max: Option<u32>,
+    /// How long to wait for an item when none is due, in ms; 0 (default) answers at once.
+    /// Capped at 60000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+    /// Names this claim, as a claim's `request_id` does (not the one of the claim that took the
+    /// acked item): a retry after a lost answer gets what it took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 9007199254740991_u64))]
+    pub request_id: Option<u64>,
 }
 
 /// `POST /v1/queues/{name}/items/{id}/nack`.
@@ -261,7 +286,7 @@ pub enum ItemState {
 }
 
 /// `200` answer to an ack or a nack.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct SettleResponse {
     /// The item.
@@ -270,6 +295,10 @@ pub struct SettleResponse {
     /// a nack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<ItemState>,
+    /// After an ack with `claim`: the items that claim took, in `seq` order (empty when none
+    /// became due within its `wait_ms`). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<Vec<ClaimedItem>>,
 }
 
 /// One item in `GET /v1/queues/{name}/items`.

@@ -163,6 +163,99 @@ async fn blocked_claims_are_served_first_come_first_served_the_moment_an_item_ar
     assert_eq!(queue(&api, "work").await["pending"], 1, "nobody took it");
 }
 
+/// An ack with `claim` acks the item and claims the next in one request (a worker's loop in one
+/// round trip): all or nothing when refused; its claim waits like a claim, is served by the next
+/// push, and answers what it took; once applied the ack stands, even if the session ends while
+/// the claim waits. A waiting claim (of either kind) answers as soon as its session ends.
+#[tokio::test]
+async fn an_ack_that_claims_next_acks_and_claims_in_one_request() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    let (a, b) = (api.session(10_000).await, api.session(10_000).await);
+    push(&api, "jobs", json!({ "items": [{ "payload": 1 }, { "payload": 2 }] })).await;
+    let first = claim(&api, "jobs", &a, 1, 0).await.remove(0);
+
+    // Refused as a whole: a lost claim, a bad claim, a claim's request_id that names the acked
+    // item's claim. The item stays claimed.
+    let next = |claim: Value| json!({ "claim": claim });
+    let stolen = settle(&api, "jobs", "ack", &first, &b, next(json!({}))).await;
+    assert_eq!((stolen.status, stolen.code()), (409, "claim_lost"), "{stolen:?}");
+    let bad = settle(&api, "jobs", "ack", &first, &a, next(json!({ "max": 0 }))).await;
+    assert_eq!((bad.status, bad.code()), (400, "invalid_argument"), "{bad:?}");
+    let unknown = settle(&api, "jobs", "ack", &first, &a, next(json!({ "maximum": 1 }))).await;
+    assert_eq!((unknown.status, unknown.code()), (422, "invalid_body"), "{unknown:?}");
+    let view = queue(&api, "jobs").await;
+    assert_eq!((view["pending"].as_u64(), view["claimed"].as_u64()), (Some(1), Some(1)), "{view}");
+
+    let answer = settle(&api, "jobs", "ack", &first, &a, next(json!({ "request_id": 41 }))).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.body["id"], first["id"]);
+    let items = answer.body["items"].as_array().cloned().unwrap();
+    assert_eq!(items.len(), 1, "{answer:?}");
+    let second = items[0].clone();
+    assert_eq!((second["payload"].clone(), second["attempt"].as_u64()), (json!(2), Some(1)));
+    assert!(second["token"].as_u64() > first["token"].as_u64());
+    // A retry after a lost answer answers the same claim; a plain ack of the first item finds it
+    // gone.
+    let retried = settle(&api, "jobs", "ack", &first, &a, next(json!({ "request_id": 41 }))).await;
+    assert_eq!(
+        (retried.status, retried.body["items"].clone()),
+        (200, json!([second.clone()])),
+        "{retried:?}"
+    );
+    let gone = settle(&api, "jobs", "ack", &first, &a, json!({})).await;
+    assert_eq!((gone.status, gone.code()), (409, "claim_lost"), "{gone:?}");
+    // The next claim cannot reuse the request_id of the claim that took the item it acks.
+    let reuse = settle(&api, "jobs", "ack", &second, &a, next(json!({ "request_id": 41 }))).await;
+    assert_eq!((reuse.status, reuse.code()), (400, "invalid_argument"), "{reuse:?}");
+
+    // Nothing pending: the next claim waits, and the push serves it.
+    let waiting = tokio::spawn({
+        let (api, a, second) = (api.clone(), a.clone(), second.clone());
+        async move { settle(&api, "jobs", "ack", &second, &a, next(json!({ "wait_ms": 20_000 }))).await }
+    });
+    let queued =
+        eventually(Duration::from_secs(5), async || queue(&api, "jobs").await["claimers"] == 1).await;
+    assert!(queued, "the claim waits");
+    let view = queue(&api, "jobs").await;
+    assert_eq!((view["pending"].as_u64(), view["claimed"].as_u64()), (Some(0), Some(0)), "acked: {view}");
+    push(&api, "jobs", json!({ "payload": 3 })).await;
+    let answer = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("answered").unwrap();
+    assert_eq!((answer.status, answer.body["items"][0]["payload"].clone()), (200, json!(3)), "{answer:?}");
+    let third = answer.body["items"][0].clone();
+
+    // The session ends while the next claim waits: the ack stood, and the answer says the claim
+    // took nothing.
+    let waiting = tokio::spawn({
+        let (api, a) = (api.clone(), a.clone());
+        async move { settle(&api, "jobs", "ack", &third, &a, next(json!({ "wait_ms": 20_000 }))).await }
+    });
+    let queued =
+        eventually(Duration::from_secs(5), async || queue(&api, "jobs").await["claimers"] == 1).await;
+    assert!(queued, "the claim waits");
+    assert_eq!(api.send("DELETE", &format!("/v1/sessions/{a}"), None).await.status, 204);
+    let answer = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("answered").unwrap();
+    assert_eq!((answer.status, answer.body["items"].clone()), (200, json!([])), "{answer:?}");
+    let view = queue(&api, "jobs").await;
+    assert_eq!(
+        (view["pending"].as_u64(), view["claimed"].as_u64(), view["claimers"].as_u64()),
+        (Some(0), Some(0), Some(0)),
+        "{view}"
+    );
+
+    // A plain claim of a session that ends answers at once too, that its session is gone.
+    let waiting = tokio::spawn({
+        let (api, b) = (api.clone(), b.clone());
+        async move { api.post("/v1/queues/jobs/claim", json!({ "session": b, "wait_ms": 20_000 })).await }
+    });
+    let queued =
+        eventually(Duration::from_secs(5), async || queue(&api, "jobs").await["claimers"] == 1).await;
+    assert!(queued, "the claim waits");
+    assert_eq!(api.send("DELETE", &format!("/v1/sessions/{b}"), None).await.status, 204);
+    let answer = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("answered").unwrap();
+    assert_eq!((answer.status, answer.code()), (404, "session_not_found"), "{answer:?}");
+}
+
 #[tokio::test]
 async fn a_dead_session_s_claims_are_pending_again_and_the_last_attempt_is_dead_lettered() {
     let server = Server::start();

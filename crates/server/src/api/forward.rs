@@ -161,19 +161,22 @@ fn catch_up(app: &App) -> Duration {
     Duration::from_millis(app.config.election_timeout_ms.0)
 }
 
-/// Whether a forwarded request is a long-poll: a waiting acquire, campaign, claim or take, or a
-/// blocking read.
+/// Whether a forwarded request is a long-poll: a waiting acquire, campaign, claim or take, an
+/// ack whose next claim waits, or a blocking read.
 fn forwards_long_poll(path: &str, body: &[u8]) -> bool {
     let (path, query) = path.split_once('?').unwrap_or((path, ""));
     if query.split('&').any(|pair| pair.starts_with("index=")) {
         return true;
     }
     let waits = ["/acquire", "/campaign", "/claim", "/take"];
-    waits.iter().any(|verb| path.ends_with(verb))
-        && serde_json::from_slice::<serde_json::Value>(body)
-            .ok()
-            .and_then(|body| body.get("wait_ms")?.as_u64())
-            .is_some_and(|wait_ms| wait_ms > 0)
+    let waiting = |body: Option<&serde_json::Value>| {
+        body.and_then(|body| body.get("wait_ms")?.as_u64()).is_some_and(|wait_ms| wait_ms > 0)
+    };
+    let body = || serde_json::from_slice::<serde_json::Value>(body).ok();
+    if waits.iter().any(|verb| path.ends_with(verb)) {
+        return waiting(body().as_ref());
+    }
+    path.ends_with("/ack") && waiting(body().as_ref().and_then(|body| body.get("claim")))
 }
 
 /// A request with `permit-forwarded-by`, checked: kept as forwarded when that names the node
@@ -339,4 +342,33 @@ async fn proxy(app: &App, leader: u64, addr: &str, request: Request) -> Response
         }
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::forwards_long_poll;
+
+    /// A forwarded request that waits gets the long-poll's time: a claim, and an ack whose next
+    /// claim waits; not an ack without one, nor a claim that answers at once.
+    #[test]
+    fn waiting_claims_and_acks_that_claim_are_long_polls() {
+        let waits = [
+            ("/v1/queues/q/claim", r#"{"session":"s","wait_ms":5000}"#),
+            ("/v1/queues/q/items/1/ack", r#"{"session":"s","token":1,"claim":{"wait_ms":5000}}"#),
+            ("/v1/semaphores/s/acquire", r#"{"session":"s","wait_ms":1}"#),
+            ("/v1/semaphores/s?index=3", ""),
+        ];
+        for (path, body) in waits {
+            assert!(forwards_long_poll(path, body.as_bytes()), "{path} {body}");
+        }
+        let quick = [
+            ("/v1/queues/q/claim", r#"{"session":"s"}"#),
+            ("/v1/queues/q/items/1/ack", r#"{"session":"s","token":1,"wait_ms":5000}"#),
+            ("/v1/queues/q/items/1/ack", r#"{"session":"s","token":1,"claim":{"max":2}}"#),
+            ("/v1/queues/q/items/1/nack", r#"{"session":"s","token":1,"claim":{"wait_ms":5000}}"#),
+        ];
+        for (path, body) in quick {
+            assert!(!forwards_long_poll(path, body.as_bytes()), "{path} {body}");
+        }
+    }
 }

@@ -246,24 +246,43 @@ pub(crate) async fn claim(
     let name = parse_name(&name)?;
     let session = parse_session(&request.session)?;
     caller.check_owns(&app, session)?;
-    let max = request.max.unwrap_or(1);
-    let wait_ms = capped_wait(request.wait_ms);
-    validate_claim(max, wait_ms)?;
-    let request_id = match request.request_id {
-        Some(id) if id > permit_wire::CLAIM_REQUEST_ID_MAX => {
-            return Err(ApiError::new(
-                ErrorCode::InvalidArgument,
-                format!("request_id must be at most {}", permit_wire::CLAIM_REQUEST_ID_MAX),
-            ))
-        }
-        Some(id) => id,
-        None => app.new_claim_request_id(),
-    };
-    let _poll = if wait_ms > 0 { Some(caller.long_poll(&app).await?) } else { None };
-    let claimed = claim_items(&app, name, session, request_id, max, wait_ms);
-    let items =
-        if wait_ms > 0 { caller.unless_cut_off(&app, false, claimed).await? } else { claimed.await? };
+    let claim = ClaimParams::new(&app, request.max, request.wait_ms, request.request_id)?;
+    let items = claim_items(&app, &caller, name, session, claim, None).await?;
     Ok(axum::Json(ClaimResponse { items: items.into_iter().map(claimed_item).collect() }))
+}
+
+/// A claim's parameters, checked.
+#[derive(Clone, Copy)]
+struct ClaimParams {
+    max: u32,
+    /// Capped at the longest long-poll.
+    wait_ms: u64,
+    request_id: u64,
+}
+
+impl ClaimParams {
+    /// Checks a claim's fields; picks a `request_id` when the client gave none.
+    fn new(
+        app: &App,
+        max: Option<u32>,
+        wait_ms: Option<u64>,
+        request_id: Option<u64>,
+    ) -> Result<Self, ApiError> {
+        let max = max.unwrap_or(1);
+        let wait_ms = capped_wait(wait_ms);
+        validate_claim(max, wait_ms)?;
+        let request_id = match request_id {
+            Some(id) if id > permit_wire::CLAIM_REQUEST_ID_MAX => {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("request_id must be at most {}", permit_wire::CLAIM_REQUEST_ID_MAX),
+                ))
+            }
+            Some(id) => id,
+            None => app.new_claim_request_id(),
+        };
+        Ok(ClaimParams { max, wait_ms, request_id })
+    }
 }
 
 /// End a blocked claim (a client that stops waiting), by its `request_id`: it takes nothing more,
@@ -309,20 +328,29 @@ fn raw(payload: &Payload) -> Box<RawValue> {
         .unwrap_or_else(|_| RawValue::from_string("null".into()).expect("valid JSON"))
 }
 
-/// Proposes the claim and, if it waits, long-polls until it is served or `wait_ms` passes (then
-/// ends it, and answers what it took by then).
+/// Proposes the claim (after the ack of `ack`'s item id and token, in the same command) and, if
+/// it waits, long-polls until it is served or `wait_ms` passes (then ends it, and answers what it
+/// took by then). Once an ack that claims is applied it stands: a session that ends while the
+/// claim waits gets no items rather than an error.
 async fn claim_items(
     app: &App,
+    caller: &Caller,
     name: Name,
     session: SessionId,
-    request: u64,
-    max: u32,
-    wait_ms: u64,
+    claim: ClaimParams,
+    ack: Option<(u64, u64)>,
 ) -> Result<Vec<ClaimedItem>, ApiError> {
+    let ClaimParams { max, wait_ms, request_id: request } = claim;
+    let _poll = if wait_ms > 0 { Some(caller.long_poll(app).await?) } else { None };
     let key = Key::queue(name.clone());
     // Subscribe before proposing, so that a push applied right after the claim is not missed.
     let subscription = (wait_ms > 0).then(|| app.notifier.subscribe(key, session));
-    let command = Command::Claim { queue: name.clone(), session, request, max, wait_ms };
+    let command = match ack {
+        None => Command::Claim { queue: name.clone(), session, request, max, wait_ms },
+        Some((id, token)) => {
+            Command::AckAndClaim { queue: name.clone(), id, session, token, request, max, wait_ms }
+        }
+    };
     match app.propose(command).await? {
         Outcome::Claimed { items } => return Ok(items),
         Outcome::ClaimWaiting => {}
@@ -333,36 +361,42 @@ async fn claim_items(
         // The state machine never leaves a claim with `wait_ms` 0 waiting.
         return Err(ApiError::internal("a claim without wait_ms was left waiting"));
     };
-    let deadline = Instant::now() + Duration::from_millis(wait_ms);
-    let mut shutdown = app.shutdown.clone();
-    loop {
-        let notified = subscription.notify().notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        {
-            let replica = app.replica().read();
-            if replica.state.session(session).is_none() {
-                return Err(ApiError::session_not_found());
+    let waited = async {
+        let deadline = Instant::now() + Duration::from_millis(wait_ms);
+        let mut shutdown = app.shutdown.clone();
+        loop {
+            let notified = subscription.notify().notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let replica = app.replica().read();
+                if replica.state.session(session).is_none() {
+                    return match ack {
+                        None => Err(ApiError::session_not_found()),
+                        Some(_) => Ok(Vec::new()),
+                    };
+                }
+                let (items, waiting) = replica.state.claim_status(&name, session, request);
+                if !waiting {
+                    return Ok(items);
+                }
             }
-            let (items, waiting) = replica.state.claim_status(&name, session, request);
-            if !waiting {
-                return Ok(items);
+            tokio::select! {
+                biased;
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(deadline) => break,
+                _ = shutdown.wait_for(|stopping| *stopping) => break,
             }
         }
-        tokio::select! {
-            biased;
-            () = &mut notified => {}
-            () = tokio::time::sleep_until(deadline) => break,
-            _ = shutdown.wait_for(|stopping| *stopping) => break,
+        // Out of time: end the blocked claim, and answer what it took before that.
+        match app.propose(Command::CancelClaim { queue: name.clone(), session, request }).await? {
+            Outcome::ClaimCancelled | Outcome::Refused(Refusal::QueueNotFound) => {}
+            Outcome::Refused(refusal) => return Err(refusal.into()),
+            other => return Err(ApiError::internal(other)),
         }
-    }
-    // Out of time: end the blocked claim, and answer what it took before that.
-    match app.propose(Command::CancelClaim { queue: name.clone(), session, request }).await? {
-        Outcome::ClaimCancelled | Outcome::Refused(Refusal::QueueNotFound) => {}
-        Outcome::Refused(refusal) => return Err(refusal.into()),
-        other => return Err(ApiError::internal(other)),
-    }
-    Ok(app.replica().read().state.claim_status(&name, session, request).0)
+        Ok(app.replica().read().state.claim_status(&name, session, request).0)
+    };
+    caller.unless_cut_off(app, false, waited).await
 }
 
 /// An item id from the path: the decimal digits the API hands out. Anything else names no item.
@@ -374,11 +408,19 @@ fn parse_item_id(id: &str) -> Result<u64, ApiError> {
 
 /// Ack a claimed item: it is done and gone. Only the claiming session with the claim's token
 /// may; otherwise `claim_lost` (the claim ended: session gone, nacked, or claimed again since).
+/// With `claim`, the same command then claims for the session as `POST .../claim` does (a
+/// worker's loop in one round trip): both or neither, and the answer's `items` are what the
+/// claim took. Once applied the ack stands, whatever happens to the claim's wait.
 #[utoipa::path(post, path = "/v1/queues/{name}/items/{id}/ack", tag = "queues", request_body = AckRequest,
     params(("name" = String, Path, description = "Queue name"), ("id" = String, Path, description = "Item id")),
-    responses((status = 200, body = SettleResponse),
+    responses((status = 200, body = SettleResponse, description = "Acked (and, with `claim`, the items it took)"),
+              (status = 400, body = ErrorBody, description = "`invalid_argument`: the claim's `max` out of range, \
+or its `request_id` names the claim of the acked item; nothing changed"),
               (status = 404, body = ErrorBody, description = "`queue_not_found`, `item_not_found` (not an id)"),
-              (status = 409, body = ErrorBody, description = "`claim_lost`: nothing changed")))]
+              (status = 409, body = ErrorBody, description = "`claim_lost`: nothing changed; \
+`feature_unavailable`: `claim` needs cluster feature version 6"),
+              (status = 429, body = ErrorBody, description = "`limit_exceeded` (with `claim`): too many claims by \
+this session, blocked claims on this queue, or long-polls of this token; nothing changed")))]
 pub(crate) async fn ack(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -388,12 +430,21 @@ pub(crate) async fn ack(
     let name = parse_name(&name)?;
     let id = parse_item_id(&id)?;
     let session = parse_session(&request.session)?;
+    let claim = match &request.claim {
+        Some(next) => Some(ClaimParams::new(&app, next.max, next.wait_ms, next.request_id)?),
+        None => None,
+    };
     caller.check_owns(&app, session)?;
     if crate::bugs::is(crate::bugs::Bug::LostAck) {
-        return Ok(axum::Json(SettleResponse { id: id.to_string(), state: None }));
+        return Ok(axum::Json(SettleResponse { id: id.to_string(), state: None, items: None }));
+    }
+    if let Some(claim) = claim {
+        let items = claim_items(&app, &caller, name, session, claim, Some((id, request.token))).await?;
+        let items = Some(items.into_iter().map(claimed_item).collect());
+        return Ok(axum::Json(SettleResponse { id: id.to_string(), state: None, items }));
     }
     match app.propose(Command::Ack { queue: name, id, session, token: request.token }).await? {
-        Outcome::Acked => Ok(axum::Json(SettleResponse { id: id.to_string(), state: None })),
+        Outcome::Acked => Ok(axum::Json(SettleResponse { id: id.to_string(), state: None, items: None })),
         Outcome::Refused(refusal) => Err(refusal.into()),
         other => Err(ApiError::internal(other)),
     }
@@ -429,7 +480,7 @@ pub(crate) async fn nack(
                 Settled::Delayed => ItemState::Delayed,
                 Settled::Dead => ItemState::Dead,
             };
-            Ok(axum::Json(SettleResponse { id: id.to_string(), state: Some(state) }))
+            Ok(axum::Json(SettleResponse { id: id.to_string(), state: Some(state), items: None }))
         }
         Outcome::Refused(refusal) => Err(refusal.into()),
         other => Err(ApiError::internal(other)),

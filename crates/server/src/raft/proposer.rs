@@ -149,6 +149,16 @@ async fn run(
         let cut = batch_cut(&proposals);
         let (commands, replies): (Vec<Command>, Vec<_>) =
             proposals.drain(..cut).map(|proposal| (proposal.command, proposal.reply)).unzip();
+        // An ack that claims next wakes its session, unless its claim is left waiting: then the
+        // session sends nothing until a push serves it (see `HandoffWait::written`).
+        let acks_claiming: Vec<(usize, SessionId)> = commands
+            .iter()
+            .enumerate()
+            .filter_map(|(at, command)| match command {
+                Command::AckAndClaim { session, .. } => Some((at, *session)),
+                _ => None,
+            })
+            .collect();
         metrics.observe_batch(commands.len());
         last_batch = commands.len();
         let batch = Batch { now_ms: clock.now_ms(replica.now_ms()), commands };
@@ -173,6 +183,16 @@ async fn run(
         let written = started.elapsed();
         metrics.observe_write(written.as_secs_f64());
         handoff.written(result.is_ok().then_some(written), &notifier);
+        if let Ok(response) = &result {
+            for (at, session) in &acks_claiming {
+                let waiting = matches!(response.data.get(*at), Some(Outcome::ClaimWaiting));
+                if let Some(woken) =
+                    handoff.woken.iter().position(|woken| woken == session).filter(|_| waiting)
+                {
+                    handoff.woken.remove(woken);
+                }
+            }
+        }
         match result {
             Ok(response) => {
                 debug_assert_eq!(response.data.len(), replies.len(), "one outcome per command");
@@ -272,7 +292,9 @@ impl HandoffWait {
         {
             let replica = replica.read();
             for proposal in proposals.iter() {
-                if let Command::Claim { queue, wait_ms, .. } = &proposal.command {
+                if let Command::Claim { queue, wait_ms, .. } | Command::AckAndClaim { queue, wait_ms, .. } =
+                    &proposal.command
+                {
                     let empty = replica.state.queue(queue).is_some_and(|q| q.first_pending().is_none());
                     if *wait_ms > 0 && empty && !blocked.contains(&queue) {
                         blocked.push(queue);
@@ -323,7 +345,8 @@ fn session_of(command: &Command) -> Option<SessionId> {
         | Command::Claim { session, .. }
         | Command::CancelClaim { session, .. }
         | Command::Ack { session, .. }
-        | Command::Nack { session, .. } => Some(*session),
+        | Command::Nack { session, .. }
+        | Command::AckAndClaim { session, .. } => Some(*session),
         // Listed, not a wildcard: a new command must be placed here (the queue commands were
         // missed behind a wildcard, and every handoff waited out the whole wait).
         Command::CreateSession { .. }
@@ -391,6 +414,15 @@ mod tests {
             Command::CancelClaim { queue: queue.clone(), session, request: 1 },
             Command::Ack { queue: queue.clone(), id: 1, session, token: 2 },
             Command::Nack { queue: queue.clone(), id: 1, session, token: 2, delay_ms: 0, error: None },
+            Command::AckAndClaim {
+                queue: queue.clone(),
+                id: 1,
+                session,
+                token: 2,
+                request: 3,
+                max: 1,
+                wait_ms: 1,
+            },
         ];
         for command in &commands {
             assert_eq!(session_of(command), Some(session), "{command:?}");
