@@ -924,7 +924,7 @@ impl State {
         // session's claims: after the ack nothing may refuse it.
         let queue = self.queue(name).expect("an owned claim's queue exists");
         let held = queue.claimed.get(&session).map_or(0, OrdSet::len);
-        if held - 1 + max as usize > CLAIMS_PER_SESSION_MAX {
+        if held.saturating_sub(1) + max as usize > CLAIMS_PER_SESSION_MAX {
             return Err(Refusal::LimitExceeded(Limit::ClaimsPerSession));
         }
         if wait_ms > 0 && queue.claimers.len() >= WAITERS_PER_OBJECT_MAX {

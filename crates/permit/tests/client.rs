@@ -658,6 +658,44 @@ async fn a_blocking_claim_is_answered_when_an_item_arrives() {
     item.ack().await.unwrap();
 }
 
+/// A worker's loop in one request per item: the ack claims the next, waits for one to arrive,
+/// and answers `None` when none came in time, the last item acked all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_claims_the_next_item_in_the_same_request() {
+    let server = Server::start();
+    let client = client(&server);
+    let ready = common::eventually(STEP_TIMEOUT, async || {
+        client.cluster().await.is_ok_and(|view| view.feature_version.is_some_and(|v| v >= 6))
+    })
+    .await;
+    assert!(ready, "the cluster did not reach feature version 6");
+    for n in 1..=2 {
+        client.push("loop", &n).await.unwrap();
+    }
+    let session = client.session(Duration::from_secs(10)).await.unwrap();
+    let first = bounded("claim", session.claim("loop")).await.unwrap();
+    let second = bounded("ack and claim", first.ack_and_claim(Duration::from_secs(5))).await.unwrap();
+    let second = second.expect("the second item was due");
+    assert_eq!(second.payload(), "2");
+    assert_eq!(queue_counts(&client, "loop").await, (0, 1, 0), "the first acked, the second claimed");
+
+    let worker = tokio::spawn(async move { second.ack_and_claim(Duration::from_secs(20)).await });
+    let waiting = common::eventually(STEP_TIMEOUT, async || {
+        client.get_queue("loop").await.is_ok_and(|view| view.claimers == 1 && view.claimed == 0)
+    })
+    .await;
+    assert!(waiting, "the second item is acked and the next claim waits on the server");
+    let pushed = client.push("loop", &3).await.unwrap();
+    let third =
+        bounded("a waiting ack and claim", worker).await.unwrap().unwrap().expect("served by the push");
+    assert_eq!(third.id(), pushed.id);
+
+    let last = bounded("ack and claim timeout", third.ack_and_claim(Duration::from_millis(200))).await;
+    assert!(last.unwrap().is_none(), "nothing came within the timeout");
+    let view = client.get_queue("loop").await.unwrap();
+    assert_eq!((view.pending, view.claimed, view.claimers), (0, 0, 0), "all acked, no claim left waiting");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimed_item_is_lost_with_its_session() {
     let server = Server::start();
