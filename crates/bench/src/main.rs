@@ -28,6 +28,7 @@ mod server;
 mod snap;
 mod stats;
 mod take;
+mod tasks;
 mod tls;
 mod workloads;
 

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde_json::json;
 
 use crate::api::Api;
@@ -29,6 +29,7 @@ use crate::beanstalk;
 use crate::cpu::CpuWindow;
 use crate::redis::StreamClient;
 use crate::stats::Samples;
+use crate::tasks::{join, STUCK};
 
 /// Encoded size of a Q1/Q2 item's payload, in bytes.
 pub const PAYLOAD_BYTES: usize = 256;
@@ -41,9 +42,6 @@ pub const Q2_CONSUMERS: usize = 16;
 pub const Q2_BACKLOG: usize = 64;
 /// The tag of the items that end a run.
 const STOP: &str = "stop";
-/// Most that anything of a run waits for its peers (a consumer for its items, the run for its
-/// consumers) before it fails.
-const STUCK: Duration = Duration::from_secs(120);
 /// The consumer group of the Redis stream.
 const GROUP: &str = "workers";
 
@@ -249,18 +247,6 @@ fn claimed(answer: &serde_json::Value) -> anyhow::Result<Option<Claimed>> {
     }))
 }
 
-/// Waits for `task`, bounded by [`STUCK`]; aborts it when that passes.
-async fn join<T>(task: tokio::task::JoinHandle<anyhow::Result<T>>) -> anyhow::Result<T> {
-    let abort = task.abort_handle();
-    match tokio::time::timeout(STUCK, task).await {
-        Ok(joined) => joined?,
-        Err(_) => {
-            abort.abort();
-            bail!("a queue client did not finish within {STUCK:?}")
-        }
-    }
-}
-
 /// Q1 on `target`, queue `queue` (new): each item's time from its push to its ack's answer.
 pub async fn q1(target: &Target, queue: &str, duration: Duration) -> anyhow::Result<Samples> {
     target.prepare(queue).await?;
@@ -300,13 +286,13 @@ pub async fn q1(target: &Target, queue: &str, duration: Duration) -> anyhow::Res
     };
     match producing.await {
         Ok(samples) => {
-            join(consuming).await?;
+            join(consuming, "queue").await?;
             Ok(samples)
         }
         Err(error) => {
             // The consumer's failure, when it failed first, says more.
             if consuming.is_finished() {
-                join(consuming).await?;
+                join(consuming, "queue").await?;
             } else {
                 consuming.abort();
             }
@@ -398,7 +384,7 @@ pub async fn q2(target: &Target, queue: &str, duration: Duration, pids: &[String
     let mut pushed = 0;
     let mut last = None;
     for task in producing {
-        match join(task).await {
+        match join(task, "queue").await {
             Ok((n, producer)) => {
                 pushed += n;
                 last = Some(producer);
@@ -421,7 +407,7 @@ pub async fn q2(target: &Target, queue: &str, duration: Duration, pids: &[String
     }
     let mut acked = HashSet::new();
     for task in consuming {
-        for tag in join(task).await? {
+        for tag in join(task, "queue").await? {
             anyhow::ensure!(acked.insert(tag.clone()), "{tag} acknowledged twice");
         }
     }

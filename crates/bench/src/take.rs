@@ -22,6 +22,7 @@ use serde_json::json;
 use crate::api::Api;
 use crate::redis::Gcra;
 use crate::stats::Samples;
+use crate::tasks::join;
 
 /// Clients of T1 and of the accuracy run, each with a connection of its own.
 pub const CLIENTS: usize = 32;
@@ -52,9 +53,6 @@ pub const OPEN_RATE: Rate = Rate { permits: 1_000_000, per_ms: 1_000, burst: 1_0
 
 /// The accuracy run's rate: 100 a second, 10 at once.
 pub const ACCURACY_RATE: Rate = Rate { permits: 100, per_ms: 1_000, burst: 10 };
-
-/// The most that anything of a run waits for its clients before it fails.
-const STUCK: Duration = Duration::from_secs(120);
 
 /// Where T1 runs.
 pub enum Target {
@@ -176,7 +174,7 @@ pub async fn throughput(target: &Target, name: &str, duration: Duration) -> anyh
         .collect();
     let mut latency = Samples::default();
     for task in tasks {
-        latency.extend(&join(task).await?);
+        latency.extend(&join(task, "take").await?);
     }
     let elapsed = started.elapsed().as_secs_f64();
     Ok(TakeRun { per_second: latency.len() as f64 / elapsed, latency })
@@ -233,7 +231,7 @@ pub async fn accuracy(url: &str, name: &str, rate: Rate, duration: Duration) -> 
         .collect();
     let (mut grants, mut refused, mut last) = (Vec::new(), 0, started);
     for task in tasks {
-        let (some, refusals, done) = join(task).await?;
+        let (some, refusals, done) = join(task, "take").await?;
         grants.extend(some);
         refused += refusals;
         last = last.max(done);
@@ -273,18 +271,6 @@ fn early_grants(grants: &[Grant], rate: Rate) -> (f64, u64) {
         }
     }
     (worst, early)
-}
-
-/// Waits for `task`, bounded by [`STUCK`]; aborts it when that passes.
-async fn join<T>(task: tokio::task::JoinHandle<anyhow::Result<T>>) -> anyhow::Result<T> {
-    let abort = task.abort_handle();
-    match tokio::time::timeout(STUCK, task).await {
-        Ok(joined) => joined?,
-        Err(_) => {
-            abort.abort();
-            bail!("a take client did not finish within {STUCK:?}")
-        }
-    }
 }
 
 #[cfg(test)]
