@@ -21,6 +21,7 @@ import permit.aio
 from conftest import Server, eventually, metric_sum, metrics
 
 CLAIM_ROUTE = 'route="/v1/queues/{name}/claim"'
+ACK_ROUTE = 'route="/v1/queues/{name}/items/{id}/ack"'
 
 
 def run(main: Any) -> Any:
@@ -119,6 +120,47 @@ def test_ack_and_nack_of_an_ended_claim_are_claim_lost(server: Server, name: str
         with pytest.raises(permit.NotFound) as gone:
             client.remove_item(name, item.id)
         assert gone.value.code == "item_not_found"
+
+
+def test_ack_and_claim_acks_and_claims_the_next_item_in_one_request(server: Server, name: str) -> None:
+    with permit.Client(server.url) as client, client.session(ttl=10.0) as session:
+        pushed = client.push_many(name, ["a", "b", "c"])
+        before = metrics(server.url)
+        item = session.claim(name, timeout=5.0)
+        seen = []
+        while item is not None:
+            seen.append((item.id, item.payload))
+            item = item.ack_and_claim(timeout=0)
+        assert seen == [(p.id, payload) for p, payload in zip(pushed, ["a", "b", "c"])]
+        info = client.queue(name)
+        assert (info.pending, info.claimed, info.claimers) == (0, 0, 0)
+        # One claim for the first item, then one request per item: each ack claimed the next.
+        after = metrics(server.url)
+        assert metric_sum(after, "permit_http_requests_total", CLAIM_ROUTE) - metric_sum(
+            before, "permit_http_requests_total", CLAIM_ROUTE
+        ) == 1
+        assert metric_sum(after, "permit_http_requests_total", ACK_ROUTE) - metric_sum(
+            before, "permit_http_requests_total", ACK_ROUTE
+        ) == 3
+
+        # A blocked one is answered by the next push; its ack stands meanwhile.
+        client.push(name, "d")
+        first = session.claim(name, timeout=5.0)
+        got: List[Any] = []
+        waiter = threading.Thread(target=lambda: got.append(first.ack_and_claim(timeout=20.0)))
+        waiter.start()
+        assert eventually(lambda: client.queue(name).claimers == 1)
+        assert (client.queue(name).claimed, client.queue(name).pending) == (0, 0), "acked while the claim waits"
+        later = client.push(name, "e")
+        waiter.join(10.0)
+        assert got and got[0] is not None and (got[0].id, got[0].payload) == (later.id, "e")
+        # None came in time: None, and the ack stands.
+        assert got[0].ack_and_claim(timeout=0.2) is None
+        info = client.queue(name)
+        assert (info.pending, info.claimed, info.claimers) == (0, 0, 0)
+        with pytest.raises(permit.Conflict) as again:
+            got[0].ack()
+        assert again.value.code == "claim_lost"
 
 
 def test_items_of_a_lost_session_are_lost_and_pending_again(server: Server, name: str) -> None:
@@ -372,6 +414,30 @@ def test_asyncio_cancelling_a_blocked_claim_leaves_no_claimer_and_takes_nothing(
                 await client.push(name, "for someone else")
                 info = await client.queue(name)
                 assert (info.pending, info.claimed) == (1, 0)
+
+    run(main)
+
+
+def test_asyncio_cancelling_an_ack_and_claim_keeps_the_ack_and_takes_nothing(server: Server, name: str) -> None:
+    async def main() -> None:
+        async with permit.aio.Client(server.url) as client:
+            async with client.session() as session:
+                await client.push(name, "one")
+                item = await session.claim(name, timeout=5.0)
+                task = asyncio.create_task(item.ack_and_claim(timeout=30.0))
+                assert await until(lambda: claimers(client, name, 1))
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                # The ack stands and the claim's wait ended: a push now stays pending.
+                info = await client.queue(name)
+                assert (info.claimers, info.pending, info.claimed) == (0, 0, 0)
+                await client.push(name, "for someone else")
+                info = await client.queue(name)
+                assert (info.pending, info.claimed) == (1, 0)
+                nxt = await session.claim(name, timeout=5.0)
+                assert nxt.payload == "for someone else"
+                assert await nxt.ack_and_claim(timeout=0) is None
 
     run(main)
 
