@@ -186,6 +186,13 @@ type claimBody struct {
 	RequestID uint64 `json:"request_id"`
 }
 
+// nextClaimBody is the claim an ack makes for the same session (AckAndClaim).
+type nextClaimBody struct {
+	Max       int    `json:"max"`
+	WaitMs    uint64 `json:"wait_ms"`
+	RequestID uint64 `json:"request_id"`
+}
+
 type cancelClaimBody struct {
 	Session   string `json:"session"`
 	RequestID uint64 `json:"request_id"`
@@ -371,6 +378,58 @@ func (it *Item) Ack(ctx context.Context) error {
 	return it.settle(ctx, "ack", map[string]any{})
 }
 
+// AckAndClaim acks the item and claims the session's next item of the same queue in the same
+// request (one round trip and one log entry instead of two), then waits for one as Claim does
+// while ctx lasts. The ack and the claim are applied together or not at all: an error that
+// leaves the item unacked is Ack's (ErrClaimLost, ...), and the item is still this worker's.
+// Once applied the ack stands: an error after it (ctx ended: ErrTimeout at its deadline; the
+// session lost) is Claim's, and the item is settled. On a cluster older than feature version 6
+// it acks, then claims, in two requests. A worker's loop:
+//
+//	item := first
+//	for {
+//		work(item)
+//		next, err := item.AckAndClaim(ctx)
+//		if err != nil {
+//			return err
+//		}
+//		item = next
+//	}
+func (it *Item) AckAndClaim(ctx context.Context) (*Item, error) {
+	s := it.session
+	wait := s.waitSlice(ctx, false)
+	request := newRequestID()
+	body := map[string]any{"claim": nextClaimBody{Max: 1, WaitMs: ms(wait), RequestID: request}}
+	got, err := it.settleAnswer(ctx, "ack", body, maxDuration(s.client.timeout, wait+longPollMargin))
+	switch {
+	case hasCode(err, "feature_unavailable"):
+		if err := it.Ack(ctx); err != nil {
+			return nil, err
+		}
+	case err != nil:
+		if ctx.Err() != nil {
+			// The ack may have applied and its claim may wait: end the claim on the server.
+			s.giveUpClaim(it.name, request)
+			return nil, contextError(ctx, "acking and claiming from queue "+it.name)
+		}
+		return nil, err
+	default:
+		var answer claimAnswer
+		if err := got.decode(&answer); err != nil {
+			return nil, err
+		}
+		if len(answer.Items) > 0 {
+			return s.adoptItems(it.name, answer.Items)[0], nil
+		}
+	}
+	// Acked; nothing came within the first wait: claim as Claim does for the rest of ctx.
+	items, err := s.Claim(ctx, it.name)
+	if err != nil {
+		return nil, err
+	}
+	return items[0], nil
+}
+
 // Nack hands the item back: it is pending again in its seq place (after Delay), or moves to
 // the dead-letter queue when it was claimed max_attempts times; Reason is kept with it.
 // ErrClaimLost when the claim ended first (after a lost answer: maybe nacked, as for Ack).
@@ -391,25 +450,31 @@ func (it *Item) Nack(ctx context.Context, opts ...NackOption) error {
 
 // settle acks or nacks the claim: once; and only on the server while the claim may last.
 func (it *Item) settle(ctx context.Context, verb string, body map[string]any) error {
+	_, err := it.settleAnswer(ctx, verb, body, 0)
+	return err
+}
+
+// settleAnswer is settle with the server's answer, and the call's timeout (0: the client's).
+func (it *Item) settleAnswer(ctx context.Context, verb string, body map[string]any, timeout time.Duration) (answer, error) {
 	it.mu.Lock()
 	released, ended, lostErr := it.released, it.ended, it.err
 	it.mu.Unlock()
 	switch {
 	case released:
-		return newError("claim_lost", 0, "item %s of queue %s: already acked or nacked", it.id, it.name)
+		return answer{}, newError("claim_lost", 0, "item %s of queue %s: already acked or nacked", it.id, it.name)
 	case ended:
 		why := it.session.Err() // closed with its session
 		if lostErr != nil {
 			why = lostErr
 		}
-		return newError("claim_lost", 0, "item %s of queue %s: the claim ended: %v", it.id, it.name, why)
+		return answer{}, newError("claim_lost", 0, "item %s of queue %s: the claim ended: %v", it.id, it.name, why)
 	}
 	s := it.session
 	body["session"] = s.id
 	body["token"] = it.token
 	var resent bool
 	path := queues.path(it.name, "items/"+segment(it.id)+"/"+verb)
-	_, err := s.client.do(ctx, call{method: "POST", path: path, body: body, resent: &resent})
+	got, err := s.client.do(ctx, call{method: "POST", path: path, body: body, timeout: timeout, resent: &resent})
 	var e *Error
 	errors.As(err, &e)
 	switch {
@@ -419,7 +484,7 @@ func (it *Item) settle(ctx context.Context, verb string, body map[string]any) er
 		it.mu.Unlock()
 		s.drop(&it.guard)
 		it.markReleased()
-		return nil
+		return got, nil
 	case e != nil && e.Code == "session_not_found":
 		s.lose(e)
 	case e != nil && e.Code == "claim_lost":
@@ -430,7 +495,7 @@ func (it *Item) settle(ctx context.Context, verb string, body map[string]any) er
 		s.drop(&it.guard)
 		it.markLost(e)
 	}
-	return err
+	return answer{}, err
 }
 
 func (it *Item) String() string {

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -494,5 +496,97 @@ func TestItemsThatRacedWithAGivenUpClaimAreNackedBack(t *testing.T) {
 	status, body, err := raw("GET", shared.URL+"/v1/queues/"+queue+"/items?state=pending", "", nil)
 	if err != nil || status != 200 || !strings.Contains(string(body), "given up") {
 		t.Fatalf("the raced item: %d %s %v", status, body, err)
+	}
+}
+
+// countingProxy forwards to upstream and counts the claim and ack requests that pass.
+func countingProxy(t *testing.T, upstream string) (*httptest.Server, *atomic.Int64, *atomic.Int64) {
+	t.Helper()
+	target, err := url.Parse(upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forward := httputil.NewSingleHostReverseProxy(target)
+	var claims, acks atomic.Int64
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/claim"):
+			claims.Add(1)
+		case strings.HasSuffix(r.URL.Path, "/ack"):
+			acks.Add(1)
+		}
+		forward.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	return proxy, &claims, &acks
+}
+
+// AckAndClaim acks an item and claims the next in one request per item; a blocked one is
+// answered by the next push while its ack stands; when ctx ends the ack stands and the claim
+// is given up on the server.
+func TestAckAndClaimAcksAndClaimsTheNextItemInOneRequest(t *testing.T) {
+	t.Parallel()
+	ctx := bounded(t, 20*time.Second)
+	proxy, claims, acks := countingProxy(t, shared.URL)
+	c := newClient(t, []string{proxy.URL})
+	s := newSession(t, ctx, c)
+	queue := newName(t)
+	pushed, err := c.PushMany(ctx, queue, []permit.PushItem{{Payload: job{1}}, {Payload: job{2}}, {Payload: job{3}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	item := claimOne(t, ctx, s, queue)
+	for i, p := range pushed {
+		var j job
+		if item.ID() != p.ID || item.Payload(&j) != nil || j.N != i+1 {
+			t.Fatalf("item %d is %v (%s), pushed %s", i, item, item.RawPayload(), p.ID)
+		}
+		if i == len(pushed)-1 {
+			break
+		}
+		next, err := item.AckAndClaim(ctx)
+		if err != nil || item.Err() != nil || !isClosed(item.Lost()) {
+			t.Fatalf("ack and claim of %v: %v (%v)", item, err, item.Err())
+		}
+		item = next
+	}
+	if claims.Load() != 1 || acks.Load() != 2 {
+		t.Fatalf("%d claim and %d ack requests for 3 items, not 1 and 2", claims.Load(), acks.Load())
+	}
+	// The last one's claim waits: answered by the next push; the ack stands meanwhile.
+	type claimed struct {
+		item *permit.Item
+		err  error
+	}
+	done := make(chan claimed, 1)
+	go func() {
+		next, err := item.AckAndClaim(ctx)
+		done <- claimed{next, err}
+	}()
+	if !eventually(10*time.Second, func() bool { return queueInfo(t, ctx, c, queue).Claimers == 1 }) {
+		t.Fatal("the claim did not block")
+	}
+	if info := queueInfo(t, ctx, c, queue); info.Claimed != 0 || info.Pending != 0 {
+		t.Fatalf("not acked while its claim waits: %+v", info)
+	}
+	later, err := c.Push(ctx, queue, job{4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := <-done
+	if got.err != nil || got.item.ID() != later.ID {
+		t.Fatalf("the blocked ack and claim: %v %v, pushed %s", got.item, got.err, later.ID)
+	}
+	// ctx ends with nothing pushed: the ack stands, the claim is given up.
+	dctx, stop := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer stop()
+	if _, err := got.item.AckAndClaim(dctx); !errors.Is(err, permit.ErrTimeout) {
+		t.Fatalf("an ack and claim whose ctx ended: %v", err)
+	}
+	if info := queueInfo(t, ctx, c, queue); info.Claimed != 0 || info.Pending != 0 || info.Claimers != 0 {
+		t.Fatalf("after an ack and claim whose ctx ended: %+v", info)
+	}
+	if err := got.item.Ack(ctx); !errors.Is(err, permit.ErrClaimLost) {
+		t.Fatalf("a second ack: %v", err)
 	}
 }
