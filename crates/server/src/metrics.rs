@@ -187,16 +187,44 @@ pub(crate) struct QueueFamilies {
     processing_seconds: Family<Labels, Histogram>,
 }
 
-/// The item states of `permit_queue_items`, in the order of [`QueueGauges::items`].
+/// The item states of `permit_queue_items`, in the order of [`QueueSeries::items`].
 pub(crate) const QUEUE_ITEM_STATES: [&str; 3] = ["pending", "delayed", "claimed"];
 
-/// The gauges of one queue series, looked up once.
+/// The events of `permit_queue_events_total`, in the order of [`QueueSeries::events`].
+const QUEUE_EVENT_KINDS: [EventKind; 5] =
+    [EventKind::Pushed, EventKind::Claimed, EventKind::Acked, EventKind::Nacked, EventKind::Dead];
+
+/// The series of one queue that its applies move, looked up once: a lookup clones and hashes
+/// the labels, and every queue command moves some of them.
 #[derive(Clone)]
-pub(crate) struct QueueGauges {
+pub(crate) struct QueueSeries {
     /// Items by state, in the order of [`QUEUE_ITEM_STATES`].
     pub(crate) items: [Gauge; 3],
     /// Blocked claims.
     pub(crate) claimers: Gauge,
+    /// Events by kind, in the order of [`QUEUE_EVENT_KINDS`].
+    events: [Counter; 5],
+    claim_wait_seconds: Histogram,
+    processing_seconds: Histogram,
+}
+
+impl QueueSeries {
+    /// Counts `n` queue events of `kind` (`pushed`, `claimed`, `acked`, `nacked`, `dead`).
+    pub(crate) fn count(&self, kind: EventKind, n: u64) {
+        if let Some(i) = QUEUE_EVENT_KINDS.iter().position(|k| *k == kind) {
+            self.events[i].inc_by(n);
+        }
+    }
+
+    /// Records how long a claimed item waited (`Claimed`), or how long an acked one was held
+    /// (`Acked`).
+    pub(crate) fn observe(&self, kind: EventKind, seconds: f64) {
+        match kind {
+            EventKind::Claimed => self.claim_wait_seconds.observe(seconds),
+            EventKind::Acked => self.processing_seconds.observe(seconds),
+            _ => {}
+        }
+    }
 }
 
 impl QueueFamilies {
@@ -752,32 +780,20 @@ impl Metrics {
     }
 
     /// The gauges of the queue series `labels` (created at zero if new).
-    pub(crate) fn queue_series(&self, labels: &Labels) -> QueueGauges {
+    pub(crate) fn queue_series(&self, labels: &Labels) -> QueueSeries {
         let q = &self.queue;
-        let item = |state: &str| {
+        let with = |key: &str, value: &str| {
             let mut with = labels.clone();
-            with.push(("state".to_owned(), state.to_owned()));
-            q.items.get_or_create(&with).clone()
+            with.push((key.to_owned(), value.to_owned()));
+            with
         };
-        QueueGauges { items: QUEUE_ITEM_STATES.map(item), claimers: q.claimers.get_or_create(labels).clone() }
-    }
-
-    /// Counts `n` queue events of `kind` (`pushed`, `claimed`, `acked`, `nacked`, `dead`) of the
-    /// series `labels`.
-    pub(crate) fn queue_events(&self, labels: &Labels, kind: EventKind, n: u64) {
-        let mut with = labels.clone();
-        with.push(("event".to_owned(), kind.as_str().to_owned()));
-        self.queue.events.get_or_create(&with).inc_by(n);
-    }
-
-    /// Records how long a claimed item waited (`Claimed`), or how long an acked one was held
-    /// (`Acked`), in the queue series `labels`.
-    pub(crate) fn queue_event_seconds(&self, labels: &Labels, kind: EventKind, seconds: f64) {
-        let q = &self.queue;
-        match kind {
-            EventKind::Claimed => q.claim_wait_seconds.get_or_create(labels).observe(seconds),
-            EventKind::Acked => q.processing_seconds.get_or_create(labels).observe(seconds),
-            _ => {}
+        QueueSeries {
+            items: QUEUE_ITEM_STATES.map(|state| q.items.get_or_create(&with("state", state)).clone()),
+            claimers: q.claimers.get_or_create(labels).clone(),
+            events: QUEUE_EVENT_KINDS
+                .map(|kind| q.events.get_or_create(&with("event", kind.as_str())).clone()),
+            claim_wait_seconds: q.claim_wait_seconds.get_or_create(labels).clone(),
+            processing_seconds: q.processing_seconds.get_or_create(labels).clone(),
         }
     }
 
@@ -794,9 +810,7 @@ impl Metrics {
             with.push(("state".to_owned(), state.to_owned()));
             q.items.remove(&with);
         }
-        for kind in
-            [EventKind::Pushed, EventKind::Claimed, EventKind::Acked, EventKind::Nacked, EventKind::Dead]
-        {
+        for kind in QUEUE_EVENT_KINDS {
             let mut with = labels.clone();
             with.push(("event".to_owned(), kind.as_str().to_owned()));
             q.events.remove(&with);

@@ -15,7 +15,7 @@ use permit_core::{Effect, Event, EventKind, Key, Kind, Name, QueueCounts, Sessio
 
 use crate::fanout::Fanout;
 use crate::history::{History, Second};
-use crate::metrics::{ClockGauges, Labels, Metrics, ObjectCounts, ObjectGauges, QueueGauges};
+use crate::metrics::{ClockGauges, Labels, Metrics, ObjectCounts, ObjectGauges, QueueSeries};
 
 /// Events kept for resuming streams (`Last-Event-ID`).
 pub const EVENT_RING_LEN: usize = 10_000;
@@ -202,8 +202,8 @@ struct Tracker {
 struct TrackedQueue {
     /// Its series' labels (its own, or the overflow label).
     labels: Labels,
-    /// Its series' gauges.
-    gauges: QueueGauges,
+    /// Its series, looked up once.
+    series: QueueSeries,
     /// Whether the series is its own.
     own: bool,
     /// Its counts as the gauges last took them in (an overflow series sums several queues, so
@@ -534,7 +534,7 @@ impl Observer {
                         _ => None,
                     };
                     if let Some(ms) = seconds {
-                        self.metrics.queue_event_seconds(&tracked.labels, event.kind, ms as f64 / 1000.0);
+                        tracked.series.observe(event.kind, ms as f64 / 1000.0);
                     }
                     match &mut uncounted {
                         Some((name, kind, n)) if *name == &key.name && *kind == event.kind => *n += 1,
@@ -551,7 +551,7 @@ impl Observer {
     fn count_queue_events(&self, tracker: &Tracker, uncounted: Option<(&Name, EventKind, u64)>) {
         let Some((name, kind, n)) = uncounted else { return };
         if let Some(tracked) = tracker.queues.get(name) {
-            self.metrics.queue_events(&tracked.labels, kind, n);
+            tracked.series.count(kind, n);
         }
     }
 
@@ -561,20 +561,20 @@ impl Observer {
             let own = tracker.own_queues < self.names_max;
             tracker.own_queues += usize::from(own);
             let labels = queue_labels(if own { name.as_str() } else { OVERFLOW_LABEL });
-            let gauges = self.metrics.queue_series(&labels);
+            let series = self.metrics.queue_series(&labels);
             self.metrics.gauges.queues.inc();
             let tracked =
-                TrackedQueue { labels, gauges, own, counts: QueueCounts::default(), oldest_since: None };
+                TrackedQueue { labels, series, own, counts: QueueCounts::default(), oldest_since: None };
             tracker.queues.insert(name.clone(), tracked);
         }
         let tracked = tracker.queues.get_mut(name).expect("tracked above");
         let counts = queue.counts();
         let before = [tracked.counts.pending, tracked.counts.delayed, tracked.counts.claimed];
         let after = [counts.pending, counts.delayed, counts.claimed];
-        for ((gauge, before), after) in tracked.gauges.items.iter().zip(before).zip(after) {
+        for ((gauge, before), after) in tracked.series.items.iter().zip(before).zip(after) {
             gauge.inc_by(after as i64 - before as i64);
         }
-        tracked.gauges.claimers.inc_by(counts.claimers as i64 - tracked.counts.claimers as i64);
+        tracked.series.claimers.inc_by(counts.claimers as i64 - tracked.counts.claimers as i64);
         tracked.counts = counts;
         let age_ms = queue.first_pending().map(|item| state.now_ms().saturating_sub(item.entered_ms));
         tracked.oldest_since = age_ms
@@ -589,10 +589,10 @@ impl Observer {
             self.metrics.forget_queue(&tracked.labels);
         } else {
             let before = [tracked.counts.pending, tracked.counts.delayed, tracked.counts.claimed];
-            for (gauge, before) in tracked.gauges.items.iter().zip(before) {
+            for (gauge, before) in tracked.series.items.iter().zip(before) {
                 gauge.dec_by(before as i64);
             }
-            tracked.gauges.claimers.dec_by(tracked.counts.claimers as i64);
+            tracked.series.claimers.dec_by(tracked.counts.claimers as i64);
         }
     }
 

@@ -490,6 +490,9 @@ async fn metrics_and_the_event_stream_follow_every_item() {
         let series = format!("permit_queue_events_total{{queue=\"m\",event=\"{event}\"}}");
         assert_eq!(sample(&api, &series).await, Some(count), "{series}");
     }
+    // A queue's series count from zero once it exists: m.dead has acked nothing yet.
+    let unacked = sample(&api, "permit_queue_events_total{queue=\"m.dead\",event=\"acked\"}").await;
+    assert_eq!(unacked, Some(0.0));
     assert_eq!(sample(&api, "permit_queue_processing_seconds_count{queue=\"m\"}").await, Some(1.0));
     // One claim took two items: each item's wait is a sample.
     assert_eq!(sample(&api, "permit_queue_claim_wait_seconds_count{queue=\"m\"}").await, Some(2.0));
