@@ -407,10 +407,14 @@ func (it *Item) AckAndClaim(ctx context.Context) (*Item, error) {
 			return nil, err
 		}
 	case err != nil:
+		// Unanswered (ctx ended, or no node answered), the ack may have applied and its claim
+		// may wait: end the claim on the server. An answer is the last word.
 		if ctx.Err() != nil {
-			// The ack may have applied and its claim may wait: end the claim on the server.
 			s.giveUpClaim(it.name, request)
 			return nil, contextError(ctx, "acking and claiming from queue "+it.name)
+		}
+		if errors.Is(err, ErrClusterUnavailable) {
+			s.giveUpClaim(it.name, request)
 		}
 		return nil, err
 	default:

@@ -1485,8 +1485,10 @@ class Item(_Lease):
                     raise
                 self.ack()
                 answer = {"items": []}
-            except PermitError:
-                armed = False
+            except PermitError as error:
+                # Unanswered (no node answered in the retry window), the ack and its claim may
+                # have applied: end the claim on the server. An answer is the last word.
+                armed = isinstance(error, ClusterUnavailable)
                 raise
             armed = False
         finally:
