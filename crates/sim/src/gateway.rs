@@ -243,6 +243,22 @@ impl Gateway {
         self.propose(rng, Operation::Settle { session, queue, item: id, token, ack }, command).await
     }
 
+    /// Acks a claimed item and claims the session's next one without waiting, as the claim
+    /// `request`, in one command.
+    pub async fn ack_and_claim(
+        &self,
+        rng: &mut impl Rng,
+        session: SessionId,
+        queue: &Name,
+        item: &SeenItem,
+        request: u64,
+    ) -> Option<Outcome> {
+        let (id, token, queue) = (item.id, item.token, queue.clone());
+        let command =
+            Command::AckAndClaim { queue: queue.clone(), id, session, token, request, max: 1, wait_ms: 0 };
+        self.propose(rng, Operation::AckAndClaim { session, queue, item: id, token, request }, command).await
+    }
+
     /// Closes a session.
     pub async fn close(&self, rng: &mut impl Rng, session: SessionId) -> Option<Outcome> {
         self.propose(rng, Operation::CloseSession { session }, Command::CloseSession { id: session }).await

@@ -214,6 +214,21 @@ pub enum Operation {
         /// Ack (true) or nack.
         ack: bool,
     },
+    /// Ack a claimed item and claim the session's next one without waiting, in one command
+    /// (`Command::AckAndClaim`), as the claim `request` (a retry sends the same): the client
+    /// relies on the acked claim no more from here on.
+    AckAndClaim {
+        /// The session that claimed it, and claims next.
+        session: SessionId,
+        /// The queue.
+        queue: Name,
+        /// The item acked.
+        item: u64,
+        /// Its claim's token.
+        token: u64,
+        /// The next claim's request id.
+        request: u64,
+    },
 }
 
 /// Something a client did or was told.
@@ -323,7 +338,8 @@ impl Operation {
             | Operation::Revoke { session, .. }
             | Operation::CloseSession { session }
             | Operation::Claim { session, .. }
-            | Operation::Settle { session, .. } => Some(*session),
+            | Operation::Settle { session, .. }
+            | Operation::AckAndClaim { session, .. } => Some(*session),
         }
     }
 }

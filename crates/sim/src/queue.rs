@@ -1,12 +1,13 @@
 //! Queue traffic: a producer pushing items with unique payloads, and consumers whose sessions
 //! claim one item at a time (resending a claim whose answer was lost with its request id), hold
-//! it a while, and ack it, nack it, or let their session die holding it. After the run the driver
+//! it a while, and ack it (half the time with an ack that claims the next item, resent as a
+//! claim is), nack it, or let their session die holding it. After the run the driver
 //! drains the queue and reads it and its dead-letter queue one last time; the history checker
 //! ([`crate::checker::queues`]) judges it all.
 
 use std::time::Duration;
 
-use permit_core::{ItemState, Name, Outcome, Refusal, DEAD_LETTER_SUFFIX};
+use permit_core::{ClaimedItem, ItemState, Name, Outcome, Refusal, DEAD_LETTER_SUFFIX};
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::Rng;
@@ -56,6 +57,8 @@ pub async fn produce(gateway: Gateway, mut rng: StdRng, id: u32, mut stop: watch
 /// keepalive task that shares `lease`).
 pub async fn consume(gateway: Gateway, mut rng: StdRng, lease: LeaseSlot, mut stop: watch::Receiver<bool>) {
     let queue = name();
+    // The item an ack claimed next, and the session that holds it.
+    let mut next: Option<(Lease, SeenItem)> = None;
     loop {
         if sleep_or_stop(Duration::from_millis(rng.random_range(10..=100)), &mut stop).await {
             return;
@@ -68,17 +71,23 @@ pub async fn consume(gateway: Gateway, mut rng: StdRng, lease: LeaseSlot, mut st
             }
             continue;
         };
-        let request = rng.random_range(1..(1u64 << 53));
-        let mut claimed = None;
-        for _ in 0..TRIES {
-            match gateway.claim(&mut rng, current.id, &queue, request).await {
-                None => continue,
-                Some(Outcome::Claimed { items }) => claimed = items.into_iter().next(),
-                Some(Outcome::Refused(Refusal::SessionNotFound)) => lose(&lease, current),
-                Some(_) => {}
+        let claimed = match next.take() {
+            Some((holder, item)) if holder == current => Some(item),
+            _ => {
+                let request = rng.random_range(1..(1u64 << 53));
+                let mut claimed = None;
+                for _ in 0..TRIES {
+                    match gateway.claim(&mut rng, current.id, &queue, request).await {
+                        None => continue,
+                        Some(Outcome::Claimed { items }) => claimed = items.into_iter().next().map(seen),
+                        Some(Outcome::Refused(Refusal::SessionNotFound)) => lose(&lease, current),
+                        Some(_) => {}
+                    }
+                    break;
+                }
+                claimed
             }
-            break;
-        }
+        };
         let Some(item) = claimed else {
             // Nothing due: wait a while before the next claim (see `PAUSE_MS`).
             if sleep_or_stop(Duration::from_millis(rng.random_range(PAUSE_MS.0..=PAUSE_MS.1)), &mut stop)
@@ -99,16 +108,33 @@ pub async fn consume(gateway: Gateway, mut rng: StdRng, lease: LeaseSlot, mut st
                 gateway.close(&mut rng, current.id).await;
                 lose(&lease, current);
             }
-            roll => {
-                let seen = SeenItem { id: item.id, payload: item.payload.into(), token: item.token };
+            roll @ 18.. if roll % 2 == 0 => {
+                let request = rng.random_range(1..(1u64 << 53));
                 for _ in 0..TRIES {
-                    if gateway.settle(&mut rng, current.id, &queue, &seen, roll >= 18).await.is_some() {
+                    match gateway.ack_and_claim(&mut rng, current.id, &queue, &item, request).await {
+                        None => continue,
+                        Some(Outcome::Claimed { items }) => {
+                            next = items.into_iter().next().map(|claimed| (current, seen(claimed)));
+                        }
+                        Some(Outcome::Refused(Refusal::SessionNotFound)) => lose(&lease, current),
+                        Some(_) => {}
+                    }
+                    break;
+                }
+            }
+            roll => {
+                for _ in 0..TRIES {
+                    if gateway.settle(&mut rng, current.id, &queue, &item, roll >= 18).await.is_some() {
                         break;
                     }
                 }
             }
         }
     }
+}
+
+fn seen(item: ClaimedItem) -> SeenItem {
+    SeenItem { id: item.id, payload: item.payload.into(), token: item.token }
 }
 
 fn lose(lease: &LeaseSlot, current: Lease) {
@@ -208,11 +234,17 @@ pub fn counts(history: &History) -> (usize, usize, usize) {
     let (mut pushed, mut acked, mut dead) = (0, 0, 0);
     for record in &history.records {
         match &record.event {
-            Event::Invoked { op, operation: Operation::Settle { ack: true, .. }, .. } => {
+            Event::Invoked {
+                op,
+                operation: Operation::Settle { ack: true, .. } | Operation::AckAndClaim { .. },
+                ..
+            } => {
                 acks.insert(*op);
             }
             Event::Acked { answer: Answer::Pushed { .. }, .. } => pushed += 1,
-            Event::Acked { op, answer: Answer::Settled } if acks.contains(op) => acked += 1,
+            Event::Acked { op, answer: Answer::Settled | Answer::Claimed(_) } if acks.contains(op) => {
+                acked += 1
+            }
             Event::QueueRead { dead: items, .. } => dead = items.len(),
             _ => {}
         }

@@ -240,6 +240,66 @@ fn a_second_live_claim_of_an_item_is_reported() {
     assert_reports_queue(&history, Invariant::OneLiveClaim, Some(FAKE_SESSION));
 }
 
+/// The first acknowledged ack that claimed an item next: the index of its answer, the item it
+/// acked (with its session and token) and the item it claimed.
+fn acknowledged_ack_and_claim(history: &History) -> (usize, u64, SessionId, u64, SeenItem) {
+    let mut sent = BTreeMap::new();
+    for (index, record) in history.records.iter().enumerate() {
+        match &record.event {
+            Event::Invoked { op, operation: Operation::AckAndClaim { session, item, token, .. }, .. } => {
+                sent.insert(*op, (*item, *session, *token));
+            }
+            Event::Acked { op, answer: Answer::Claimed(Some(next)) } if sent.contains_key(op) => {
+                let (item, session, token) = sent[op];
+                return (index, item, session, token, next.clone());
+            }
+            _ => {}
+        }
+    }
+    panic!("a fault-free run acks items with an ack that claims the next")
+}
+
+/// The ack half of an ack that claims next counts as an ack: a second ack of its item is
+/// reported.
+#[test]
+fn an_item_acked_by_an_ack_that_claims_and_acked_again_is_reported() {
+    let mut history = recorded().history.clone();
+    let (index, item, session, token, _) = acknowledged_ack_and_claim(&history);
+    let again = Operation::Settle { session, queue: queue(), item, token, ack: true };
+    history.insert(index + 1, DRIVER, Event::Invoked { op: 1_000_020, node: 0, operation: again });
+    history.insert(index + 2, DRIVER, Event::Acked { op: 1_000_020, answer: Answer::Settled });
+    assert_reports_queue(&history, Invariant::AckedOnce, Some(session));
+}
+
+/// The claim half of an ack that claims next is a claim: another session's claim of the item it
+/// took, while it is relied on, is reported.
+#[test]
+fn a_second_live_claim_of_an_item_an_ack_claimed_is_reported() {
+    let mut history = recorded().history.clone();
+    let (index, _, _, _, next) = acknowledged_ack_and_claim(&history);
+    let events = [
+        Event::Invoked {
+            op: 1_000_021,
+            node: 0,
+            operation: Operation::CreateSession { session: FAKE_SESSION, ttl_ms: 600_000 },
+        },
+        Event::Acked { op: 1_000_021, answer: Answer::SessionCreated },
+        Event::Invoked {
+            op: 1_000_022,
+            node: 0,
+            operation: Operation::Claim { session: FAKE_SESSION, queue: queue(), request: 8 },
+        },
+        Event::Acked {
+            op: 1_000_022,
+            answer: Answer::Claimed(Some(SeenItem { token: u64::MAX - 8, ..next })),
+        },
+    ];
+    for (offset, event) in events.into_iter().enumerate() {
+        history.insert(index + 1 + offset, DRIVER, event);
+    }
+    assert_reports_queue(&history, Invariant::OneLiveClaim, Some(FAKE_SESSION));
+}
+
 #[test]
 fn an_acknowledged_push_that_vanished_is_reported() {
     let mut history = recorded().history.clone();

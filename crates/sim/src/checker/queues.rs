@@ -3,6 +3,9 @@
 //! [`check_queues`], the same code that judges the fault suite: the simulation's session and
 //! queue calls and its final [`Event::QueueRead`] are turned into a `permit_check` history.
 //!
+//! An ack that claims next (`Operation::AckAndClaim`) becomes two ops with its times and its
+//! answer: an ack, then a claim with its request id (both or neither apply, as the command).
+//!
 //! Times: a record's simulated time in ns, nudged forward by 1 ns where records share an instant
 //! (simulated time moves in whole ms), so that the order of records is kept. Leases are exact
 //! here (one clock, no drift): a client relies on a session until `sent + ttl` of its last
@@ -11,7 +14,8 @@
 use std::collections::BTreeMap;
 
 use permit_check::{
-    check_queues, ClockAllowance, Completion, FinalItem, History as CheckHistory, Invocation, Op, QueueFinal,
+    check_queues, ClockAllowance, Completion, FinalItem, History as CheckHistory, Invocation, Op, OpKind,
+    QueueFinal,
 };
 use permit_core::SessionId;
 
@@ -41,7 +45,8 @@ pub fn check(history: &History) -> Vec<Violation> {
 /// final reads.
 fn convert(history: &History) -> (CheckHistory, BTreeMap<u64, SessionId>, Vec<QueueFinal>) {
     let mut ops: Vec<Op> = Vec::new();
-    let mut by_op: BTreeMap<u64, usize> = BTreeMap::new();
+    // The ops each recorded operation became (two for an ack that claims next).
+    let mut by_op: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
     let mut sessions = BTreeMap::new();
     let mut finals = Vec::new();
     let mut last_ns = 0u64;
@@ -50,18 +55,24 @@ fn convert(history: &History) -> (CheckHistory, BTreeMap<u64, SessionId>, Vec<Qu
         last_ns = ns;
         match &record.event {
             Event::Invoked { op, operation, .. } => {
-                let Some(invocation) = invocation(record.client, operation) else { continue };
-                let id = ops.len() as u64;
-                if let Some(session) = operation.session() {
-                    sessions.insert(id, session);
+                for invocation in invocations(record.client, operation) {
+                    let id = ops.len() as u64;
+                    if let Some(session) = operation.session() {
+                        sessions.insert(id, session);
+                    }
+                    by_op.entry(*op).or_default().push(ops.len());
+                    ops.push(Op::invoked(id, invocation, ns));
                 }
-                by_op.insert(*op, ops.len());
-                ops.push(Op::invoked(id, invocation, ns));
             }
             Event::Acked { op, answer } => {
-                let Some(at) = by_op.get(op) else { continue };
-                let completion = completion(answer, sessions.get(&(*at as u64)).copied());
-                ops[*at].complete(ns, completion);
+                for at in by_op.get(op).into_iter().flatten() {
+                    let completion = match (&ops[*at].kind, answer) {
+                        // The ack half of an ack that claims next: done when the command was.
+                        (OpKind::Ack { .. }, Answer::Claimed(_)) => Completion::ok(),
+                        _ => completion(answer, sessions.get(&(*at as u64)).copied()),
+                    };
+                    ops[*at].complete(ns, completion);
+                }
             }
             Event::QueueRead { queue, items, dead, drained } => finals.push(QueueFinal {
                 queue: queue.to_string(),
@@ -74,6 +85,17 @@ fn convert(history: &History) -> (CheckHistory, BTreeMap<u64, SessionId>, Vec<Qu
         }
     }
     (ops.into_iter().collect(), sessions, finals)
+}
+
+fn invocations(client: u32, operation: &Operation) -> Vec<Invocation> {
+    if let Operation::AckAndClaim { session, queue, item, token, request } = operation {
+        let session = session.to_string();
+        return vec![
+            Invocation::ack(client, &session, queue.as_str(), &item.to_string(), *token),
+            Invocation::claim(client, &session, queue.as_str(), *request),
+        ];
+    }
+    invocation(client, operation).into_iter().collect()
 }
 
 fn invocation(client: u32, operation: &Operation) -> Option<Invocation> {
@@ -91,7 +113,8 @@ fn invocation(client: u32, operation: &Operation) -> Option<Invocation> {
         Operation::Settle { session, queue, item, token, ack: false } => {
             Invocation::nack(client, &session.to_string(), queue.as_str(), &item.to_string(), *token)
         }
-        Operation::PutSemaphore { .. }
+        Operation::AckAndClaim { .. }
+        | Operation::PutSemaphore { .. }
         | Operation::Acquire { .. }
         | Operation::Release { .. }
         | Operation::Revoke { .. }
