@@ -265,25 +265,40 @@ impl Client {
         let handle = self.recorder.invoke(Invocation::claim(self.id, session, queue, request_id));
         let body = json!({ "session": session, "max": 1, "wait_ms": wait_ms, "request_id": request_id });
         let answer = self.call("POST", &format!("/v1/queues/{queue}/claim"), body).await;
-        let completion = self.complete(answer, |body| match body["items"].as_array().map(Vec::as_slice) {
-            Some([]) => Completion::ok(),
-            Some([item]) => Completion {
-                item: item["id"].as_str().map(str::to_owned),
-                payload: Some(payload_text(&item["payload"])),
-                token: item["token"].as_u64(),
-                attempt: item["attempt"].as_u64().and_then(|a| u32::try_from(a).ok()),
-                ..Completion::ok()
-            },
-            _ => Completion::unknown("claim answered more items than asked for"),
-        });
-        let claimed = (completion.outcome == permit_check::Outcome::Ok).then(|| {
-            Some(Claimed {
-                id: completion.item.clone()?,
-                token: completion.token?,
-                payload: completion.payload.clone()?,
-            })
-        });
+        let completion = self.complete(answer, claim_completion);
+        let claimed = claimed(&completion);
         handle.complete(completion);
+        claimed
+    }
+
+    /// Acks a claimed item and claims the session's next item of `queue` in the same request
+    /// (`"claim"` on the ack), waiting up to `wait_ms`, as the claim `request_id` (a retry sends
+    /// the same): recorded as an ack and a claim, with the request's times and answer (both or
+    /// neither apply). As [`Client::claim`]: `Some(None)` acked and nothing was due; `None`
+    /// refused or unknown.
+    pub async fn ack_and_claim(
+        &mut self,
+        session: &str,
+        queue: &str,
+        item: &Claimed,
+        request_id: u64,
+        wait_ms: u64,
+    ) -> Option<Option<Claimed>> {
+        let ack = self.recorder.invoke(Invocation::ack(self.id, session, queue, &item.id, item.token));
+        let claim = self.recorder.invoke(Invocation::claim(self.id, session, queue, request_id));
+        let next = json!({ "max": 1, "wait_ms": wait_ms, "request_id": request_id });
+        let body = json!({ "session": session, "token": item.token, "claim": next });
+        let answer = self.call("POST", &format!("/v1/queues/{queue}/items/{}/ack", item.id), body).await;
+        let completion = self.complete(answer, claim_completion);
+        ack.complete(Completion {
+            outcome: completion.outcome,
+            node: completion.node,
+            raft_term: completion.raft_term,
+            detail: completion.detail.clone(),
+            ..Completion::ok()
+        });
+        let claimed = claimed(&completion);
+        claim.complete(completion);
         claimed
     }
 
@@ -330,6 +345,32 @@ pub struct Claimed {
     pub token: u64,
     /// The payload, as [`payload_text`] writes it.
     pub payload: String,
+}
+
+/// A claim's answer (`items`, at most one) as a completion.
+fn claim_completion(body: &Value) -> Completion {
+    match body["items"].as_array().map(Vec::as_slice) {
+        Some([]) => Completion::ok(),
+        Some([item]) => Completion {
+            item: item["id"].as_str().map(str::to_owned),
+            payload: Some(payload_text(&item["payload"])),
+            token: item["token"].as_u64(),
+            attempt: item["attempt"].as_u64().and_then(|a| u32::try_from(a).ok()),
+            ..Completion::ok()
+        },
+        _ => Completion::unknown("claim answered more items than asked for"),
+    }
+}
+
+/// What a claim's completion took: `Some(None)` nothing, `None` refused or unknown.
+fn claimed(completion: &Completion) -> Option<Option<Claimed>> {
+    (completion.outcome == permit_check::Outcome::Ok).then(|| {
+        Some(Claimed {
+            id: completion.item.clone()?,
+            token: completion.token?,
+            payload: completion.payload.clone()?,
+        })
+    })
 }
 
 /// A payload as the history records it: compact JSON text, whatever spacing the server kept.

@@ -41,6 +41,8 @@ pub const QUEUE_PRODUCERS: u32 = 2;
 
 /// Chance per item that a consumer nacks it instead of acking.
 const NACK_PROBABILITY: f64 = 0.1;
+/// Share of a consumer's acks sent as an ack that claims the next item (`AckAndClaim`).
+const ACK_AND_CLAIM_PROBABILITY: f64 = 0.5;
 
 /// Longest a consumer's claim waits for an item (well within a call's timeout).
 const CLAIM_WAIT_MS: u64 = 300;
@@ -261,11 +263,19 @@ async fn consume(
             alive.clone(),
             stop.clone(),
         ));
+        // The item an ack claimed next, and its queue.
+        let mut next: Option<(String, crate::client::Claimed)> = None;
         while alive.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
-            let queue = workload.semaphores[rng.random_range(0..workload.semaphores.len())].0.clone();
-            let Some(item) = claim_one(&mut client, &session, &queue, &mut rng).await else {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
+            let (queue, item) = match next.take() {
+                Some(next) => next,
+                None => {
+                    let queue = workload.semaphores[rng.random_range(0..workload.semaphores.len())].0.clone();
+                    let Some(item) = claim_one(&mut client, &session, &queue, &mut rng).await else {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    };
+                    (queue, item)
+                }
             };
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..=workload.hold_ms_max))).await;
             // Now and then a consumer "crashes" holding the item: its claim must end with the
@@ -276,6 +286,20 @@ async fn consume(
                 break;
             }
             let nack = rng.random_bool(NACK_PROBABILITY);
+            if !nack && rng.random_bool(ACK_AND_CLAIM_PROBABILITY) {
+                match ack_and_claim(&mut client, &session, &queue, &item, &mut rng).await {
+                    Some(claimed) => {
+                        next = claimed.map(|claimed| (queue, claimed));
+                        continue;
+                    }
+                    // Refused (`feature_unavailable` on an older cluster, `claim_lost`): a
+                    // plain ack below says what became of the item.
+                    None if !client.last_was_unknown() => {}
+                    // Unknown after every try: the item is acked or not, and its session's end
+                    // frees whatever the claim took.
+                    None => continue,
+                }
+            }
             for _ in 0..QUEUE_CALL_TRIES {
                 let settled = match nack {
                     true => client.nack(&session, &queue, &item).await,
@@ -291,6 +315,27 @@ async fn consume(
             client.close_session(&session).await;
         }
     }
+}
+
+/// Acks `item` and claims the next item of `queue` in one request, sending the same request
+/// again while its outcome is unknown: as [`Client::ack_and_claim`] (`None` when it was refused,
+/// or still unknown after every try).
+async fn ack_and_claim(
+    client: &mut Client,
+    session: &str,
+    queue: &str,
+    item: &crate::client::Claimed,
+    rng: &mut StdRng,
+) -> Option<Option<crate::client::Claimed>> {
+    let request_id = rng.random_range(1..(1u64 << 53));
+    for _ in 0..QUEUE_CALL_TRIES {
+        match client.ack_and_claim(session, queue, item, request_id, CLAIM_WAIT_MS).await {
+            Some(claimed) => return Some(claimed),
+            None if client.last_was_unknown() => continue,
+            None => return None,
+        }
+    }
+    None
 }
 
 /// Claims one item, sending the same claim again while its outcome is unknown; `None` when

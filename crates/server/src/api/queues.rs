@@ -436,7 +436,9 @@ pub(crate) async fn ack(
     };
     caller.check_owns(&app, session)?;
     if crate::bugs::is(crate::bugs::Bug::LostAck) {
-        return Ok(axum::Json(SettleResponse { id: id.to_string(), state: None, items: None }));
+        // Answered as an ack whose claim took nothing, without proposing either.
+        let items = claim.is_some().then(Vec::new);
+        return Ok(axum::Json(SettleResponse { id: id.to_string(), state: None, items }));
     }
     if let Some(claim) = claim {
         let items = claim_items(&app, &caller, name, session, claim, Some((id, request.token))).await?;
