@@ -217,27 +217,30 @@ fn a_second_live_claim_of_an_item_is_reported() {
     else {
         unreachable!("matched above")
     };
+    plant_claim(&mut history, claimed + 1, 1_000_011, seen);
+    assert_reports_queue(&history, Invariant::OneLiveClaim, Some(FAKE_SESSION));
+}
+
+/// Plants, before `index`, a fake session with a long lease that claims `seen` with a token of
+/// its own; its ops are numbered from `op`.
+fn plant_claim(history: &mut History, index: usize, op: u64, seen: SeenItem) {
     let events = [
         Event::Invoked {
-            op: 1_000_011,
+            op,
             node: 0,
             operation: Operation::CreateSession { session: FAKE_SESSION, ttl_ms: 600_000 },
         },
-        Event::Acked { op: 1_000_011, answer: Answer::SessionCreated },
+        Event::Acked { op, answer: Answer::SessionCreated },
         Event::Invoked {
-            op: 1_000_012,
+            op: op + 1,
             node: 0,
-            operation: Operation::Claim { session: FAKE_SESSION, queue: queue(), request: 7 },
+            operation: Operation::Claim { session: FAKE_SESSION, queue: queue(), request: op },
         },
-        Event::Acked {
-            op: 1_000_012,
-            answer: Answer::Claimed(Some(SeenItem { token: u64::MAX - 7, ..seen })),
-        },
+        Event::Acked { op: op + 1, answer: Answer::Claimed(Some(SeenItem { token: u64::MAX - op, ..seen })) },
     ];
     for (offset, event) in events.into_iter().enumerate() {
-        history.insert(claimed + 1 + offset, DRIVER, event);
+        history.insert(index + offset, DRIVER, event);
     }
-    assert_reports_queue(&history, Invariant::OneLiveClaim, Some(FAKE_SESSION));
 }
 
 /// The first acknowledged ack that claimed an item next: the index of its answer, the item it
@@ -277,26 +280,7 @@ fn an_item_acked_by_an_ack_that_claims_and_acked_again_is_reported() {
 fn a_second_live_claim_of_an_item_an_ack_claimed_is_reported() {
     let mut history = recorded().history.clone();
     let (index, _, _, _, next) = acknowledged_ack_and_claim(&history);
-    let events = [
-        Event::Invoked {
-            op: 1_000_021,
-            node: 0,
-            operation: Operation::CreateSession { session: FAKE_SESSION, ttl_ms: 600_000 },
-        },
-        Event::Acked { op: 1_000_021, answer: Answer::SessionCreated },
-        Event::Invoked {
-            op: 1_000_022,
-            node: 0,
-            operation: Operation::Claim { session: FAKE_SESSION, queue: queue(), request: 8 },
-        },
-        Event::Acked {
-            op: 1_000_022,
-            answer: Answer::Claimed(Some(SeenItem { token: u64::MAX - 8, ..next })),
-        },
-    ];
-    for (offset, event) in events.into_iter().enumerate() {
-        history.insert(index + 1 + offset, DRIVER, event);
-    }
+    plant_claim(&mut history, index + 1, 1_000_021, next);
     assert_reports_queue(&history, Invariant::OneLiveClaim, Some(FAKE_SESSION));
 }
 
