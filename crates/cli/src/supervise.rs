@@ -194,7 +194,7 @@ pub(crate) async fn spawn(job: &Job, env: &[(&str, String)]) -> Result<Running, 
         command.env_remove(AUTH_TOKEN_VAR);
     }
     die_with_this_process(&mut command);
-    let foreground = job.foreground;
+    let (foreground, deadline) = (job.foreground, job.deadline);
     let started = on_lasting_thread(move || {
         let guard = if foreground { None } else { Some(Guard::start()) };
         if !foreground {
@@ -204,9 +204,20 @@ pub(crate) async fn spawn(job: &Job, env: &[(&str, String)]) -> Result<Running, 
                 _ => 0,
             });
         }
+        // With a guard the command's group is known before it exists: the watchdog is armed
+        // first, so that no moment passes with the command running and no watchdog (a
+        // `permit` stopped right after the spawn would leave the command running past the
+        // deadline). Otherwise it is armed right after the spawn, on this thread.
+        let early = match &guard {
+            Some(Ok(guard)) => Some(Watchdog::start(-guard.group, deadline)),
+            _ => None,
+        };
         let child = match command.spawn() {
             Ok(child) => child,
             Err(error) => {
+                if let Some(Ok(watchdog)) = early {
+                    watchdog.disarm();
+                }
                 if let Some(Ok(guard)) = guard {
                     guard.disarm();
                 }
@@ -214,10 +225,13 @@ pub(crate) async fn spawn(job: &Job, env: &[(&str, String)]) -> Result<Running, 
             }
         };
         let pid = child.id().and_then(|pid| i32::try_from(pid).ok()).unwrap_or(0);
-        Ok((child, pid, guard))
+        // In the foreground the command is signalled alone; without a guard, its own group.
+        let watchdog =
+            early.unwrap_or_else(|| Watchdog::start(if foreground { pid } else { -pid }, deadline));
+        Ok((child, pid, guard, watchdog))
     })
     .await;
-    let (mut child, pid, guard) = started.map_err(|error| {
+    let (mut child, pid, guard, watchdog) = started.map_err(|error| {
         eprintln!("permit: cannot run {}: {error}", program.to_string_lossy());
         match error.kind() {
             io::ErrorKind::NotFound => EXIT_NOT_FOUND,
@@ -246,8 +260,7 @@ pub(crate) async fn spawn(job: &Job, env: &[(&str, String)]) -> Result<Running, 
         (Some(guard), false) => Some(guard.group),
         (None, false) => Some(pid),
     };
-    let target = group.map_or(pid, |group| -group);
-    let watchdog = match Watchdog::start(target, job.deadline) {
+    let watchdog = match watchdog {
         Ok(watchdog) => Some(watchdog),
         Err(error) => {
             eprintln!("permit: cannot start the watchdog ({error}); if permit is stopped, nothing stops the command at the session's deadline");
