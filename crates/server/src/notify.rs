@@ -201,10 +201,44 @@ impl Notifier {
     }
 }
 
+/// Why [`Subscription::wait`] ended without an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unanswered {
+    /// The deadline passed.
+    Deadline,
+    /// The server began to shut down.
+    Shutdown,
+}
+
 impl<K: Registry> Subscription<K> {
     /// The `Notify` to wait on; enable the `notified()` future before checking the state.
     pub(crate) fn notify(&self) -> &Notify {
         &self.notify
+    }
+
+    /// A long-poll's wait: runs `check` now and after every wake-up until it answers; an
+    /// [`Unanswered`] once `deadline` passes or `shutdown` turns true first. The wake-up is armed
+    /// before each check, so that an apply between the check and the wait is not missed.
+    pub(crate) async fn wait<T>(
+        &self,
+        deadline: tokio::time::Instant,
+        shutdown: &mut tokio::sync::watch::Receiver<bool>,
+        mut check: impl FnMut() -> Option<T>,
+    ) -> Result<T, Unanswered> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(answer) = check() {
+                return Ok(answer);
+            }
+            tokio::select! {
+                biased;
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(deadline) => return Err(Unanswered::Deadline),
+                _ = shutdown.wait_for(|stopping| *stopping) => return Err(Unanswered::Shutdown),
+            }
+        }
     }
 }
 

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::app::App;
 use crate::error::ApiError;
+use crate::notify::Unanswered;
 
 /// The result of an acquire or campaign as the client sees it.
 pub(crate) enum Grant {
@@ -88,24 +89,24 @@ async fn acquire_correctly(
     let Some(subscription) = subscription else { return Ok(Grant::Waiting { position }) };
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     let mut shutdown = app.shutdown.clone();
-    loop {
-        let notified = subscription.notify().notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let position = match status(app, &key, session) {
-            Status::Held { permits, token } => return Ok(Grant::Acquired { permits, token }),
-            Status::Waiting { position } => position,
-            Status::Ended(error) => return Err(error),
-        };
-        tokio::select! {
-            biased;
-            () = &mut notified => {}
-            () = tokio::time::sleep_until(deadline) => {
-                app.observer.acquire_timed_out(&key);
-                return Ok(Grant::Waiting { position });
+    let mut position = position;
+    let waited = subscription
+        .wait(deadline, &mut shutdown, || match status(app, &key, session) {
+            Status::Held { permits, token } => Some(Ok(Grant::Acquired { permits, token })),
+            Status::Waiting { position: now } => {
+                position = now;
+                None
             }
-            _ = shutdown.wait_for(|stopping| *stopping) => return Ok(Grant::Waiting { position }),
+            Status::Ended(error) => Some(Err(error)),
+        })
+        .await;
+    match waited {
+        Ok(answer) => answer,
+        Err(Unanswered::Deadline) => {
+            app.observer.acquire_timed_out(&key);
+            Ok(Grant::Waiting { position })
         }
+        Err(Unanswered::Shutdown) => Ok(Grant::Waiting { position }),
     }
 }
 

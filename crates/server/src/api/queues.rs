@@ -364,29 +364,21 @@ async fn claim_items(
     let waited = async {
         let deadline = Instant::now() + Duration::from_millis(wait_ms);
         let mut shutdown = app.shutdown.clone();
-        loop {
-            let notified = subscription.notify().notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
+        let answered = subscription
+            .wait(deadline, &mut shutdown, || {
                 let replica = app.replica().read();
                 if replica.state.session(session).is_none() {
-                    return match ack {
+                    return Some(match ack {
                         None => Err(ApiError::session_not_found()),
                         Some(_) => Ok(Vec::new()),
-                    };
+                    });
                 }
                 let (items, waiting) = replica.state.claim_status(&name, session, request);
-                if !waiting {
-                    return Ok(items);
-                }
-            }
-            tokio::select! {
-                biased;
-                () = &mut notified => {}
-                () = tokio::time::sleep_until(deadline) => break,
-                _ = shutdown.wait_for(|stopping| *stopping) => break,
-            }
+                (!waiting).then_some(Ok(items))
+            })
+            .await;
+        if let Ok(answer) = answered {
+            return answer;
         }
         // Out of time: end the blocked claim, and answer what it took before that.
         match app.propose(Command::CancelClaim { queue: name.clone(), session, request }).await? {

@@ -529,25 +529,24 @@ async fn take_permits(app: Arc<App>, name: Name, permits: u64, wait_ms: u64) -> 
     let mut abandoned = AbandonedTake { app: Some(app.clone()), name: name.clone(), taker };
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     let mut shutdown = app.shutdown.clone();
-    loop {
-        let notified = subscription.notify().notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if let Some(token) = app.notifier.taken(&key, taker) {
-            abandoned.app = None;
-            return Ok(token);
-        }
-        let waiting =
-            app.replica().read().state.object(&key).is_some_and(|object| object.queue.get(taker).is_some());
-        if !waiting {
-            break;
-        }
-        tokio::select! {
-            biased;
-            () = &mut notified => {}
-            () = tokio::time::sleep_until(deadline) => break,
-            _ = shutdown.wait_for(|stopping| *stopping) => break,
-        }
+    // `Some(None)`: the wait ended in the state without a token.
+    let served = subscription
+        .wait(deadline, &mut shutdown, || {
+            if let Some(token) = app.notifier.taken(&key, taker) {
+                return Some(Some(token));
+            }
+            let waiting = app
+                .replica()
+                .read()
+                .state
+                .object(&key)
+                .is_some_and(|object| object.queue.get(taker).is_some());
+            (!waiting).then_some(None)
+        })
+        .await;
+    if let Ok(Some(token)) = served {
+        abandoned.app = None;
+        return Ok(token);
     }
     // Out of time, or the wait ended in the state: end it, unless it was served meanwhile.
     abandoned.app = None;
