@@ -8,7 +8,7 @@ use anyhow::Context;
 use permit_client::wire::{ItemState, PushItem, QueueView};
 use permit_client::{ClaimOptions, Client, ErrorCode, Item, PushOptions, Session, SessionOptions};
 use serde_json::value::RawValue;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
 
 use crate::supervise::{self, Job, Signals};
@@ -383,6 +383,8 @@ async fn work(client: &Client, args: WorkArgs) -> anyhow::Result<i32> {
     };
     // Signals after the first are relayed to the running commands.
     let (relay, _) = broadcast::channel::<i32>(16);
+    // Set once the worker claims no more: the runs' acks then claim nothing either.
+    let (stop_claims, stopped) = watch::channel(false);
     let mut running: JoinSet<Done> = JoinSet::new();
     let mut stopping = false;
     let mut failure: Option<anyhow::Error> = None;
@@ -423,6 +425,7 @@ async fn work(client: &Client, args: WorkArgs) -> anyhow::Result<i32> {
                         item,
                         job.clone(),
                         relay.subscribe(),
+                        stopped.clone(),
                         args.backoff,
                         args.backoff_max,
                     ));
@@ -456,6 +459,7 @@ async fn work(client: &Client, args: WorkArgs) -> anyhow::Result<i32> {
             }
         }
     }
+    stop_claims.send_replace(true);
     // Let the running commands end (each acks or nacks its item); further signals go to them.
     if !running.is_empty() && !stopping && !outcomes.lost {
         eprintln!("permit: waiting for {} running command(s) to end", running.len());
@@ -503,15 +507,51 @@ fn stop(signal: i32, running: usize) -> bool {
 
 /// Runs the command for `item` and acks (exit 0) or nacks (anything else) it; stops the command
 /// when the session is lost (then the item is the queue's again, and nothing is sent).
+///
+/// Its ack claims the queue's next pending item in the same request, unless the worker stopped
+/// claiming (`stopped`); the item it takes is worked on here, in this run's place, so that a
+/// busy queue costs one request per item and not two (an ack, then the claimer's claim). The
+/// claim does not wait: with nothing pending, the claimer's blocking claim serves this place.
 async fn work_on(
-    item: Item,
+    mut item: Item,
     job: Job,
     mut signals: broadcast::Receiver<i32>,
+    stopped: watch::Receiver<bool>,
     backoff: Duration,
     backoff_max: Duration,
 ) -> Done {
+    loop {
+        match run_item(item, &job, &mut signals, &stopped, backoff, backoff_max).await {
+            Ran::Next(next) if *stopped.borrow() => {
+                // Claimed as the worker stopped: dropped unsettled, it is nacked back at once (the
+                // attempt its claim counted stays counted).
+                drop(next);
+                return Done::Settled;
+            }
+            Ran::Next(next) => item = next,
+            Ran::Done(done) => return done,
+        }
+    }
+}
+
+/// How one item's run ended: with the next item its ack claimed, or done.
+enum Ran {
+    Next(Item),
+    Done(Done),
+}
+
+/// Runs the command for one item and settles it (see [`work_on`]).
+async fn run_item(
+    item: Item,
+    job: &Job,
+    signals: &mut broadcast::Receiver<i32>,
+    stopped: &watch::Receiver<bool>,
+    backoff: Duration,
+    backoff_max: Duration,
+) -> Ran {
     let session: Session = item.session().clone();
-    let job = Job { deadline: session.deadline(), stdin: Some(item.payload().as_bytes().to_vec()), ..job };
+    let job =
+        Job { deadline: session.deadline(), stdin: Some(item.payload().as_bytes().to_vec()), ..job.clone() };
     let env = vec![
         ("PERMIT_QUEUE", item.queue().to_owned()),
         ("PERMIT_ITEM_ID", item.id().to_owned()),
@@ -527,7 +567,7 @@ async fn work_on(
             if let Err(error) = item.nack(Duration::ZERO, Some(why)).await {
                 eprintln!("permit: cannot give the item back ({error}); it comes back when the session ends");
             }
-            return Done::CannotRun(code);
+            return Ran::Done(Done::CannotRun(code));
         }
         Ok(running) => {
             let lost = item.lost();
@@ -543,10 +583,10 @@ async fn work_on(
                 eprintln!("permit: lost the session while item {id} ran; stopping its command with SIGTERM");
             };
             let deadline = || session.deadline();
-            match running.supervise(&mut signals, stop, on_lost, deadline).await {
-                Ok(ended) if ended.lost => return Done::Lost,
+            match running.supervise(signals, stop, on_lost, deadline).await {
+                Ok(ended) if ended.lost => return Ran::Done(Done::Lost),
                 // Killed by the watchdog while `permit` was stopped: the claim has lapsed.
-                Ok(_) if tokio::time::Instant::now() >= session.deadline() => return Done::Lost,
+                Ok(_) if tokio::time::Instant::now() >= session.deadline() => return Ran::Done(Done::Lost),
                 Ok(ended) => ended.code,
                 Err(error) => {
                     eprintln!("permit: lost track of the command of item {id}: {error}");
@@ -557,8 +597,15 @@ async fn work_on(
     };
     let id = item.id().to_owned();
     if code == 0 {
-        if let Err(error) = item.ack().await {
-            eprintln!("permit: cannot ack item {id} ({error}); it may be worked on again");
+        let acked = if *stopped.borrow() {
+            item.ack().await.map(|()| None)
+        } else {
+            item.ack_and_claim(Duration::ZERO).await
+        };
+        match acked {
+            Ok(Some(next)) => return Ran::Next(next),
+            Ok(None) => {}
+            Err(error) => eprintln!("permit: cannot ack item {id} ({error}); it may be worked on again"),
         }
     } else {
         let delay = retry_delay(item.attempt(), backoff, backoff_max);
@@ -576,7 +623,7 @@ async fn work_on(
             }
         }
     }
-    Done::Settled
+    Ran::Done(Done::Settled)
 }
 
 /// The delay before retrying an item after its `attempt`-th run failed: `backoff` doubled for
