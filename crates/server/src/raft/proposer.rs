@@ -13,8 +13,9 @@
 //! (`HandoffWait`): a session that sends nothing costs the commands already queued about what
 //! catching a straggler in the next batch would. The wait only chooses which commands share
 //! the next fsync; a release is still durable before its successor is granted. A queue item's
-//! ack wakes its session the same way: the worker claims its next item at once, and the claim
-//! then shares a write with the push that arrives beside it.
+//! ack wakes its session the same way: the worker claims its next item at once, and a claim that
+//! would block then shares a write with the pushes that arrive beside it, as many as recent such
+//! batches carried (producers answered together push again together).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -219,7 +220,18 @@ struct HandoffWait {
     /// Moving average of a successful batch's write (append, fsync, commit, apply; each capped
     /// at [`HANDOFF_WAIT_MAX`]), in seconds: the most the next batch waits.
     write_seconds: f64,
+    /// The pushes that the last [`PUSHES_REMEMBERED`] batches with a blocked claim carried for
+    /// the claims' queues, oldest overwritten first: [`HandoffWait::wait_for_push`] expects as
+    /// many as the most of them.
+    pushes: [usize; PUSHES_REMEMBERED],
+    /// Batches with a blocked claim so far (where the next count in `pushes` goes).
+    blocked_batches: usize,
 }
+
+/// Batches with a blocked claim whose pushes [`HandoffWait::wait_for_push`] remembers: enough
+/// that a batch a straggling producer missed does not lower the expectation, few enough that
+/// producers that stopped pushing stop being waited for within a few batches.
+const PUSHES_REMEMBERED: usize = 8;
 
 impl HandoffWait {
     /// Records that a batch was written in `written` (`None`: it failed) and collects the
@@ -277,13 +289,15 @@ impl HandoffWait {
 }
 
 impl HandoffWait {
-    /// A batch with a claim that would block (its queue has nothing pending) waits for a push to
+    /// A batch with a claim that would block (its queue has nothing pending) waits for pushes to
     /// that queue, no longer than one write's time: in a worker's loop the next push is usually
     /// on its way, and written in one entry with it, the claim is served by the push's apply
-    /// instead of a write later. Like [`HandoffWait::wait`], it only chooses which commands share
-    /// a write.
+    /// instead of a write later. It waits for as many pushes as recent such batches carried
+    /// (at least one): producers whose pushes the last batch answered push again a few µs
+    /// apart, and cutting at the first left the others a whole write behind. Like
+    /// [`HandoffWait::wait`], it only chooses which commands share a write.
     async fn wait_for_push(
-        &self,
+        &mut self,
         receiver: &mut mpsc::Receiver<Proposal>,
         proposals: &mut Vec<Proposal>,
         replica: &Replica,
@@ -307,19 +321,24 @@ impl HandoffWait {
         }
         let blocked: Vec<permit_core::Name> = blocked.into_iter().cloned().collect();
         let pushed = |proposal: &Proposal| matches!(&proposal.command, Command::Push { queue, .. } if blocked.contains(queue));
+        let expected = self.pushes.iter().copied().max().unwrap_or(0).max(1);
         let deadline = Instant::now() + Duration::from_secs_f64(self.write_seconds);
         let mut scanned = 0;
+        let mut pushes = 0;
         loop {
-            if proposals[scanned..].iter().any(pushed) || proposals.len() >= COMMANDS_PER_BATCH_MAX {
-                return;
-            }
+            pushes += proposals[scanned..].iter().filter(|proposal| pushed(proposal)).count();
             scanned = proposals.len();
+            if pushes >= expected || proposals.len() >= COMMANDS_PER_BATCH_MAX {
+                break;
+            }
             match tokio::time::timeout_at(deadline, receiver.recv()).await {
                 Ok(Some(proposal)) => proposals.push(proposal),
-                Ok(None) | Err(_) => return,
+                Ok(None) | Err(_) => break,
             }
             take_queued(receiver, proposals);
         }
+        self.pushes[self.blocked_batches % PUSHES_REMEMBERED] = pushes;
+        self.blocked_batches = self.blocked_batches.wrapping_add(1);
     }
 }
 
@@ -398,9 +417,75 @@ fn not_leader(error: ClientWriteError<NodeId, openraft::BasicNode>) -> ProposeEr
 
 #[cfg(test)]
 mod tests {
-    use permit_core::Name;
+    use permit_core::{Name, QueueSettings};
 
     use super::*;
+
+    /// A proposal whose outcome nobody awaits.
+    fn proposal(command: Command) -> Proposal {
+        Proposal { command, reply: oneshot::channel().0 }
+    }
+
+    /// Producers whose pushes a batch answered push again a few µs apart: a batch with a claim
+    /// that would block waits for as many pushes as recent such batches carried, not only the
+    /// first, and no longer than one write when they do not come.
+    #[tokio::test(start_paused = true)]
+    async fn a_blocked_claim_waits_for_as_many_pushes_as_recent_batches_carried() {
+        let queue = Name::new("jobs").expect("a name");
+        let replica = Replica::default();
+        let create =
+            Command::PutQueue { name: queue.clone(), settings: QueueSettings::default(), creator: None };
+        let version = Command::SetClusterVersion { version: permit_core::FEATURE_VERSION };
+        let batch = Batch { now_ms: 1, commands: vec![version, create] };
+        let outcomes = replica.write().state.apply(1, 1, &batch, &mut Vec::new());
+        assert!(outcomes.iter().all(|outcome| !matches!(outcome, Outcome::Refused(_))), "{outcomes:?}");
+        let session = SessionId::from_bytes([7; 16]);
+        let claim = Command::Claim { queue: queue.clone(), session, request: 1, max: 1, wait_ms: 1000 };
+        let push = Command::Push { queue: queue.clone(), items: Vec::new(), creator: None };
+        let (sender, mut receiver) = mpsc::channel(16);
+        // tokio's timer ticks in milliseconds: a write of 10 ms, pushes 1 ms apart.
+        let mut handoff = HandoffWait { write_seconds: 0.010, ..HandoffWait::default() };
+
+        // A batch that came with three pushes: cut at once.
+        let mut proposals: Vec<Proposal> =
+            [&claim, &push, &push, &push].into_iter().cloned().map(proposal).collect();
+        let started = Instant::now();
+        handoff.wait_for_push(&mut receiver, &mut proposals, &replica).await;
+        assert_eq!((proposals.len(), started.elapsed()), (4, Duration::ZERO));
+
+        // The next has one push so far; two more come 1 ms apart: it waits for them.
+        let mut proposals: Vec<Proposal> = [&claim, &push].into_iter().cloned().map(proposal).collect();
+        let later = tokio::spawn({
+            let (sender, push) = (sender.clone(), push.clone());
+            async move {
+                for _ in 0..2 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    sender.send(proposal(push.clone())).await.expect("the receiver lives");
+                }
+            }
+        });
+        let started = Instant::now();
+        handoff.wait_for_push(&mut receiver, &mut proposals, &replica).await;
+        assert_eq!(proposals.len(), 4, "the two later pushes share the write");
+        assert!(started.elapsed() < Duration::from_millis(5), "no longer than the pushes took");
+        later.await.expect("sent");
+
+        // Pushes that do not come are waited for one write at most.
+        let mut proposals: Vec<Proposal> = [&claim, &push].into_iter().cloned().map(proposal).collect();
+        let started = Instant::now();
+        handoff.wait_for_push(&mut receiver, &mut proposals, &replica).await;
+        assert_eq!(proposals.len(), 2);
+        assert_eq!(started.elapsed(), Duration::from_millis(10), "one write's time");
+
+        // A batch whose claim would not block (an item is pending) does not wait.
+        let item = permit_core::NewItem { payload: String::from("1").into(), delay_ms: 0, key: None };
+        let pushed = Command::Push { queue: queue.clone(), items: vec![item], creator: None };
+        replica.write().state.apply(2, 1, &Batch { now_ms: 2, commands: vec![pushed] }, &mut Vec::new());
+        let mut proposals: Vec<Proposal> = [&claim].into_iter().cloned().map(proposal).collect();
+        let started = Instant::now();
+        handoff.wait_for_push(&mut receiver, &mut proposals, &replica).await;
+        assert_eq!((proposals.len(), started.elapsed()), (1, Duration::ZERO));
+    }
 
     /// A claim answered by an apply (a push handed its items to the blocked claimer) wakes its
     /// session, whose client sends its ack or nack next, then its next claim: each of these must
