@@ -1,7 +1,7 @@
 //! Who is asking, and may they: authentication and authorisation of client requests.
 //!
-//! With `--auth`, every client request carries `Authorization: Bearer SECRET`. The middleware
-//! (`api/caller.rs`) hashes the secret ([`secret_hash`]), finds the token in the replicated state
+//! With `--auth`, every client request carries `Authorization: Bearer SECRET`. The edge
+//! (`api/caller.rs`, `authenticated`) hashes the secret ([`secret_hash`]), finds the token in the replicated state
 //! (`token_of_secret`), checks the route's [`Need`] (from [`need`], the one table of every
 //! route's permission) and hands the handler a `Caller`. Handlers then check what only they can
 //! see: that a session named in the request belongs to the caller's token. Without `--auth` every
@@ -51,13 +51,13 @@ pub enum Need {
     Named(Resource, Access),
     /// This access to the resource as a whole (name `""`).
     Global(Resource, Access),
-    /// This access to a name the request body carries (a new session's name): the middleware
+    /// This access to a name the request body carries (a new session's name): the edge
     /// only authenticates, the handler checks the name.
     InBody(Resource, Access),
 }
 
-/// The permission each route needs. `None` for a route missing from this table: such a route is
-/// refused to everyone (deny by default), and the route-matrix test fails, so a new route cannot
+/// The permission each route needs. `None` for a route and method missing from this table: it
+/// is not served (`405`, deny by default), and the route-matrix test fails, so a new route cannot
 /// skip authorisation silently.
 pub fn need(method: &Method, route: &str, metrics_public: bool) -> Option<Need> {
     use Access::{Admin, Read, Write};

@@ -137,6 +137,50 @@ async fn unknown_routes_and_methods_get_json_errors() {
     assert_eq!((answer.status, answer.code()), (404, "not_found"));
     let answer = api.send("PATCH", "/v1/semaphores/s", None).await;
     assert_eq!((answer.status, answer.code()), (405, "method_not_allowed"));
+    // A method without an access rule is not served, whatever axum routes (it answers HEAD with
+    // a GET route's handler): `Allow` names the methods that have one.
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    for (method, path, allow) in [
+        (reqwest::Method::HEAD, "/v1/semaphores/s", "GET,PUT,DELETE"),
+        (reqwest::Method::PATCH, "/v1/semaphores/s", "GET,PUT,DELETE"),
+        (reqwest::Method::HEAD, "/v1/health", "GET"),
+        (reqwest::Method::GET, "/v1/queues/q/claim", "POST"),
+    ] {
+        let answer = http.request(method.clone(), format!("{}{path}", server.url)).send().await.unwrap();
+        assert_eq!(answer.status(), 405, "{method} {path}");
+        assert_eq!(
+            answer.headers().get("allow").and_then(|v| v.to_str().ok()),
+            Some(allow),
+            "{method} {path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_push_takes_bodies_up_to_4_mib_and_every_other_route_up_to_64_kib() {
+    let server = Server::start();
+    let api = Api::new(&server);
+    let padded = |json: &str, bytes: usize| format!("{json}{}", " ".repeat(bytes - json.len())).into_bytes();
+    let cases = [
+        ("POST", "/v1/queues/q/items", padded(r#"{"payload": 1}"#, 70 * 1024), 201, "<no error code>"),
+        (
+            "POST",
+            "/v1/queues/q/items",
+            padded(r#"{"payload": 2}"#, 4 * 1024 * 1024 + 1),
+            413,
+            "body_too_large",
+        ),
+        ("PUT", "/v1/queues/q", padded(r#"{"max_attempts": 3}"#, 70 * 1024), 413, "body_too_large"),
+        ("POST", "/v1/sessions", padded(r#"{"ttl_ms": 5000}"#, 70 * 1024), 413, "body_too_large"),
+        ("POST", "/v1/sessions", padded(r#"{"ttl_ms": 5000}"#, 60 * 1024), 201, "<no error code>"),
+    ];
+    for (method, path, body, status, code) in cases {
+        let size = body.len();
+        let answer = api.raw(method, path, "application/json", body).await;
+        assert_eq!((answer.status, answer.code()), (status, code), "{method} {path} with {size} bytes");
+    }
+    let queue = api.get("/v1/queues/q").await;
+    assert_eq!((queue.body["pending"].as_u64(), queue.body["max_attempts"].as_u64()), (Some(1), Some(5)));
 }
 
 #[tokio::test]

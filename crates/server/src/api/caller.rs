@@ -1,11 +1,9 @@
-//! Who is asking, on this node: the middleware that finds a request's [`Caller`] and checks its
-//! route's [`Need`], and the checks that need this node's state (a session's owner, the objects
-//! cap, long-poll places, a caller cut off by a token deletion or a lost contact). The rules
-//! themselves are `auth`'s.
+//! Who is asking, on this node: the check that finds a request's [`Caller`] and its route's
+//! [`Need`] before the request runs here, and the checks that need this node's state (a
+//! session's owner, the objects cap, long-poll places, a caller cut off by a token deletion or a
+//! lost contact). The rules themselves are `auth`'s.
 
-use std::sync::Arc;
-
-use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
+use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -73,44 +71,70 @@ impl Caller {
     }
 }
 
-/// Middleware: finds the caller and checks the route's [`Need`].
-pub(crate) async fn authenticate(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
-    let Some(route) = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()) else {
-        return next.run(request).await; // unmatched: the fallback answers 404 / 405
+/// Runs `request` on this node once its caller is found and allowed its route's [`Need`]
+/// (the caller then is in its extensions, for the [`Caller`] extractor); otherwise answers the
+/// refusal and runs nothing. The edge calls this where it runs a request here rather than
+/// forwarding it: in the edge, not in a layer of its own, because axum wraps every route in
+/// every layer and each costs a request a boxed clone of its route's stack.
+///
+/// A method without an access rule in [`need`] is answered `405 method_not_allowed`, with the
+/// methods that have one in `Allow`: the rules are the list of what is served, so a handler
+/// added without a rule is refused to everyone (and the route-matrix test fails).
+pub(super) async fn authenticated(app: &App, mut request: Request, next: Next) -> Response {
+    let Some(route) = request.extensions().get::<MatchedPath>().cloned() else {
+        return next.run(request).await; // unmatched: the fallback answers 404
     };
-    let caller = match check(&app, &mut request, &route).await {
+    let caller = match check(app, &mut request, route.as_str()).await {
         Ok(caller) => caller,
-        Err(error) => return error.into_response(),
+        Err(refusal) => return refusal,
     };
     request.extensions_mut().insert(caller);
     next.run(request).await
 }
 
-async fn check(app: &App, request: &mut Request, route: &str) -> Result<Caller, ApiError> {
+async fn check(app: &App, request: &mut Request, route: &str) -> Result<Caller, Response> {
     let config = &app.config;
     let Some(need) = need(request.method(), route, config.metrics_public) else {
-        return Err(ApiError::new(ErrorCode::PermissionDenied, "this route has no access rule"));
+        return Err(method_not_allowed(route, config.metrics_public));
     };
     if !config.auth || need == Need::Open {
         return Ok(Caller::Anyone);
     }
     if let Some(refusal) = out_of_contact(app) {
-        return Err(refusal);
+        return Err(refusal.into_response());
     }
-    let caller = identify(app, request.headers())?;
+    let caller = identify(app, request.headers()).map_err(IntoResponse::into_response)?;
     match need {
         Need::Open | Need::Authenticated | Need::InBody(..) => {}
-        Need::Global(resource, access) => caller.require(resource, "", access)?,
+        Need::Global(resource, access) => {
+            caller.require(resource, "", access).map_err(IntoResponse::into_response)?
+        }
         Need::Named(resource, access) => {
             let (mut parts, body) = std::mem::take(request).into_parts();
             let params = RawPathParams::from_request_parts(&mut parts, &()).await;
             *request = Request::from_parts(parts, body);
-            let params = params.map_err(|_| ApiError::internal("no path parameters"))?;
+            let params = params.map_err(|_| ApiError::internal("no path parameters").into_response())?;
             let name = params.iter().find(|(key, _)| *key == "name").map_or("", |(_, value)| value);
-            caller.require(resource, name, access)?;
+            caller.require(resource, name, access).map_err(IntoResponse::into_response)?;
         }
     }
     Ok(caller)
+}
+
+/// The `405` of a method that `route` has no access rule for, naming in `Allow` those it has.
+fn method_not_allowed(route: &str, metrics_public: bool) -> Response {
+    use axum::http::Method;
+    let allowed: Vec<&str> = [Method::GET, Method::PUT, Method::POST, Method::DELETE]
+        .iter()
+        .filter(|method| need(method, route, metrics_public).is_some())
+        .map(Method::as_str)
+        .collect();
+    let mut response =
+        ApiError::new(ErrorCode::MethodNotAllowed, "this route does not take this method").into_response();
+    if let Ok(allow) = header::HeaderValue::from_str(&allowed.join(",")) {
+        response.headers_mut().insert(header::ALLOW, allow);
+    }
+    response
 }
 
 /// The refusal of every token-checked route on a node that does not apply the cluster's log

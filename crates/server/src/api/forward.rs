@@ -73,8 +73,8 @@ fn served_locally(request: &Request) -> bool {
         )
 }
 
-/// Runs the request here if this node leads (or the route is local), else forwards it; either
-/// way the answer is stamped.
+/// Runs the request here if this node leads (or the route is local), once its caller is checked
+/// ([`super::caller::authenticated`]), else forwards it; either way the answer is stamped.
 pub(super) async fn forward(app: &App, mut request: Request, next: Next) -> Response {
     if request.headers().contains_key(FORWARDED_HEADER) {
         request = match forwarded_by_peer(app, request).await {
@@ -83,12 +83,12 @@ pub(super) async fn forward(app: &App, mut request: Request, next: Next) -> Resp
         };
     }
     let mut response = if served_locally(&request) || app.leads() {
-        next.run(request).await
+        super::caller::authenticated(app, request, next).await
     } else if let Some(refusal) = unknown_caller(app, &request).await {
         refusal
     } else {
         match app.leader(LEADER_PATIENCE).await {
-            Some((leader, _)) if leader == app.id => next.run(request).await,
+            Some((leader, _)) if leader == app.id => super::caller::authenticated(app, request, next).await,
             Some(_) if request.headers().contains_key(FORWARDED_HEADER) => ApiError::new(
                 ErrorCode::LeaderUnreachable,
                 "forwarded to a node that is not the leader; nothing was done, retry",
@@ -236,13 +236,11 @@ fn stamp(app: &App, headers: &mut HeaderMap) {
     }
 }
 
-/// The largest body the route of `parts` takes: a push's, or every other route's.
-fn body_limit(parts: &axum::http::request::Parts) -> usize {
-    let push = parts.method == axum::http::Method::POST
-        && parts
-            .extensions
-            .get::<MatchedPath>()
-            .is_some_and(|route| route.as_str() == "/v1/queues/{name}/items");
+/// The largest body a request with `method` and `extensions` (its route) takes: a push's, or
+/// every other route's. Peers' routes read theirs with their own limits.
+pub(super) fn body_limit(method: &Method, extensions: &axum::http::Extensions) -> usize {
+    let push = *method == Method::POST
+        && extensions.get::<MatchedPath>().is_some_and(|route| route.as_str() == "/v1/queues/{name}/items");
     if push {
         permit_wire::QUEUE_PUSH_BODY_BYTES_MAX
     } else {
@@ -253,7 +251,7 @@ fn body_limit(parts: &axum::http::request::Parts) -> usize {
 async fn proxy(app: &App, leader: u64, addr: &str, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     // The route's own limit (a push's is larger), as the handler would apply it.
-    let limit = body_limit(&parts);
+    let limit = body_limit(&parts.method, &parts.extensions);
     let body = match axum::body::to_bytes(body, limit).await {
         Ok(body) => body,
         Err(error) if crate::listener::is_body_timeout(&error) => {

@@ -29,7 +29,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use permit_wire::{ErrorCode, BODY_BYTES_MAX};
+use permit_wire::ErrorCode;
 
 use self::app::App;
 use crate::error::ApiError;
@@ -61,12 +61,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/elections/{name}/revoke", post(elections::revoke))
         .route("/v1/queues", get(queues::list))
         .route("/v1/queues/{name}", get(queues::get).put(queues::put).delete(queues::delete))
-        .route(
-            "/v1/queues/{name}/items",
-            post(queues::push)
-                .layer(DefaultBodyLimit::max(permit_wire::QUEUE_PUSH_BODY_BYTES_MAX))
-                .get(queues::items),
-        )
+        .route("/v1/queues/{name}/items", post(queues::push).get(queues::items))
         .route("/v1/queues/{name}/claim", post(queues::claim))
         .route("/v1/queues/{name}/claim/cancel", post(queues::cancel_claim))
         .route("/v1/queues/{name}/items/{id}", axum::routing::delete(queues::remove_item))
@@ -88,10 +83,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/ui", get(ui::page))
         .route("/ui/", get(ui::page))
         .route("/ui/{file}", get(ui::asset))
-        .route("/v1/events", get(events::events))
-        // Only on matched routes and methods: 404 and 405 answers need no token.
-        .route_layer(middleware::from_fn_with_state(app.clone(), caller::authenticate))
-        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX));
+        .route("/v1/events", get(events::events));
     // Peer routes exist only on a node with a cluster secret (a single node without one serves
     // none); each handler reads its body itself, with its own limit, after the credential check.
     let client = if app.config.cluster_secret.is_some() {
@@ -120,14 +112,17 @@ async fn method_not_allowed() -> ApiError {
 }
 
 /// What every request passes through, outermost first. One layer, because axum wraps each
-/// route in each layer: every layer costs a request a boxed service clone and a move of its
-/// future.
+/// route in each layer: every layer costs a request a boxed clone of its route's stack and a
+/// move of its future.
+/// 0. Given its route's body limit ([`limit_body`]).
 /// 1. Counted by route template, method and status, with its duration.
 /// 2. `Retry-After` added to a 503 or 429 answer that has none.
 /// 3. Refused once the node failed ([`fail_stopped`]), or, without `--auth`, when its `Host`
 ///    may be a DNS rebinding ([`misdirected`]).
-/// 4. Run here or forwarded to the leader, and stamped ([`forward::forward`]).
+/// 4. Run here, once its caller is found and checked ([`caller::authenticated`]), or forwarded
+///    to the leader, and stamped ([`forward::forward`]).
 async fn edge(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let request = limit_body(request);
     let started = Instant::now();
     let route = request.extensions().get::<MatchedPath>().cloned();
     let method = request.method().clone();
@@ -146,6 +141,38 @@ async fn edge(State(app): State<Arc<App>>, request: Request, next: Next) -> Resp
         app.metrics.observe_request(route, method.as_str(), response.status().as_u16(), seconds, long_poll);
     }
     response
+}
+
+/// `request` with the largest body its route takes ([`forward::body_limit`]) set for axum's
+/// body extractors (`body_too_large` beyond it). axum takes the limit only from its
+/// `DefaultBodyLimit` layer's service, which sets it on the request and calls its inner service:
+/// here that is one that hands the request back, so no route pays a layer of its own.
+fn limit_body(request: Request) -> Request {
+    use tower::{Layer, Service};
+    let limit = forward::body_limit(request.method(), request.extensions());
+    let mut set = DefaultBodyLimit::max(limit).layer(HandBack);
+    match set.call(request).into_inner() {
+        Ok(request) => request,
+        Err(never) => match never {},
+    }
+}
+
+/// A service that answers a request with the request itself (see [`limit_body`]).
+#[derive(Clone, Copy)]
+struct HandBack;
+
+impl tower::Service<Request> for HandBack {
+    type Response = Request;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Request, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        std::future::ready(Ok(request))
+    }
 }
 
 /// The refusal of every request but the health probes and metrics once the node failed (see
