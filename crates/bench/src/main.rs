@@ -1060,10 +1060,11 @@ async fn queue_big_rows(
             "not all {n} items pending after a restart"
         );
         let restarted = node.rss_bytes().context("the node's resident memory")?;
+        let per = restarted.saturating_sub(empty) as f64 / n as f64;
         report.add(
             "queue: the same after a restart (over the empty node's)",
-            format!("{:.0} B", restarted.saturating_sub(empty) as f64 / n as f64),
-            None,
+            format!("{per:.0} B"),
+            Some(("<= 2048 B".into(), per <= 2048.0)),
         );
     }
 

@@ -18,6 +18,17 @@ mod config_file;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Returns to the system the pages mimalloc keeps free (`Config::after_load`).
+fn release_free_memory() {
+    // Part of the mimalloc library that `mimalloc` links (its Rust binding declares it only
+    // behind a feature that needs another crate).
+    extern "C" {
+        fn mi_collect(force: bool);
+    }
+    // SAFETY: `mi_collect` takes no pointers and may be called from any thread at any time.
+    unsafe { mi_collect(true) }
+}
+
 /// A distributed semaphore service: named counting semaphores, locks and leader elections with
 /// sessions, FIFO queues and fencing tokens.
 #[derive(Parser)]
@@ -283,6 +294,7 @@ fn server_config(args: ServeArgs) -> anyhow::Result<permit_server::Config> {
             client_ca: args.tls_client_ca,
             peer_ca: args.peer_ca,
         }),
+        after_load: Some(release_free_memory),
         ..permit_server::Config::default()
     })
 }

@@ -73,6 +73,12 @@ pub struct Config {
     /// them from the OS-seeded generator).
     #[doc(hidden)]
     pub id_seed: Option<u64>,
+    /// Called once the start has read the log and the snapshot, before the node serves:
+    /// `permit serve` hands back to the system the memory its allocator kept from that load
+    /// (whole segments and snapshot files read, then freed). mimalloc returns freed pages only
+    /// during later allocations, which an idle node does not make: after a restart with many
+    /// pending items that was twice the resident memory the state needs.
+    pub after_load: Option<fn()>,
 }
 
 /// The file of the redb log store that earlier versions kept in a data dir: such a data dir is
@@ -111,6 +117,7 @@ impl Default for Config {
             restore: None,
             disk: crate::raft::disk::OsDisk::shared(),
             id_seed: None,
+            after_load: None,
         }
     }
 }

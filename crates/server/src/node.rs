@@ -125,6 +125,9 @@ impl Node {
                     return Err(fail_stop.failure().map_or(error, |failure| anyhow::anyhow!(failure.message)))
                 }
             };
+        if let Some(after_load) = config.after_load {
+            after_load();
+        }
         let driver = ExpiryDriver {
             replica: consensus.replica().clone(),
             clock: parts.clock.clone(),

@@ -1,5 +1,6 @@
 //! A Raft core that stops without a shutdown fails the node (health `shutdown`, `serve` exits);
-//! a shutdown does not. An open error names the path and the cause.
+//! a shutdown does not. An open error names the path and the cause. `after_load` runs once a
+//! start.
 
 use std::time::Duration;
 
@@ -44,4 +45,21 @@ async fn open_errors_name_the_path_and_blame_another_server_only_for_a_lock() {
     let error = Node::start(config(&file), "127.0.0.1:3".parse().unwrap()).await.err().unwrap();
     let text = error.to_string();
     assert!(text.contains("not-a-dir") && !text.contains("another server"), "{text}");
+}
+
+static LOADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn count_load() {
+    LOADS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_load_runs_once_per_start_before_the_node_is_handed_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config { after_load: Some(count_load), ..config(dir.path()) };
+    for start in 1..=2 {
+        let node = Node::start(config.clone(), "127.0.0.1:1".parse().unwrap()).await.unwrap();
+        assert_eq!(LOADS.load(std::sync::atomic::Ordering::SeqCst), start, "start {start}");
+        node.shutdown().await;
+    }
 }
