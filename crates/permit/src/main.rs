@@ -18,7 +18,8 @@ mod config_file;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Returns to the system the pages mimalloc keeps free (`Config::after_load`).
+/// Returns to the system the free pages mimalloc keeps, this thread's and its shared arenas'
+/// (`Config::after_load`).
 fn release_free_memory() {
     // Part of the mimalloc library that `mimalloc` links (its Rust binding declares it only
     // behind a feature that needs another crate).

@@ -76,8 +76,8 @@ pub struct Config {
     /// Called once the start has read the log and the snapshot, before the node serves:
     /// `permit serve` hands back to the system the memory its allocator kept from that load
     /// (whole segments and snapshot files read, then freed). mimalloc returns freed pages only
-    /// during later allocations, which an idle node does not make: after a restart with many
-    /// pending items that was twice the resident memory the state needs.
+    /// during later allocations, which an idle node does not make, so a restarted node would
+    /// keep its load's buffers resident.
     pub after_load: Option<fn()>,
 }
 
