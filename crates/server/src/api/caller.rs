@@ -84,38 +84,36 @@ pub(super) async fn authenticated(app: &App, mut request: Request, next: Next) -
     let Some(route) = request.extensions().get::<MatchedPath>().cloned() else {
         return next.run(request).await; // unmatched: the fallback answers 404
     };
-    let caller = match check(app, &mut request, route.as_str()).await {
+    let metrics_public = app.config.metrics_public;
+    let Some(need) = need(request.method(), route.as_str(), metrics_public) else {
+        return method_not_allowed(route.as_str(), metrics_public);
+    };
+    let caller = match check(app, &mut request, need).await {
         Ok(caller) => caller,
-        Err(refusal) => return refusal,
+        Err(error) => return error.into_response(),
     };
     request.extensions_mut().insert(caller);
     next.run(request).await
 }
 
-async fn check(app: &App, request: &mut Request, route: &str) -> Result<Caller, Response> {
-    let config = &app.config;
-    let Some(need) = need(request.method(), route, config.metrics_public) else {
-        return Err(method_not_allowed(route, config.metrics_public));
-    };
-    if !config.auth || need == Need::Open {
+async fn check(app: &App, request: &mut Request, need: Need) -> Result<Caller, ApiError> {
+    if !app.config.auth || need == Need::Open {
         return Ok(Caller::Anyone);
     }
     if let Some(refusal) = out_of_contact(app) {
-        return Err(refusal.into_response());
+        return Err(refusal);
     }
-    let caller = identify(app, request.headers()).map_err(IntoResponse::into_response)?;
+    let caller = identify(app, request.headers())?;
     match need {
         Need::Open | Need::Authenticated | Need::InBody(..) => {}
-        Need::Global(resource, access) => {
-            caller.require(resource, "", access).map_err(IntoResponse::into_response)?
-        }
+        Need::Global(resource, access) => caller.require(resource, "", access)?,
         Need::Named(resource, access) => {
             let (mut parts, body) = std::mem::take(request).into_parts();
             let params = RawPathParams::from_request_parts(&mut parts, &()).await;
             *request = Request::from_parts(parts, body);
-            let params = params.map_err(|_| ApiError::internal("no path parameters").into_response())?;
+            let params = params.map_err(|_| ApiError::internal("no path parameters"))?;
             let name = params.iter().find(|(key, _)| *key == "name").map_or("", |(_, value)| value);
-            caller.require(resource, name, access).map_err(IntoResponse::into_response)?;
+            caller.require(resource, name, access)?;
         }
     }
     Ok(caller)
@@ -129,8 +127,7 @@ fn method_not_allowed(route: &str, metrics_public: bool) -> Response {
         .filter(|method| need(method, route, metrics_public).is_some())
         .map(Method::as_str)
         .collect();
-    let mut response =
-        ApiError::new(ErrorCode::MethodNotAllowed, "this route does not take this method").into_response();
+    let mut response = super::wrong_method().into_response();
     if let Ok(allow) = header::HeaderValue::from_str(&allowed.join(",")) {
         response.headers_mut().insert(header::ALLOW, allow);
     }

@@ -108,6 +108,11 @@ async fn not_found() -> ApiError {
 }
 
 async fn method_not_allowed() -> ApiError {
+    wrong_method()
+}
+
+/// The refusal of a method a route does not take (axum's fallback, or no access rule for it).
+fn wrong_method() -> ApiError {
     ApiError::new(ErrorCode::MethodNotAllowed, "this route does not take this method")
 }
 
